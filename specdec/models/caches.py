@@ -1,0 +1,57 @@
+"""Cache tensors the model reads and writes: a paged KV cache for full-attention layers and slotted GDN state.
+
+Ownership of blocks and slots (who gets which) belongs to the verifier's allocator; these are only tensors.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .model_config import ModelConfig
+
+
+@dataclass
+class KVCache:
+    k: list[torch.Tensor]  # per attention layer [num_blocks, block_size, NKV, D]
+    v: list[torch.Tensor]
+    block_size: int
+
+    @property
+    def num_blocks(self) -> int:
+        return self.k[0].shape[0] if self.k else 0
+
+
+@dataclass
+class GDNCache:
+    recurrent: list[torch.Tensor]  # per GDN layer [num_slots, 1 + max_drafts, HV, K, V] fp32
+    conv: list[torch.Tensor]       # per GDN layer [num_slots, conv_dim, kernel - 1 + max_drafts]
+
+    def reset(self, slot: int) -> None:
+        """Zero a sequence's state before it starts (a new prompt or a recompute after preemption)."""
+        for r, c in zip(self.recurrent, self.conv):
+            r[slot].zero_()
+            c[slot].zero_()
+
+
+@dataclass
+class ModelCaches:
+    kv: KVCache
+    gdn: GDNCache
+    layer_slot: dict[int, int]  # model layer index -> index into kv.* or gdn.* lists
+
+    @staticmethod
+    def allocate(config: ModelConfig, num_blocks: int, block_size: int, num_gdn_slots: int,
+                 max_drafts: int = 0, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu") -> "ModelCaches":
+        kv_shape = (num_blocks, block_size, config.num_key_value_heads, config.head_dim)
+        rec_shape = (num_gdn_slots, 1 + max_drafts, config.linear_num_value_heads,
+                     config.linear_key_head_dim, config.linear_value_head_dim)
+        conv_shape = (num_gdn_slots, config.gdn_conv_dim, config.linear_conv_kernel_dim - 1 + max_drafts)
+        attn, gdn = config.attention_layers, config.gdn_layers
+        kv = KVCache(k=[torch.zeros(kv_shape, dtype=dtype, device=device) for _ in attn],
+                     v=[torch.zeros(kv_shape, dtype=dtype, device=device) for _ in attn], block_size=block_size)
+        states = GDNCache(recurrent=[torch.zeros(rec_shape, dtype=torch.float32, device=device) for _ in gdn],
+                          conv=[torch.zeros(conv_shape, dtype=dtype, device=device) for _ in gdn])
+        layer_slot = {layer: i for i, layer in enumerate(attn)} | {layer: i for i, layer in enumerate(gdn)}
+        return ModelCaches(kv=kv, gdn=states, layer_slot=layer_slot)

@@ -1,0 +1,50 @@
+"""Gated DeltaNet token mixer (DESIGN §2).
+
+x → in_proj_qkv → causal conv1d (kernel 4, depthwise, SiLU) over [q, k, v] only → gated delta rule
+with beta = sigmoid(b), g = -exp(A_log) · softplus(a + dt_bias) in fp32 → w · rmsnorm(o) · silu(z) → out_proj.
+Qwen3-Next's fused in_proj_qkvz / in_proj_ba are split into these projections by the loader.
+"""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels.causal_conv1d import causal_conv1d
+from kernels.gated_delta_rule import gated_delta_rule
+
+from .forward_batch import ForwardBatch
+from .model_config import ModelConfig
+from .norms import GatedRMSNorm
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        hidden = config.hidden_size
+        self.num_k_heads, self.num_v_heads = config.linear_num_key_heads, config.linear_num_value_heads
+        self.head_k, self.head_v = config.linear_key_head_dim, config.linear_value_head_dim
+        self.key_dim, self.value_dim = config.gdn_key_dim, config.gdn_value_dim
+        conv_dim = config.gdn_conv_dim
+        self.in_proj_qkv = nn.Linear(hidden, conv_dim, bias=False)
+        self.in_proj_z = nn.Linear(hidden, self.value_dim, bias=False)
+        self.in_proj_b = nn.Linear(hidden, self.num_v_heads, bias=False)
+        self.in_proj_a = nn.Linear(hidden, self.num_v_heads, bias=False)
+        self.conv1d_weight = nn.Parameter(torch.zeros(conv_dim, config.linear_conv_kernel_dim))  # [C, W]
+        self.dt_bias = nn.Parameter(torch.ones(self.num_v_heads))
+        self.A_log = nn.Parameter(torch.zeros(self.num_v_heads))
+        self.norm = GatedRMSNorm(self.head_v, config.rms_norm_eps)
+        self.out_proj = nn.Linear(self.value_dim, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, recurrent: torch.Tensor,
+                conv: torch.Tensor) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        slots = (batch.cu_seqlens, batch.gdn_slots, batch.gdn_read_offsets, batch.num_drafts)
+        mixed = causal_conv1d(self.in_proj_qkv(x), self.conv1d_weight, conv, *slots)  # [T, conv_dim]
+        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = q.view(num_tokens, self.num_k_heads, self.head_k)
+        k = k.view(num_tokens, self.num_k_heads, self.head_k)
+        v = v.view(num_tokens, self.num_v_heads, self.head_v)
+        beta = torch.sigmoid(self.in_proj_b(x))                                                  # [T, HV]
+        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())  # [T, HV]
+        o = gated_delta_rule(q, k, v, g, beta, recurrent, *slots)                                # [T, HV, V]
+        z = self.in_proj_z(x).view(num_tokens, self.num_v_heads, self.head_v)
+        return self.out_proj(self.norm(o, z).reshape(num_tokens, self.value_dim))

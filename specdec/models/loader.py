@@ -1,0 +1,121 @@
+"""Load a Hugging Face checkpoint folder into our HybridModel.
+
+Reads `config.json` and `model.safetensors` or a sharded `model.safetensors.index.json`; renames and
+re-lays-out tensors (checkpoint_keys), checks every name and shape against the model before assigning,
+and keeps the `mtp.*` tensors apart for the MTP drafter. Problems raise one CheckpointError naming them.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from tqdm import tqdm
+
+from .checkpoint_keys import strip_prefix, to_canonical
+from .hybrid_model import HybridModel
+from .model_config import CheckpointError, ModelConfig
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+PROGRESS_BYTES = 256 << 20  # show a progress bar from this checkpoint size on
+
+
+@dataclass
+class LoadedModel:
+    config: ModelConfig
+    model: HybridModel
+    mtp_weights: dict[str, torch.Tensor]  # `mtp.` stripped, canonical names (e.g. "fc.weight", "layers.0...")
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def checkpoint_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise CheckpointError(f"{index}: not a valid safetensors index ({e})") from e
+        files = [folder / name for name in sorted(set(weight_map.values()))]
+        for f in files:
+            if not f.is_file():
+                raise CheckpointError(f"{index} names shard {f.name}, which is missing")
+        return files
+    single = folder / "model.safetensors"
+    if single.is_file():
+        return [single]
+    raise CheckpointError(f"{folder}: no model.safetensors or model.safetensors.index.json")
+
+
+def read_tensors(files: list[Path], dtype: torch.dtype, device: torch.device | str,
+                 progress: bool | None) -> dict[str, torch.Tensor]:
+    """All tensors of the checkpoint under prefix-stripped names, cast to `dtype` on `device`."""
+    total = sum(f.stat().st_size for f in files)
+    show = progress if progress is not None else total >= PROGRESS_BYTES
+    out: dict[str, torch.Tensor] = {}
+    with tqdm(total=total, unit="B", unit_scale=True, desc="loading weights", disable=not show) as bar:
+        for f in files:
+            try:
+                with safe_open(str(f), framework="pt") as reader:
+                    for key in reader.keys():
+                        t = reader.get_tensor(key)
+                        bar.update(t.numel() * t.element_size())
+                        name = strip_prefix(key)
+                        if name is not None:
+                            out[name] = t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+            except (SafetensorError, OSError) as e:
+                raise CheckpointError(f"{f}: not a readable safetensors file ({e})") from e
+    return out
+
+
+def _checkpoint_name(name: str) -> str:
+    return (name.replace("conv1d_weight", "conv1d.weight").replace("experts_gate_up", "experts.gate_up_proj")
+            .replace("experts_down", "experts.down_proj"))
+
+
+def check_against(expected: dict[str, torch.Size], given: dict[str, torch.Tensor], where: str) -> None:
+    problems = [f"missing tensor {_checkpoint_name(k)}" for k in expected if k not in given]
+    problems += [f"unexpected tensor {_checkpoint_name(k)}" for k in given if k not in expected]
+    problems += [f"tensor {_checkpoint_name(k)} has shape {tuple(given[k].shape)}, expected {tuple(shape)}"
+                 for k, shape in expected.items() if k in given and given[k].shape != shape]
+    if problems:
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise CheckpointError(f"{where}: " + "; ".join(problems[:5]) + more)
+
+
+def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu",
+               progress: bool | None = None) -> LoadedModel:
+    folder = Path(folder)
+    config = ModelConfig.from_folder(folder)
+    torch_dtype = parse_dtype(dtype)
+    tensors = read_tensors(checkpoint_files(folder), torch_dtype, device, progress)
+    canonical = to_canonical(config, tensors)
+    mtp = {k[len("mtp."):]: v for k, v in canonical.items() if k.startswith("mtp.")}
+    target = {k: v for k, v in canonical.items() if not k.startswith("mtp.")}
+    if config.tie_word_embeddings:
+        target.pop("lm_head.weight", None)
+    with torch.device("meta"):
+        model = HybridModel(config)
+    expected = {k: p.shape for k, p in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        expected.pop("lm_head.weight")
+    check_against(expected, target, str(folder))
+    model.load_state_dict(target, strict=not config.tie_word_embeddings, assign=True)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    model.requires_grad_(False).eval()
+    log.info("loaded %s (%s, %d layers, %s) from %s; %d mtp tensors", config.model_type, config.family,
+             config.num_hidden_layers, torch_dtype, folder, len(mtp))
+    return LoadedModel(config=config, model=model, mtp_weights=mtp)

@@ -1,0 +1,50 @@
+"""Feed-forward blocks: dense SwiGLU (Qwen3.5) and sparse MoE with a sigmoid-gated shared expert
+(Qwen3.5-MoE, Qwen3-Next)."""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .model_config import ModelConfig
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class SparseMoE(nn.Module):
+    """Softmax router → top-k experts (weights renormalised when norm_topk_prob) + shared expert × sigmoid gate.
+
+    Experts are stored fused: gate_up [E, 2I, H] (gate rows first), down [E, H, I].
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        hidden, inter, experts = config.hidden_size, config.moe_intermediate_size, config.num_experts
+        self.top_k, self.renormalise = config.num_experts_per_tok, config.norm_topk_prob
+        self.gate = nn.Linear(hidden, experts, bias=False)
+        self.experts_gate_up = nn.Parameter(torch.zeros(experts, 2 * inter, hidden))
+        self.experts_down = nn.Parameter(torch.zeros(experts, hidden, inter))
+        self.shared_expert = SwiGLU(hidden, config.shared_expert_intermediate_size)
+        self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, H]
+        probs = torch.softmax(self.gate(x).float(), dim=-1)                # [T, E]
+        weights, chosen = probs.topk(self.top_k, dim=-1)                   # [T, top_k]
+        if self.renormalise:
+            weights = weights / weights.sum(-1, keepdim=True)
+        weights = weights.to(x.dtype)
+        out = torch.zeros_like(x)
+        for expert in chosen.unique().tolist():
+            token_idx, k_idx = (chosen == expert).nonzero(as_tuple=True)
+            gate, up = F.linear(x[token_idx], self.experts_gate_up[expert]).chunk(2, dim=-1)
+            y = F.linear(F.silu(gate) * up, self.experts_down[expert])     # [n, H]
+            out.index_add_(0, token_idx, y * weights[token_idx, k_idx, None])
+        shared = self.shared_expert(x) * torch.sigmoid(self.shared_expert_gate(x))
+        return out + shared

@@ -1,0 +1,287 @@
+"""Random checkpoints in the exact Hugging Face layout, for tests and benchmarks.
+
+    make_tiny("/tmp/m", family="qwen3_5_moe", preset="tiny", seed=1)
+
+writes config.json + model.safetensors (or shards + model.safetensors.index.json) and optionally
+a byte-level BPE tokenizer. Output is a pure function of the arguments: every tensor is drawn from
+its own `torch.Generator` seeded from (`seed`, the tensor's layout-independent name), so the same
+arguments give byte-identical files, and the text / multimodal layouts or the per-expert / fused
+expert layouts of one seed hold the same numbers.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from .tiny_presets import (BF16_PRESETS, FAMILIES, FULL, MOE_FIELDS, PRESETS, VISION_MODEL_TYPE,
+                           layer_types)
+
+__all__ = ["PRESETS", "SHARD_BYTES", "make_tiny"]
+
+SHARD_BYTES = 2 * 10**9          # max bytes per safetensors shard (monkeypatch in tests)
+PROGRESS_MIN_PARAMS = 50_000_000  # show a tqdm bar only for models at least this large
+EOS_TOKEN = "<|endoftext|>"
+TRANSFORMERS_VERSION = "5.2.0"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# init kind -> (std, mean) of a normal draw; "linear" uses std = 1/sqrt(fan_in)
+_NORMAL = {"embed": (1.0, 0.0), "norm0": (0.1, 0.0), "norm1": (0.1, 1.0), "dt_bias": (0.5, 1.0)}
+
+
+def make_tiny(out_dir: str | Path, *, family: str = "qwen3_5", preset: str = "tiny", seed: int = 0,
+              layout: str = "text", mtp_layers: int = 1, tokenizer: bool = False,
+              dtype: str | None = None, overrides: dict | None = None, progress: bool = True,
+              expert_layout: str = "per_expert") -> Path:
+    """Write a random checkpoint into `out_dir` (created) and return its path.
+
+    family: "qwen3_5" | "qwen3_5_moe" | "qwen3_next"; layout: "text" | "multimodal" (not for
+    qwen3_next); preset: a key of PRESETS; overrides: text-config fields applied after the preset
+    (giving "full_attention_interval" or "num_hidden_layers" regenerates "layer_types");
+    mtp_layers: MTP decoder layers (0 = no MTP head); dtype: "float32" | "bfloat16" | "float16"
+    (default float32, bfloat16 for the real-size presets); expert_layout: "per_expert" writes
+    mlp.experts.E.{gate,up,down}_proj.weight, "fused" writes mlp.experts.gate_up_proj [E, 2I, H]
+    and mlp.experts.down_proj [E, H, I]; tokenizer: also write a byte-level BPE tokenizer (needs
+    vocab_size >= 258) whose `<|endoftext|>` id becomes eos_token_id.
+    """
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}; choose from {sorted(FAMILIES)}")
+    if layout not in FAMILIES[family]:
+        raise ValueError(f"family {family!r} has no layout {layout!r}; choose from {sorted(FAMILIES[family])}")
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
+    if expert_layout not in ("per_expert", "fused"):
+        raise ValueError(f"expert_layout must be 'per_expert' or 'fused', not {expert_layout!r}")
+    if mtp_layers < 0:
+        raise ValueError(f"mtp_layers must be >= 0, not {mtp_layers}")
+    dtype = dtype or ("bfloat16" if preset in BF16_PRESETS else "float32")
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, not {dtype!r}")
+
+    text = _text_config(family, preset, overrides, mtp_layers, dtype)
+    if tokenizer and text["vocab_size"] < 258:
+        raise ValueError(f"vocab_size {text['vocab_size']} is too small for a byte-level tokenizer "
+                         f"(needs >= 258: 256 byte tokens + {EOS_TOKEN}); pass "
+                         f"overrides={{'vocab_size': 258 or more}}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if tokenizer:
+        text["eos_token_id"] = _write_tokenizer(out, text["vocab_size"])
+    specs = _tensor_specs(family, layout, text, expert_layout)
+    _write_tensors(out, specs, seed, _DTYPES[dtype], progress)
+    config = _full_config(family, layout, text, dtype)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out
+
+
+# ---- config.json -------------------------------------------------------------------------------
+def _text_config(family: str, preset: str, overrides: dict | None, mtp_layers: int, dtype: str) -> dict:
+    cfg = copy.deepcopy(PRESETS[preset])
+    if family == "qwen3_5":
+        for k in MOE_FIELDS:
+            cfg.pop(k)
+    if family == "qwen3_next":
+        cfg.update(decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True)
+    ov = copy.deepcopy(dict(overrides or {}))
+    cfg.update(ov)
+    if "layer_types" not in ov and ("full_attention_interval" in ov or "num_hidden_layers" in ov):
+        cfg["layer_types"] = layer_types(int(cfg["num_hidden_layers"]), int(cfg["full_attention_interval"]))
+    if len(cfg["layer_types"]) != cfg["num_hidden_layers"]:
+        raise ValueError(f"layer_types has {len(cfg['layer_types'])} entries, "
+                         f"num_hidden_layers is {cfg['num_hidden_layers']}")
+    cfg["mtp_num_hidden_layers"] = mtp_layers
+    cfg["dtype"] = dtype
+    return cfg
+
+
+def _full_config(family: str, layout: str, text: dict, dtype: str) -> dict:
+    model_type, arch, text_model_type = FAMILIES[family][layout]
+    head = {"architectures": [arch], "model_type": model_type}
+    tail = {"torch_dtype": dtype, "dtype": dtype, "transformers_version": TRANSFORMERS_VERSION}
+    if text_model_type is None:
+        text = {k: v for k, v in text.items() if k != "dtype"}
+        return {**head, **text, **tail}
+    vision = {"model_type": VISION_MODEL_TYPE[family], "depth": 1, "hidden_size": 16, "num_heads": 2,
+              "intermediate_size": 32, "out_hidden_size": text["hidden_size"]}
+    return {**head, "text_config": {"model_type": text_model_type, **text}, "vision_config": vision,
+            "tie_word_embeddings": text["tie_word_embeddings"], **tail}
+
+
+# ---- which tensors -----------------------------------------------------------------------------
+def _is_moe(family: str, text: dict, layer: int | None) -> bool:
+    """layer None = an MTP layer (MoE whenever the family is)."""
+    if family == "qwen3_5":
+        return False
+    if family == "qwen3_5_moe" or layer is None:
+        return True
+    return (layer not in (text.get("mlp_only_layers") or []) and text["num_experts"] > 0
+            and (layer + 1) % int(text.get("decoder_sparse_step", 1)) == 0)
+
+
+def _mlp(p: str, text: dict, moe: bool, expert_layout: str) -> list[tuple]:
+    H = text["hidden_size"]
+    if not moe:
+        I = text["intermediate_size"]
+        return [(p + "gate_proj.weight", (I, H), "linear"), (p + "up_proj.weight", (I, H), "linear"),
+                (p + "down_proj.weight", (H, I), "linear")]
+    E, I, S = text["num_experts"], text["moe_intermediate_size"], text["shared_expert_intermediate_size"]
+    specs = [(p + "gate.weight", (E, H), "linear")]
+    if expert_layout == "fused":
+        specs += [(p + "experts.gate_up_proj", (E, 2 * I, H), "fused_gate_up"),
+                  (p + "experts.down_proj", (E, H, I), "fused_down")]
+    else:
+        for e in range(E):
+            specs += _mlp(f"{p}experts.{e}.", {"hidden_size": H, "intermediate_size": I}, False, "")
+    specs += _mlp(p + "shared_expert.", {"hidden_size": H, "intermediate_size": S}, False, "")
+    return specs + [(p + "shared_expert_gate.weight", (1, H), "linear")]
+
+
+def _attention(p: str, text: dict) -> list[tuple]:
+    H, NH, NKV, D = (text[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim"))
+    return [(p + "q_proj.weight", (NH * D * 2, H), "linear"), (p + "k_proj.weight", (NKV * D, H), "linear"),
+            (p + "v_proj.weight", (NKV * D, H), "linear"), (p + "o_proj.weight", (H, NH * D), "linear"),
+            (p + "q_norm.weight", (D,), "norm0"), (p + "k_norm.weight", (D,), "norm0")]
+
+
+def _gdn(p: str, text: dict, family: str) -> list[tuple]:
+    H = text["hidden_size"]
+    HK, HV, K, V = (text[k] for k in ("linear_num_key_heads", "linear_num_value_heads",
+                                      "linear_key_head_dim", "linear_value_head_dim"))
+    conv = 2 * HK * K + HV * V
+    if family == "qwen3_next":
+        proj = [(p + "in_proj_qkvz.weight", (conv + HV * V, H), "linear"),
+                (p + "in_proj_ba.weight", (2 * HV, H), "linear")]
+    else:
+        proj = [(p + "in_proj_qkv.weight", (conv, H), "linear"), (p + "in_proj_z.weight", (HV * V, H), "linear"),
+                (p + "in_proj_b.weight", (HV, H), "linear"), (p + "in_proj_a.weight", (HV, H), "linear")]
+    return proj + [(p + "conv1d.weight", (conv, 1, text["linear_conv_kernel_dim"]), "linear"),
+                   (p + "dt_bias", (HV,), "dt_bias"), (p + "A_log", (HV,), "A_log"),
+                   (p + "norm.weight", (V,), "norm1"), (p + "out_proj.weight", (H, HV * V), "linear")]
+
+
+def _decoder_layer(p: str, text: dict, family: str, kind: str, moe: bool, expert_layout: str) -> list[tuple]:
+    H = text["hidden_size"]
+    mixer = _attention(p + "self_attn.", text) if kind == FULL else _gdn(p + "linear_attn.", text, family)
+    return ([(p + "input_layernorm.weight", (H,), "norm0")] + mixer
+            + [(p + "post_attention_layernorm.weight", (H,), "norm0")]
+            + _mlp(p + "mlp.", text, moe, expert_layout))
+
+
+def _tensor_specs(family: str, layout: str, text: dict, expert_layout: str) -> list[tuple[str, str, tuple, str]]:
+    """[(checkpoint key, layout-independent name, shape, init kind)] in writing order."""
+    H, vocab = text["hidden_size"], text["vocab_size"]
+    body = [("embed_tokens.weight", (vocab, H), "embed")]
+    for i, kind in enumerate(text["layer_types"]):
+        body += _decoder_layer(f"layers.{i}.", text, family, kind, _is_moe(family, text, i), expert_layout)
+    body.append(("norm.weight", (H,), "norm0"))
+    prefix = "model.language_model." if layout == "multimodal" else "model."
+    specs = [(prefix + name, name, shape, init) for name, shape, init in body]
+    if not text["tie_word_embeddings"]:
+        specs.append(("lm_head.weight", "lm_head.weight", (vocab, H), "linear"))
+    if layout == "multimodal":  # dummies: loaders must ignore model.visual.*
+        specs += [("model.visual.patch_embed.proj.weight", "visual.patch_embed.proj.weight", (16, 3, 2, 16, 16), "linear"),
+                  ("model.visual.blocks.0.norm1.weight", "visual.blocks.0.norm1.weight", (16,), "norm1")]
+    n_mtp = text["mtp_num_hidden_layers"]
+    if n_mtp:
+        mtp = [("mtp.fc.weight", (H, 2 * H), "linear"), ("mtp.pre_fc_norm_embedding.weight", (H,), "norm0"),
+               ("mtp.pre_fc_norm_hidden.weight", (H,), "norm0")]
+        for i in range(n_mtp):
+            mtp += _decoder_layer(f"mtp.layers.{i}.", text, family, FULL, _is_moe(family, text, None), expert_layout)
+        mtp.append(("mtp.norm.weight", (H,), "norm0"))
+        specs += [(name, name, shape, init) for name, shape, init in mtp]
+    return specs
+
+
+# ---- values ------------------------------------------------------------------------------------
+def _tensor_seed(seed: int, name: str) -> int:
+    digest = hashlib.blake2b(f"{seed}/{name}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+def _draw(seed: int, name: str, shape: tuple, init: str) -> torch.Tensor:
+    """float32 values of one tensor; fused experts are stacked from the per-expert draws."""
+    if init in ("fused_gate_up", "fused_down"):
+        base, (E, rows, cols) = name.rsplit(".", 1)[0], shape
+        if init == "fused_down":
+            return torch.stack([_draw(seed, f"{base}.{e}.down_proj.weight", (rows, cols), "linear") for e in range(E)])
+        half = (rows // 2, cols)
+        return torch.stack([torch.cat([_draw(seed, f"{base}.{e}.gate_proj.weight", half, "linear"),
+                                       _draw(seed, f"{base}.{e}.up_proj.weight", half, "linear")]) for e in range(E)])
+    gen = torch.Generator().manual_seed(_tensor_seed(seed, name))
+    if init == "A_log":
+        return torch.log(1.0 + 15.0 * torch.rand(shape, generator=gen))
+    x = torch.randn(shape, generator=gen)
+    if init == "linear":
+        return x.mul_(1.0 / math.sqrt(math.prod(shape[1:])))
+    std, mean = _NORMAL[init]
+    return x.mul_(std).add_(mean)
+
+
+def _write_tensors(out: Path, specs: list, seed: int, dtype: torch.dtype, progress: bool) -> None:
+    esize = torch.empty((), dtype=dtype).element_size()
+    sizes = [math.prod(shape) * esize for _, _, shape, _ in specs]
+    total = sum(sizes)
+    groups: list[list[int]] = [[]]
+    used = 0
+    for idx, size in enumerate(sizes):  # greedy packing, in writing order
+        if groups[-1] and used + size > SHARD_BYTES:
+            groups.append([])
+            used = 0
+        groups[-1].append(idx)
+        used += size
+    for stale in [*out.glob("model*.safetensors"), out / "model.safetensors.index.json"]:
+        stale.unlink(missing_ok=True)
+    n = len(groups)
+    files = ["model.safetensors"] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+    bar = None
+    if progress and total // esize >= PROGRESS_MIN_PARAMS:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=len(specs), desc="make_tiny", unit="tensor")
+    weight_map = {}
+    for fname, group in zip(files, groups):
+        shard = {}
+        for idx in group:
+            key, name, shape, init = specs[idx]
+            shard[key] = _draw(seed, name, shape, init).to(dtype).contiguous()
+            weight_map[key] = fname
+            if bar is not None:
+                bar.update(1)
+        save_file(shard, str(out / fname), metadata={"format": "pt"})
+        del shard
+    if bar is not None:
+        bar.close()
+    if n > 1:
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+# ---- tokenizer ---------------------------------------------------------------------------------
+def _corpus() -> list[str]:
+    """A few dozen KB of deterministic text: the interpreter's own stdlib sources."""
+    import inspect
+    import json.decoder
+    import json.encoder
+    import string
+    import textwrap
+    return [inspect.getsource(m) for m in (json.decoder, json.encoder, textwrap, string)]
+
+
+def _write_tokenizer(out: Path, vocab_size: int) -> int:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, show_progress=False,
+                                  special_tokens=[EOS_TOKEN], initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    if tok.get_vocab_size() > vocab_size:  # cannot happen with the trainer's limit; guard anyway
+        raise ValueError(f"trained tokenizer has {tok.get_vocab_size()} tokens > vocab_size {vocab_size}")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, bos_token=None, pad_token=EOS_TOKEN)
+    fast.save_pretrained(str(out))
+    return tok.token_to_id(EOS_TOKEN)
