@@ -26,21 +26,23 @@ class ForwardBatch:
     @staticmethod
     def build(token_chunks: list[list[int]], start_positions: list[int], block_tables: list[list[int]],
               block_size: int, gdn_slots: list[int], gdn_read_offsets: list[int] | None = None,
-              num_drafts: list[int] | None = None, logits: str = "last",
+              num_drafts: list[int] | None = None, logits: str | list[int] = "last",
               device: torch.device | str = "cpu") -> "ForwardBatch":
-        """Assemble a batch on the host. `logits`: "last" (one row per sequence) or "all" (every token)."""
+        """Assemble a batch on the host. `logits`: "last" (one row per sequence), "all" (every token), or per
+        sequence the number of trailing tokens whose logits are wanted."""
         num_seqs = len(token_chunks)
+        if logits == "last":
+            logits = [1 if c else 0 for c in token_chunks]
+        elif logits == "all":
+            logits = [len(c) for c in token_chunks]
         cu, ids, pos, slot_map, logit_rows = [0], [], [], [], []
-        for chunk, start, table in zip(token_chunks, start_positions, block_tables):
+        for chunk, start, table, wanted in zip(token_chunks, start_positions, block_tables, logits):
             for i, tok in enumerate(chunk):
                 p = start + i
                 ids.append(tok)
                 pos.append(p)
                 slot_map.append(table[p // block_size] * block_size + p % block_size)
-            if logits == "all":
-                logit_rows.extend(range(cu[-1], cu[-1] + len(chunk)))
-            elif chunk:
-                logit_rows.append(cu[-1] + len(chunk) - 1)
+            logit_rows.extend(range(cu[-1] + len(chunk) - wanted, cu[-1] + len(chunk)))
             cu.append(cu[-1] + len(chunk))
         width = max((len(t) for t in block_tables), default=0)
         tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.long)

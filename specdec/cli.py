@@ -1,0 +1,37 @@
+"""`specdec` console script: one subcommand per job; each builds its config here and passes it down."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from .commands import generate_cmd, make_tiny_cmd
+
+COMMANDS = [make_tiny_cmd, generate_cmd]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specdec", description=(
+        "Speculative-decoding serving for Qwen3.5 / Qwen3-Next hybrid models."))
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for command in COMMANDS:
+        command.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        stream=sys.stderr)
+    try:
+        return int(args.run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, FileNotFoundError) as e:  # CheckpointError is a ValueError: a user error, not a trace
+        print(f"specdec {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""`specdec make-tiny`: write a tiny random checkpoint in the exact Hugging Face layout."""
+import argparse
+import json
+
+
+def add_parser(sub) -> None:
+    from specdec.tiny import PRESETS
+    p = sub.add_parser("make-tiny", help="write a random checkpoint in the Hugging Face layout",
+                       description="Write a random checkpoint (config.json, safetensors, mtp.* weights, optional "
+                                   "tokenizer) in the exact Hugging Face layout, deterministic from --seed.")
+    p.add_argument("out_dir", help="folder to write (created)")
+    p.add_argument("--family", default="qwen3_5", choices=["qwen3_5", "qwen3_5_moe", "qwen3_next"])
+    p.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    p.add_argument("--layout", default="text", choices=["text", "multimodal"],
+                   help="text: model.layers.* (qwen3_5_text); multimodal: model.language_model.* as released")
+    p.add_argument("--expert-layout", default="per_expert", choices=["per_expert", "fused"])
+    p.add_argument("--mtp-layers", type=int, default=1, help="MTP decoder layers (0: no mtp.* tensors)")
+    p.add_argument("--tokenizer", action="store_true", help="also train and save a byte-level BPE tokenizer")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=JSON",
+                   help="override a text-config field, e.g. --set vocab_size=101 --set full_attention_interval=2")
+    p.set_defaults(run=run)
+
+
+def parse_overrides(items: list[str]) -> dict:
+    out = {}
+    for item in items:
+        field, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--set {item!r}: expected FIELD=JSON")
+        try:
+            out[field] = json.loads(value)
+        except json.JSONDecodeError:
+            out[field] = value
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from specdec.tiny import make_tiny
+    kwargs = dict(family=args.family, preset=args.preset, seed=args.seed, layout=args.layout,
+                  mtp_layers=args.mtp_layers, tokenizer=args.tokenizer, overrides=parse_overrides(args.overrides),
+                  expert_layout=args.expert_layout)
+    if args.dtype:
+        kwargs["dtype"] = args.dtype
+    path = make_tiny(args.out_dir, **kwargs)
+    print(f"wrote {args.family}/{args.preset} checkpoint to {path}")
+    return 0
