@@ -1,7 +1,11 @@
-"""A running sequence as the verifier sees it: its tokens and where its cache lives."""
+"""A request as the verifier runs it: its tokens, sampling parameters, cache placement and statistics."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from specdec.sampling_params import SamplingParams
+
+from .acceptance_stats import AcceptanceStats
 
 
 @dataclass
@@ -9,11 +13,26 @@ class Sequence:
     seq_id: int
     token_ids: list[int]                 # prompt + committed output
     num_prompt: int
+    params: SamplingParams = field(default_factory=SamplingParams)
+    seed: int = 0                        # the request's seed, or one drawn for it
+    request_id: str = ""
     num_cached: int = 0                  # tokens whose KV / GDN state is in the cache
     block_table: list[int] = field(default_factory=list)
     gdn_slot: int = -1
     gdn_read_offset: int = 0             # state slot / conv column holding the state after num_cached tokens
+    drafts: list[int] = field(default_factory=list)  # proposals to verify in the next step
+    stats: AcceptanceStats = field(default_factory=AcceptanceStats)
+    finish_reason: str | None = None     # "stop" | "length" | "abort" | "error"
 
     @property
     def output_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt:]
+
+    @property
+    def is_decoding(self) -> bool:
+        """All but the last committed token are cached: the next step verifies [last, drafts...]."""
+        return self.num_cached == len(self.token_ids) - 1
+
+    @property
+    def remaining(self) -> int:
+        return self.params.max_tokens - len(self.output_ids)

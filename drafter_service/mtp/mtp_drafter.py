@@ -1,0 +1,77 @@
+"""MTP drafter: ingests committed tokens + target hidden states into its own KV cache, then drafts k tokens
+greedily (argmax), feeding back its own post-norm output (see mtp_head for the formula)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from drafter_service.drafter import DraftBatch, DraftOutput
+from specdec.models.caches import GDNCache, KVCache, ModelCaches
+from specdec.models.forward_batch import ForwardBatch
+from specdec.models.loader import LoadedModel
+from verifier_service.id_pool import IdPool
+
+from .mtp_head import MTPHead
+
+
+class MTPDrafter:
+    kind = "mtp"
+    needs_hidden = True
+
+    def __init__(self, loaded: LoadedModel, max_drafts: int, num_blocks: int, block_size: int = 16,
+                 device: str | torch.device = "cpu"):
+        if not loaded.mtp_weights:
+            raise ValueError("the checkpoint has no mtp.* tensors: the mtp drafter cannot run (use ngram)")
+        config = loaded.config
+        self.head = MTPHead.from_weights(config, loaded.mtp_weights, loaded.model.embed_tokens,
+                                         loaded.model.lm_head)
+        self.max_drafts, self.block_size, self.device = max_drafts, block_size, torch.device(device)
+        num_layers = len(self.head.layers)
+        shape = (num_blocks, block_size, config.num_key_value_heads, config.head_dim)
+        dtype = loaded.model.embed_tokens.weight.dtype
+        kv = KVCache(k=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)],
+                     v=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)],
+                     block_size=block_size)
+        self.caches = ModelCaches(kv=kv, gdn=GDNCache([], []), layer_slot={i: i for i in range(num_layers)})
+        self.blocks = IdPool(num_blocks, "mtp kv blocks")
+        self.tables: dict[int, list[int]] = {}
+
+    def _reserve(self, seq_id: int, length: int) -> list[int]:
+        table = self.tables.setdefault(seq_id, [])
+        table += self.blocks.take(max(0, math.ceil(length / self.block_size) - len(table)))
+        return table
+
+    def propose(self, batch: DraftBatch) -> DraftOutput:
+        seqs = batch.seqs
+        ks = [min(s.num_drafts, self.max_drafts) for s in seqs]
+        tables = [self._reserve(s.seq_id, s.start_pos + len(s.token_ids) - 1 + max(k - 1, 0))
+                  for s, k in zip(seqs, ks)]
+        # Catch-up: pairs (token at p + 1, target hidden at p) for the newly committed positions p.
+        catch_up = ForwardBatch.build([s.token_ids[1:] for s in seqs], [s.start_pos for s in seqs], tables,
+                                      self.block_size, [0] * len(seqs), device=self.device)
+        out = self.head(catch_up, batch.hidden, self.caches, layer=0)[catch_up.logits_indices]  # [B, H]
+        drafts: list[list[int]] = [[] for _ in seqs]
+        live = [i for i, k in enumerate(ks) if k > 0]
+        next_pos = [s.start_pos + len(s.token_ids) - 1 for s in seqs]  # position of the next MTP input
+        out = out[live]
+        for step in range(max(ks, default=0)):
+            tokens = self.head.logits(out).argmax(-1).tolist()  # draft step `step` for every live sequence
+            for i, t in zip(live, tokens):
+                drafts[i].append(t)
+            keep = [n for n, i in enumerate(live) if ks[i] > step + 1]
+            live, out = [live[n] for n in keep], out[keep]
+            if not live:
+                break
+            feed = ForwardBatch.build([[drafts[i][-1]] for i in live], [next_pos[i] + step for i in live],
+                                      [tables[i] for i in live], self.block_size, [0] * len(live),
+                                      device=self.device)
+            out = self.head(feed, out, self.caches, layer=(step + 1) % len(self.head.layers))
+        return DraftOutput(drafts=drafts)
+
+    def release(self, seq_ids: list[int]) -> None:
+        for i in seq_ids:
+            self.blocks.give_back(self.tables.pop(i, []))
+
+    def clear(self) -> None:
+        self.release(list(self.tables))

@@ -1,0 +1,63 @@
+"""Benchmark drafter: proposes a recorded plain-decoding continuation of the same request, corrupting each
+proposed token with probability 1 − a, where a is chosen so that the expected tokens per verify step,
+Σ_{i=0..k} a^i = (1 − a^{k+1}) / (1 − a), equals the requested mean acceptance length (greedy requests).
+Verification stays real: the target still checks every token."""
+from __future__ import annotations
+
+import random
+
+from .drafter import DraftBatch, DraftOutput
+
+
+def acceptance_rate_for(mean_length: float, k: int) -> float:
+    """Per-token acceptance a with 1 + a + ... + a^k = mean_length (bisection)."""
+    if not 1.0 <= mean_length <= k + 1:
+        raise ValueError(f"mean acceptance length must be in [1, k+1] = [1, {k + 1}], got {mean_length}")
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        a = (lo + hi) / 2
+        lo, hi = (a, hi) if sum(a ** i for i in range(k + 1)) < mean_length else (lo, a)
+    return (lo + hi) / 2
+
+
+class SyntheticDrafter:
+    kind = "synthetic"
+    needs_hidden = False
+
+    def __init__(self, references: list[list[int]], max_drafts: int, vocab_size: int,
+                 accept_rate: float = 1.0, seed: int = 0):
+        """references: full token sequences (prompt + recorded continuation) this drafter may be asked about."""
+        if not 0.0 <= accept_rate <= 1.0:
+            raise ValueError(f"accept_rate must be in [0, 1], got {accept_rate}")
+        self.references = [list(r) for r in references]
+        self.max_drafts, self.vocab_size, self.accept_rate, self.seed = max_drafts, vocab_size, accept_rate, seed
+        self.contexts: dict[int, list[int]] = {}
+        self.rngs: dict[int, random.Random] = {}
+
+    def reference_for(self, context: list[int]) -> list[int] | None:
+        matches = [r for r in self.references if r[:len(context)] == context]
+        return max(matches, key=len) if matches else None
+
+    def propose(self, batch: DraftBatch) -> DraftOutput:
+        drafts = []
+        for s in batch.seqs:
+            context = self.contexts.setdefault(s.seq_id, [])
+            del context[s.start_pos:]
+            context.extend(s.token_ids)
+            rng = self.rngs.setdefault(s.seq_id, random.Random(self.seed * 1_000_003 + s.seq_id))
+            reference = self.reference_for(context) or []
+            upcoming = reference[len(context):len(context) + min(s.num_drafts, self.max_drafts)]
+            drafts.append([t if rng.random() < self.accept_rate else self.corrupt(t, rng) for t in upcoming])
+        return DraftOutput(drafts=drafts)
+
+    def corrupt(self, token: int, rng: random.Random) -> int:
+        return (token + 1 + rng.randrange(self.vocab_size - 1)) % self.vocab_size
+
+    def release(self, seq_ids: list[int]) -> None:
+        for i in seq_ids:
+            self.contexts.pop(i, None)
+            self.rngs.pop(i, None)
+
+    def clear(self) -> None:
+        self.contexts.clear()
+        self.rngs.clear()

@@ -1,0 +1,106 @@
+"""Continuous batching: which sequences run this step, with which tokens.
+
+Each step every running sequence gets a chunk: decoding ones verify [last committed, drafts...]; prefilling
+ones take the next piece of their prompt (chunked prefill, mixed with decoding) within a token budget.
+Admission needs a free GDN slot and KV blocks for the first chunk. When blocks run out, the most recently
+admitted sequence is preempted by recompute: its caches are freed and it re-prefills prompt + output later.
+"""
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+
+from .model_runner import ModelRunner
+from .sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_running: int = 16           # sequences in the running batch (GDN slot groups)
+    max_batched_tokens: int = 512   # tokens per target forward
+    prefill_chunk: int = 256        # prompt tokens per sequence per step
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    chunk: list[int]                # tokens to run, drafts included at the end
+    num_drafts: int
+    decoding: bool                  # a verify step of [last committed, drafts...] (else a prefill chunk)
+
+    @property
+    def samples(self) -> bool:      # does this chunk reach the end of the committed tokens?
+        return self.seq.num_cached + len(self.chunk) - self.num_drafts == len(self.seq.token_ids)
+
+
+class Scheduler:
+    def __init__(self, runner: ModelRunner, config: SchedulerConfig):
+        self.runner, self.config = runner, config
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.preempted: list[Sequence] = []  # filled by schedule(); the engine tells the drafter
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def remove(self, seq: Sequence) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.runner.release(seq)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _chunk(self, seq: Sequence, budget: int) -> tuple[list[int], int]:
+        if seq.is_decoding:
+            drafts = seq.drafts[:max(0, budget - 1)]
+            return [seq.token_ids[-1]] + drafts, len(drafts)
+        size = min(self.config.prefill_chunk, budget, len(seq.token_ids) - seq.num_cached)
+        return seq.token_ids[seq.num_cached:seq.num_cached + size], 0
+
+    def _fits(self, seq: Sequence, length: int) -> bool:
+        return self.runner.blocks_needed(seq, length) <= self.runner.blocks.num_free
+
+    def _preempt(self, victim: Sequence) -> None:
+        log.info("preempting sequence %s (%d tokens) by recompute: KV blocks ran out",
+                 victim.request_id or victim.seq_id, len(victim.token_ids))
+        self.running.remove(victim)
+        self.runner.release(victim)
+        victim.drafts = []
+        self.waiting.appendleft(victim)
+        self.preempted.append(victim)
+        self.num_preemptions += 1
+
+    def schedule(self) -> list[ScheduledSeq]:
+        self.preempted = []
+        plan: list[ScheduledSeq] = []
+        budget = self.config.max_batched_tokens
+        for seq in list(self.running):
+            if seq not in self.running or budget <= 0:
+                continue
+            chunk, d = self._chunk(seq, budget)
+            while not self._fits(seq, seq.num_cached + len(chunk)) and seq in self.running:
+                self._preempt(self.running[-1])
+            if seq not in self.running:
+                continue
+            self.runner.reserve(seq, seq.num_cached + len(chunk))
+            plan.append(ScheduledSeq(seq, chunk, d, seq.is_decoding))
+            budget -= len(chunk)
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_running:
+            seq = self.waiting[0]
+            chunk, d = self._chunk(seq, budget)
+            if self.runner.gdn_slots.num_free == 0 or not self._fits(seq, seq.num_cached + len(chunk)):
+                break
+            self.waiting.popleft()
+            self.running.append(seq)
+            self.runner.reserve(seq, seq.num_cached + len(chunk))
+            plan.append(ScheduledSeq(seq, chunk, d, seq.is_decoding))
+            budget -= len(chunk)
+        return plan
