@@ -30,8 +30,9 @@ class Sequence:
 
     @property
     def is_decoding(self) -> bool:
-        """All but the last committed token are cached: the next step verifies [last, drafts...]."""
-        return self.num_cached == len(self.token_ids) - 1
+        """Output has begun and all but the last committed token are cached: the next step verifies
+        [last, drafts...]. (A prompt's own last token is still prefill.)"""
+        return self.num_cached == len(self.token_ids) - 1 and len(self.token_ids) > self.num_prompt
 
     @property
     def remaining(self) -> int:

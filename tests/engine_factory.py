@@ -1,0 +1,34 @@
+"""Builds engines over a loaded tiny model for tests."""
+import torch
+
+from drafter_service.mtp.mtp_drafter import MTPDrafter
+from drafter_service.ngram import NgramDrafter
+from drafter_service.synthetic import SyntheticDrafter
+from verifier_service.engine import EngineConfig, SpecEngine
+from verifier_service.model_runner import ModelRunner
+from verifier_service.scheduler import SchedulerConfig
+
+BLOCK = 4
+
+
+def make_engine(loaded, drafter=None, k=0, num_blocks=256, max_running=8, forced=None, chunk=8, budget=64):
+    runner = ModelRunner(loaded, num_blocks=num_blocks, block_size=BLOCK, max_seqs=max_running, max_drafts=k)
+    config = EngineConfig(num_drafts=k, forced_acceptance=forced,
+                          scheduler=SchedulerConfig(max_running=max_running, max_batched_tokens=budget,
+                                                    prefill_chunk=chunk))
+    return SpecEngine(runner, drafter, config)
+
+
+def make_drafter(kind, loaded, k, references=None):
+    vocab = loaded.config.vocab_size
+    if kind == "mtp":
+        return MTPDrafter(loaded, k, num_blocks=256, block_size=BLOCK)
+    if kind == "ngram":
+        return NgramDrafter(k)
+    rate = {"synthetic": 0.6, "all-accept": 1.0, "all-reject": 0.0}[kind]
+    return SyntheticDrafter(references, k, vocab, accept_rate=rate, seed=1)
+
+
+def random_prompts(lengths, vocab, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, vocab, (n,), generator=g).tolist() for n in lengths]

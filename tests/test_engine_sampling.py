@@ -1,0 +1,62 @@
+"""Engine-level sampling: seeded reproducibility, synthetic acceptance targets, forced acceptance guard."""
+import pytest
+from engine_factory import make_drafter, make_engine, random_prompts
+
+from drafter_service.synthetic import SyntheticDrafter, acceptance_rate_for
+from specdec.sampling_params import SamplingParams
+from verifier_service.forced_acceptance import ForcedAcceptance
+
+
+def test_seeded_request_reproduces_alone_and_in_a_batch(tiny_model):
+    prompts = random_prompts([6, 3, 9, 14, 2, 8, 11, 5], tiny_model.config.vocab_size, seed=5)
+    seeded = SamplingParams(max_tokens=24, temperature=0.8, top_p=0.95, seed=1234, ignore_eos=True)
+    alone = make_engine(tiny_model, make_drafter("mtp", tiny_model, 3), 3).generate([prompts[0]], seeded)[0]
+    mates = [SamplingParams(max_tokens=m, temperature=t, ignore_eos=True)
+             for m, t in zip([30, 10, 24, 17, 9, 40, 22], [1.0, 0.0, 0.7, 1.3, 0.0, 0.5, 1.0])]
+    together = make_engine(tiny_model, make_drafter("mtp", tiny_model, 3), 3).generate(prompts, [seeded] + mates)
+    assert together[0] == alone
+    again = make_engine(tiny_model, make_drafter("mtp", tiny_model, 3), 3).generate([prompts[0]], seeded)[0]
+    assert again == alone
+    other_seed = SamplingParams(max_tokens=24, temperature=0.8, top_p=0.95, seed=99, ignore_eos=True)
+    assert make_engine(tiny_model).generate([prompts[0]], other_seed)[0] != alone
+
+
+@pytest.mark.parametrize("target", [1.6, 2.5, 3.2])
+def test_synthetic_drafter_hits_requested_acceptance_length(tiny_model, target):
+    k, vocab = 3, tiny_model.config.vocab_size
+    prompts = random_prompts([5, 9, 3, 12, 7, 4, 10, 6], vocab, seed=8)
+    params = SamplingParams(max_tokens=160, ignore_eos=True)
+    recorded = make_engine(tiny_model, num_blocks=512).generate(prompts, params)
+    drafter = SyntheticDrafter([p + r for p, r in zip(prompts, recorded)], k, vocab,
+                               accept_rate=acceptance_rate_for(target, k), seed=3)
+    engine = make_engine(tiny_model, drafter, k, num_blocks=512)
+    assert engine.generate(prompts, params) == recorded
+    assert abs(engine.stats.mean_acceptance_length - target) <= 0.15, engine.stats.summary()
+
+
+def test_forced_acceptance_is_refused_unless_enabled_and_is_marked(tiny_model):
+    with pytest.raises(PermissionError, match="benchmarks only"):
+        ForcedAcceptance(2.5, 3)
+    forced = ForcedAcceptance(2.5, 3, seed=0, enabled=True)
+    engine = make_engine(tiny_model, make_drafter("mtp", tiny_model, 3), 3, forced=forced)
+    engine.add_request("r", [1, 2, 3], SamplingParams(max_tokens=200, ignore_eos=True))
+    outputs = []
+    while engine.has_work:
+        outputs += engine.step()
+    assert outputs and all(o.forced_acceptance for o in outputs)
+    assert abs(engine.stats.mean_acceptance_length - 2.5) < 0.35  # MTP with random weights accepts ~nothing
+
+
+def test_bad_requests_are_refused_and_nothing_leaks(tiny_model):
+    engine = make_engine(tiny_model, num_blocks=16)
+    with pytest.raises(ValueError, match="max_tokens"):
+        engine.add_request("a", [1], SamplingParams(max_tokens=0))
+    with pytest.raises(ValueError, match="outside the vocabulary|must be in"):
+        engine.add_request("b", [1, 9999], SamplingParams())
+    with pytest.raises(OverflowError, match="exceeds the cache capacity"):
+        engine.add_request("c", [1] * 60, SamplingParams(max_tokens=10))
+    engine.add_request("d", [1, 2], SamplingParams(max_tokens=5))
+    with pytest.raises(ValueError, match="already running"):
+        engine.add_request("d", [1, 2], SamplingParams(max_tokens=5))
+    assert engine.abort("d") and not engine.has_work
+    assert engine.runner.blocks.num_free == 16 and engine.runner.gdn_slots.num_free == engine.runner.gdn_slots.size
