@@ -5,9 +5,10 @@ import argparse
 import logging
 import sys
 
-from .commands import generate_cmd, make_tiny_cmd
+from .commands import (drafter_cmd, gateway_cmd, generate_cmd, health_cmd, make_tiny_cmd, serve_cmd,
+                       verifier_cmd)
 
-COMMANDS = [make_tiny_cmd, generate_cmd]
+COMMANDS = [serve_cmd, generate_cmd, verifier_cmd, drafter_cmd, gateway_cmd, health_cmd, make_tiny_cmd]
 
 
 def build_parser() -> argparse.ArgumentParser:

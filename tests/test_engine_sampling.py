@@ -53,7 +53,7 @@ def test_bad_requests_are_refused_and_nothing_leaks(tiny_model):
         engine.add_request("a", [1], SamplingParams(max_tokens=0))
     with pytest.raises(ValueError, match="outside the vocabulary|must be in"):
         engine.add_request("b", [1, 9999], SamplingParams())
-    with pytest.raises(OverflowError, match="exceeds the cache capacity"):
+    with pytest.raises(OverflowError, match="exceeds the maximum context"):
         engine.add_request("c", [1] * 60, SamplingParams(max_tokens=10))
     engine.add_request("d", [1, 2], SamplingParams(max_tokens=5))
     with pytest.raises(ValueError, match="already running"):

@@ -4,6 +4,7 @@ ingests what was committed and proposes the next drafts (DESIGN §3)."""
 from __future__ import annotations
 
 import itertools
+import time
 import logging
 import random
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ class EngineConfig:
     num_drafts: int = 3                        # k; 0 = plain decoding
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     forced_acceptance: ForcedAcceptance | None = None  # benchmarks only, see ForcedAcceptance
+    max_context: int = 0                       # prompt + completion limit; 0: what the KV cache holds
 
 
 @dataclass
@@ -46,11 +48,14 @@ class SpecEngine:
         self.scheduler = Scheduler(runner, config.scheduler)
         self.stats = AcceptanceStats()
         self.step_count = 0
+        self.last_step_seconds: dict[str, float] = {}
+        self.drafter_fallback_steps = 0
         self._ids = itertools.count()
         self._seeds = random.Random()
         self.by_request: dict[str, Sequence] = {}
         self.eos = set(runner.config.eos_token_id)
-        self.max_len = runner.blocks.size * runner.block_size
+        capacity = runner.blocks.size * runner.block_size
+        self.max_len = min(config.max_context, capacity) if config.max_context else capacity
 
     # ---- requests ----------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
@@ -64,7 +69,7 @@ class SpecEngine:
             raise ValueError(f"request id {request_id!r} is already running")
         if len(prompt_ids) + params.max_tokens + self.config.num_drafts > self.max_len:
             raise OverflowError(f"prompt ({len(prompt_ids)}) + max_tokens ({params.max_tokens}) exceeds the "
-                                f"cache capacity of {self.max_len} tokens")
+                                f"maximum context of {self.max_len} tokens")
         seed = params.seed if params.seed is not None else self._seeds.getrandbits(62)
         seq = Sequence(next(self._ids), list(prompt_ids), len(prompt_ids), params, seed, request_id)
         self.by_request[request_id] = seq
@@ -93,10 +98,13 @@ class SpecEngine:
             return []
         self.step_count += 1
         seqs = [p.seq for p in plan]
+        t0 = time.perf_counter()
         hidden, logits = self.runner.forward(seqs, [p.chunk for p in plan], [p.num_drafts for p in plan],
                                              logits=[p.num_drafts + 1 if p.samples else 0 for p in plan])
+        t1 = time.perf_counter()
         sampled = [p for p in plan if p.samples]
         verdict = self._verify(sampled, logits) if sampled else None
+        t2 = time.perf_counter()
         tokens_of = {id(p): t for p, t in zip(sampled, verdict.tokens)} if verdict else {}
         accepted_of = {id(p): j for p, j in zip(sampled, verdict.num_accepted)} if verdict else {}
         outputs, committed = [], []
@@ -109,6 +117,8 @@ class SpecEngine:
             if id(p) in tokens_of:
                 outputs.append(self._commit_tokens(p, tokens_of[id(p)], j))
         self._draft(committed, hidden)
+        # Host time per phase; on a GPU the target's kernels finish inside "verify" (its one sync per step).
+        self.last_step_seconds = {"target": t1 - t0, "verify": t2 - t1, "drafter": time.perf_counter() - t2}
         return outputs
 
     def _verify(self, sampled: list[ScheduledSeq], logits: torch.Tensor):
@@ -156,25 +166,60 @@ class SpecEngine:
             self.drafter.release([seq.seq_id])
 
     def _draft(self, committed: list[tuple[ScheduledSeq, int]], hidden: torch.Tensor) -> None:
-        """Send the drafter what each live sequence committed this step; keep its proposals for the next."""
-        k = self.config.num_drafts
+        """Send the drafter what each live sequence committed this step; keep its proposals for the next.
+
+        A drafter that (re)connected since a sequence started (a new `generation`) has none of its context:
+        a token-only drafter gets the whole context again; one that needs hidden states cannot rebuild its
+        cache, so that sequence finishes without drafts."""
+        drafter, k = self.drafter, self.num_drafts
+        if drafter is not None and k == 0 and self.config.num_drafts > 0:
+            self.drafter_fallback_steps += 1  # the drafter is away: this step decodes without drafts
+        generation = getattr(drafter, "generation", 0)
         inputs, live, rows, first_row = [], [], [], 0
         for p, old in committed:
             seq = p.seq
             if seq.finish_reason is None:
                 seq.drafts = []
-                want = min(k, seq.remaining - 1) if seq.is_decoding else 0
-                inputs.append(DraftInput(seq.seq_id, old, seq.token_ids[old:seq.num_cached + 1], max(0, want)))
-                live.append(p)
-                rows.extend(range(first_row, first_row + seq.num_cached - old))  # hidden of committed tokens
+                item = self._draft_input(seq, old, generation, k)
+                if item is not None:
+                    inputs.append(item)
+                    live.append(seq)
+                    if item.start_pos == old:
+                        rows.extend(range(first_row, first_row + seq.num_cached - old))  # committed tokens' hidden
             first_row += len(p.chunk)
-        if self.drafter is None or k == 0 or not live:
+        if drafter is None or k == 0 or not live:
             return
+        needs_hidden = drafter.needs_hidden
         rows_t = torch.tensor(rows, dtype=torch.long, device=hidden.device)
-        batch = DraftBatch(self.step_count, inputs, hidden[rows_t] if self.drafter.needs_hidden else None)
-        out = self.drafter.propose(batch)
-        for p, drafts, inp in zip(live, out.drafts, inputs):
-            p.seq.drafts = list(drafts[:inp.num_drafts])
+        out = drafter.propose(DraftBatch(self.step_count, inputs, hidden[rows_t] if needs_hidden else None))
+        for seq, drafts, item in zip(live, out.drafts, inputs):
+            seq.drafts = list(drafts[:item.num_drafts])
+
+    def _draft_input(self, seq: Sequence, old: int, generation: int, k: int) -> DraftInput | None:
+        if self.drafter is None or k == 0:
+            return None
+        want = max(0, min(k, seq.remaining - 1)) if seq.is_decoding else 0
+        if seq.drafter_generation != generation:
+            if old == 0:
+                seq.drafter_generation = generation
+            elif not self.drafter.needs_hidden:
+                seq.drafter_generation = generation
+                return DraftInput(seq.seq_id, 0, seq.token_ids[:seq.num_cached + 1], want)
+            else:
+                return None
+        return DraftInput(seq.seq_id, old, seq.token_ids[old:seq.num_cached + 1], want)
+
+    @property
+    def fallback_steps(self) -> int:
+        """Steps decoded with k = 0 although a drafter is configured: it was away, or its step failed."""
+        return self.drafter_fallback_steps + getattr(self.drafter, "fallbacks", 0)
+
+    @property
+    def num_drafts(self) -> int:
+        """k for this step: the configured k, capped by what the drafter can do (0 while it is away)."""
+        if self.drafter is None:
+            return 0
+        return min(self.config.num_drafts, getattr(self.drafter, "max_drafts", self.config.num_drafts))
 
     # ---- convenience -------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[list[int]]:

@@ -23,6 +23,7 @@ class Sequence:
     drafts: list[int] = field(default_factory=list)  # proposals to verify in the next step
     stats: AcceptanceStats = field(default_factory=AcceptanceStats)
     finish_reason: str | None = None     # "stop" | "length" | "abort" | "error"
+    drafter_generation: int = -1         # which drafter connection holds this sequence's context
 
     @property
     def output_ids(self) -> list[int]:

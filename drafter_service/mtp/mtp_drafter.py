@@ -5,14 +5,24 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import nn
 
 from drafter_service.drafter import DraftBatch, DraftOutput
 from specdec.models.caches import GDNCache, KVCache, ModelCaches
 from specdec.models.forward_batch import ForwardBatch
 from specdec.models.loader import LoadedModel
+from specdec.models.model_config import ModelConfig
 from verifier_service.id_pool import IdPool
 
 from .mtp_head import MTPHead
+
+
+def _linear_around(weight: torch.Tensor) -> nn.Linear:
+    """An nn.Linear whose weight IS `weight` (no copy)."""
+    with torch.device("meta"):
+        linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    linear.weight = nn.Parameter(weight, requires_grad=False)
+    return linear
 
 
 class MTPDrafter:
@@ -21,15 +31,28 @@ class MTPDrafter:
 
     def __init__(self, loaded: LoadedModel, max_drafts: int, num_blocks: int, block_size: int = 16,
                  device: str | torch.device = "cpu"):
-        if not loaded.mtp_weights:
+        """In-process: share the loaded target's embed_tokens / lm_head."""
+        self.setup(loaded.config, loaded.mtp_weights, loaded.model.embed_tokens.weight,
+                   loaded.model.lm_head.weight, max_drafts, num_blocks, block_size, device)
+
+    @classmethod
+    def from_parts(cls, config: ModelConfig, mtp_weights: dict[str, torch.Tensor], embed_weight: torch.Tensor,
+                   lm_head_weight: torch.Tensor, max_drafts: int, num_blocks: int, block_size: int = 16,
+                   device: str | torch.device = "cpu") -> "MTPDrafter":
+        """Out of process: weights read from the folder, or mapped from the verifier (no second copy)."""
+        drafter = cls.__new__(cls)
+        drafter.setup(config, mtp_weights, embed_weight, lm_head_weight, max_drafts, num_blocks, block_size, device)
+        return drafter
+
+    def setup(self, config, mtp_weights, embed_weight, lm_head_weight, max_drafts, num_blocks, block_size, device):
+        if not mtp_weights:
             raise ValueError("the checkpoint has no mtp.* tensors: the mtp drafter cannot run (use ngram)")
-        config = loaded.config
-        self.head = MTPHead.from_weights(config, loaded.mtp_weights, loaded.model.embed_tokens,
-                                         loaded.model.lm_head)
+        self.head = MTPHead.from_weights(config, mtp_weights, nn.Embedding.from_pretrained(embed_weight),
+                                         _linear_around(lm_head_weight))
         self.max_drafts, self.block_size, self.device = max_drafts, block_size, torch.device(device)
         num_layers = len(self.head.layers)
         shape = (num_blocks, block_size, config.num_key_value_heads, config.head_dim)
-        dtype = loaded.model.embed_tokens.weight.dtype
+        dtype = embed_weight.dtype
         kv = KVCache(k=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)],
                      v=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)],
                      block_size=block_size)

@@ -1,59 +1,45 @@
-"""`specdec generate`: complete a prompt with the target model, in this process."""
+"""`specdec generate`: stream a completion from a running gateway, or from a stack started for the call."""
 import argparse
 import sys
-import time
+import tempfile
+
+from .serve_cmd import add_stack_args, stack_config
+from .service_args import add_model_args
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("generate", help="complete a prompt and stream it to the terminal",
-                       description="Complete a prompt (text, or --prompt-token-ids) greedily and print it.")
-    p.add_argument("prompt", nargs="?", default=None, help="prompt text (needs tokenizer files in the model folder)")
+    p = sub.add_parser("generate", help="stream a completion to the terminal",
+                       description="Stream a completion from the gateway at --address; without --address, start "
+                                   "the local stack (as `specdec serve` would), generate, and stop it.")
+    p.add_argument("prompt", nargs="?", default=None, help="prompt text")
     p.add_argument("--prompt-token-ids", default=None, help="comma-separated token ids instead of text")
-    p.add_argument("--model", required=True, help="Hugging Face model folder")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--dtype", default="auto", help="float32 | bfloat16 | float16 | auto (bf16 on GPU, fp32 on CPU)")
+    p.add_argument("--address", default=None, help="HOST:PORT of a running gateway")
+    add_model_args(p)
+    add_stack_args(p)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true")
     p.set_defaults(run=run)
 
 
-def resolve_device(device: str, dtype: str) -> tuple[str, str]:
-    import torch
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if dtype == "auto":
-        dtype = "bfloat16" if device == "cuda" else "float32"
-    return device, dtype
-
-
-def prompt_ids(args, model_dir: str) -> tuple[list[int], object | None]:
-    if args.prompt_token_ids:
-        try:
-            return [int(t) for t in args.prompt_token_ids.split(",") if t.strip()], None
-        except ValueError as e:
-            raise ValueError(f"--prompt-token-ids: {e}") from e
-    if args.prompt is None:
-        raise ValueError("give a prompt or --prompt-token-ids")
-    from transformers import AutoTokenizer
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{model_dir} has no usable tokenizer ({e}); use --prompt-token-ids") from e
-    return tokenizer.encode(args.prompt), tokenizer
-
-
 def run(args: argparse.Namespace) -> int:
-    from specdec.models.loader import load_model
-    from verifier_service.model_runner import ModelRunner
-    from verifier_service.plain_generate import greedy_generate
-    device, dtype = resolve_device(args.device, args.dtype)
-    ids, tokenizer = prompt_ids(args, args.model)
-    loaded = load_model(args.model, dtype=dtype, device=device)
-    block_size = 16
-    runner = ModelRunner(loaded, num_blocks=(len(ids) + args.max_tokens) // block_size + 2,
-                         block_size=block_size, max_seqs=1, device=device)
-    start = time.perf_counter()
-    out = greedy_generate(runner, [ids], args.max_tokens)[0]
-    elapsed = time.perf_counter() - start
-    print(tokenizer.decode(out) if tokenizer else " ".join(map(str, out)))
-    print(f"[{len(ids)} prompt tokens, {len(out)} completion tokens, {elapsed:.2f} s]", file=sys.stderr)
-    return 0
+    from specdec.client import stream_completion
+    if args.prompt is None and not args.prompt_token_ids:
+        raise ValueError("give a prompt or --prompt-token-ids")
+    ids = [int(t) for t in args.prompt_token_ids.split(",")] if args.prompt_token_ids else None
+    if args.address:
+        return stream_completion(args.address, args, ids)
+    from specdec.local_stack import LocalStack
+    with tempfile.TemporaryDirectory(prefix="specdec-logs-") as logs:
+        stack = LocalStack(stack_config(args, port=0, log_dir=logs))
+        print(f"starting the local stack ({stack.config.drafter} drafter, k={stack.config.num_drafts}, "
+              f"{stack.config.device}) ...", file=sys.stderr, flush=True)
+        stack.start()
+        try:
+            return stream_completion(stack.address, args, ids)
+        finally:
+            stack.stop()

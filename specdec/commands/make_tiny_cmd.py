@@ -4,7 +4,7 @@ import json
 
 
 def add_parser(sub) -> None:
-    from specdec.tiny import PRESETS
+    from specdec.tiny_presets import PRESETS
     p = sub.add_parser("make-tiny", help="write a random checkpoint in the Hugging Face layout",
                        description="Write a random checkpoint (config.json, safetensors, mtp.* weights, optional "
                                    "tokenizer) in the exact Hugging Face layout, deterministic from --seed.")

@@ -10,6 +10,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -60,8 +61,9 @@ def checkpoint_files(folder: Path) -> list[Path]:
 
 
 def read_tensors(files: list[Path], dtype: torch.dtype, device: torch.device | str,
-                 progress: bool | None) -> dict[str, torch.Tensor]:
-    """All tensors of the checkpoint under prefix-stripped names, cast to `dtype` on `device`."""
+                 progress: bool | None, keep: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor]:
+    """Tensors of the checkpoint (those whose prefix-stripped name `keep` accepts; all by default) under
+    prefix-stripped names, cast to `dtype` on `device`."""
     total = sum(f.stat().st_size for f in files)
     show = progress if progress is not None else total >= PROGRESS_BYTES
     out: dict[str, torch.Tensor] = {}
@@ -70,11 +72,12 @@ def read_tensors(files: list[Path], dtype: torch.dtype, device: torch.device | s
             try:
                 with safe_open(str(f), framework="pt") as reader:
                     for key in reader.keys():
+                        name = strip_prefix(key)
+                        if name is None or (keep is not None and not keep(name)):
+                            continue
                         t = reader.get_tensor(key)
                         bar.update(t.numel() * t.element_size())
-                        name = strip_prefix(key)
-                        if name is not None:
-                            out[name] = t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+                        out[name] = t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
             except (SafetensorError, OSError) as e:
                 raise CheckpointError(f"{f}: not a readable safetensors file ({e})") from e
     return out
@@ -119,3 +122,33 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device:
     log.info("loaded %s (%s, %d layers, %s) from %s; %d mtp tensors", config.model_type, config.family,
              config.num_hidden_layers, torch_dtype, folder, len(mtp))
     return LoadedModel(config=config, model=model, mtp_weights=mtp)
+
+
+SHARED_WITH_DRAFTER = ("embed_tokens.weight", "lm_head.weight")
+
+
+def load_drafter_weights(folder: str | Path, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu",
+                         shared: bool = True) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Only what an MTP drafter needs: (config, mtp tensors, shared embed_tokens / lm_head weights).
+    With shared=False the embedding and lm_head are not read (they come from the verifier over CUDA IPC)."""
+    folder = Path(folder)
+    config = ModelConfig.from_folder(folder)
+    wanted = lambda name: name.startswith("mtp.") or (shared and name in SHARED_WITH_DRAFTER)  # noqa: E731
+    tensors = to_canonical(config, read_tensors(checkpoint_files(folder), parse_dtype(dtype), device, None, wanted))
+    mtp = {k[len("mtp."):]: v for k, v in tensors.items() if k.startswith("mtp.")}
+    weights = {k: v for k, v in tensors.items() if not k.startswith("mtp.")}
+    if shared and config.tie_word_embeddings:
+        weights["lm_head.weight"] = weights["embed_tokens.weight"]
+    for name in SHARED_WITH_DRAFTER if shared else ():
+        if name not in weights:
+            raise CheckpointError(f"{folder}: missing tensor {name}")
+    return config, mtp, weights
+
+
+def has_mtp_weights(folder: str | Path) -> bool:
+    """Whether the checkpoint carries mtp.* tensors (reads only the safetensors headers)."""
+    for f in checkpoint_files(Path(folder)):
+        with safe_open(str(f), framework="pt") as reader:
+            if any(strip_prefix(k) is not None and strip_prefix(k).startswith("mtp.") for k in reader.keys()):
+                return True
+    return False

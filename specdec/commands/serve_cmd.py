@@ -1,0 +1,48 @@
+"""`specdec serve`: gateway + verifier + drafter as separate local processes, until Ctrl-C."""
+import argparse
+import sys
+import threading
+
+from .service_args import add_model_args, resolve
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("serve", help="start gateway, verifier and drafter locally (one command)",
+                       description="Start the three services as separate processes on 127.0.0.1, wait until "
+                                   "all are healthy, print the gateway address, stop them all on Ctrl-C.")
+    add_model_args(p)
+    add_stack_args(p)
+    p.add_argument("--port", type=int, default=50051, help="gateway port (0: any free port)")
+    p.set_defaults(run=run)
+
+
+def add_stack_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--drafter", default=None, choices=["mtp", "ngram", "none"],
+                   help="default: mtp when the checkpoint has mtp.* weights, else ngram")
+    p.add_argument("-k", "--num-drafts", type=int, default=3)
+    p.add_argument("--transport", default="auto", choices=["auto", "cuda_ipc", "shm", "inline"])
+
+
+def stack_config(args: argparse.Namespace, port: int, log_dir: str | None = None):
+    from specdec.local_stack import StackConfig
+    from specdec.models.loader import has_mtp_weights
+    model, device, dtype = resolve(args)
+    drafter = args.drafter or ("mtp" if has_mtp_weights(model) else "ngram")
+    return StackConfig(model=model, drafter=drafter, num_drafts=args.num_drafts, device=device, dtype=dtype,
+                       port=port, transport=args.transport, log_dir=log_dir)
+
+
+def run(args: argparse.Namespace) -> int:
+    from specdec.local_stack import LocalStack
+    stack = LocalStack(stack_config(args, args.port))
+    address = stack.start()
+    c = stack.config
+    print(f"specdec serving {c.model} on {address} (drafter {c.drafter}, k={c.num_drafts}, {c.device}); "
+          f"Ctrl-C to stop", file=sys.stderr, flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        print("stopping ...", file=sys.stderr)
+    finally:
+        stack.stop()
+    return 0

@@ -1,0 +1,40 @@
+"""`specdec verifier`: serve the target model with speculative decoding over gRPC."""
+import argparse
+
+from .service_args import add_listen_args, add_model_args, resolve
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("verifier", help="serve the target model (verification, caches, scheduling) over gRPC",
+                       description="Load the target, connect to a drafter (retrying while it is away: requests "
+                                   "then decode without drafts), and serve verifier.proto.")
+    add_model_args(p)
+    add_listen_args(p, 50052)
+    p.add_argument("--drafter-address", default=None, help="HOST:PORT of a drafter; omit for plain decoding")
+    p.add_argument("-k", "--num-drafts", type=int, default=3)
+    p.add_argument("--transport", default="auto", choices=["auto", "cuda_ipc", "shm", "inline"],
+                   help="hidden-state transport to the drafter (auto: cuda_ipc on GPU, shm on CPU, else inline)")
+    p.add_argument("--drafter-timeout", type=float, default=10.0, help="seconds before a drafter step counts as failed")
+    p.add_argument("--max-context", type=int, default=4096)
+    p.add_argument("--max-running", type=int, default=16, help="sequences decoded together")
+    p.add_argument("--max-batched-tokens", type=int, default=512, help="tokens per target forward")
+    p.add_argument("--prefill-chunk", type=int, default=256)
+    p.add_argument("--kv-blocks", type=int, default=0, help="KV blocks of 16 tokens (0: max-running × max-context)")
+    p.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)")
+    p.add_argument("--forced-acceptance-length", type=float, default=0.0,
+                   help="BENCHMARKS ONLY: force this mean acceptance length (output is not the target's)")
+    p.add_argument("--unsafe-forced-acceptance", action="store_true", help="allow --forced-acceptance-length")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from verifier_service.server import VerifierConfig, serve
+    model, device, dtype = resolve(args)
+    config = VerifierConfig(
+        model_dir=model, device=device, dtype=dtype, num_drafts=args.num_drafts if args.drafter_address else 0,
+        drafter_address=args.drafter_address, transport=args.transport, drafter_timeout_s=args.drafter_timeout,
+        max_context=args.max_context, max_running=args.max_running, max_batched_tokens=args.max_batched_tokens,
+        prefill_chunk=args.prefill_chunk, kv_blocks=args.kv_blocks, metrics_port=args.metrics_port,
+        forced_acceptance_length=args.forced_acceptance_length, unsafe_forced_acceptance=args.unsafe_forced_acceptance)
+    serve(config, args.host, args.port)
+    return 0

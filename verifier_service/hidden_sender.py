@@ -1,0 +1,69 @@
+"""Verifier side of the hidden-state transports: registers buffers once per drafter stream, then turns each
+step's hidden rows into a TensorRef (offsets only for SHM / CUDA IPC, bytes for INLINE)."""
+from __future__ import annotations
+
+import torch
+
+from specdec.rpc.v1 import drafter_pb2 as pb
+from specdec.transport import cuda_ipc, tensor_bytes
+from specdec.transport.shm_buffer import ShmBuffer
+
+TRANSPORT_NAMES = {"inline": pb.INLINE, "shm": pb.SHM, "cuda_ipc": pb.CUDA_IPC}
+
+
+def offered_transports(device: torch.device, override: str) -> list[int]:
+    if override != "auto":
+        return [TRANSPORT_NAMES[override]]
+    return [pb.CUDA_IPC, pb.INLINE] if device.type == "cuda" else [pb.SHM, pb.INLINE]
+
+
+def _cuda_buffer(name: str, t: torch.Tensor, event: torch.cuda.Event | None = None) -> pb.SharedBuffer:
+    e = cuda_ipc.export_tensor(t)
+    return pb.SharedBuffer(
+        name=name, transport=pb.CUDA_IPC, size_bytes=t.numel() * t.element_size(),
+        dtype=tensor_bytes.DTYPE_NAMES[t.dtype], shape=list(t.shape), cuda_mem_handle=e.mem_handle,
+        cuda_storage_size_bytes=e.storage_size_bytes, cuda_storage_offset_bytes=e.storage_offset_bytes,
+        cuda_ref_counter_handle=e.ref_counter_handle, cuda_ref_counter_offset=e.ref_counter_offset,
+        cuda_event_handle=event.ipc_handle() if event is not None else b"", gpu_uuid=cuda_ipc.gpu_uuid(t.device))
+
+
+class HiddenSender:
+    def __init__(self, transport: int, max_rows: int, hidden_size: int, dtype: torch.dtype, device: torch.device):
+        self.transport, self.dtype = transport, dtype
+        self.shm: ShmBuffer | None = None
+        self.gpu: torch.Tensor | None = None
+        self.event: torch.cuda.Event | None = None
+        if transport == pb.SHM:
+            self.shm = ShmBuffer.create(max_rows * hidden_size * torch.empty((), dtype=dtype).element_size())
+        elif transport == pb.CUDA_IPC:
+            self.gpu = torch.empty(max_rows, hidden_size, dtype=dtype, device=device)  # [max_rows, H]
+            self.event = torch.cuda.Event(interprocess=True)
+
+    def setup(self, shared_weights: dict[str, torch.Tensor]) -> pb.Setup:
+        """Buffers to register on a new stream: the hidden buffer, and target weights the drafter maps."""
+        buffers = []
+        if self.shm is not None:
+            buffers.append(pb.SharedBuffer(name="hidden", transport=pb.SHM, shm_path=str(self.shm.path),
+                                           size_bytes=self.shm.size_bytes, dtype=tensor_bytes.DTYPE_NAMES[self.dtype]))
+        if self.gpu is not None:
+            buffers.append(_cuda_buffer("hidden", self.gpu, self.event))
+            buffers += [_cuda_buffer(name, w) for name, w in shared_weights.items()]
+        return pb.Setup(buffers=buffers)
+
+    def send(self, rows: torch.Tensor) -> pb.TensorRef:
+        """rows [n, H] → a reference the drafter can read once this step's message arrives."""
+        ref = pb.TensorRef(transport=self.transport, shape=list(rows.shape), dtype=tensor_bytes.DTYPE_NAMES[self.dtype])
+        if self.transport == pb.INLINE:
+            ref.data = tensor_bytes.to_bytes(rows.to(self.dtype))
+        elif self.transport == pb.SHM:
+            self.shm.view(0, self.dtype, tuple(rows.shape)).copy_(rows)
+            ref.buffer = "hidden"
+        else:
+            self.gpu[: rows.shape[0]].copy_(rows)
+            self.event.record()
+            ref.buffer = "hidden"
+        return ref
+
+    def close(self) -> None:
+        if self.shm is not None:
+            self.shm.close()

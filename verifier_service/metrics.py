@@ -1,0 +1,51 @@
+"""Prometheus metrics of the verifier (served on --metrics-port)."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from .engine import RequestOutput, SpecEngine
+
+
+class VerifierMetrics:
+    def __init__(self):
+        r = self.registry = CollectorRegistry()
+        self.steps = Counter("specdec_verify_steps", "Target forwards", registry=r)
+        self.drafted = Counter("specdec_draft_tokens", "Draft tokens proposed", registry=r)
+        self.accepted = Counter("specdec_accepted_tokens", "Draft tokens accepted", registry=r)
+        self.emitted = Counter("specdec_emitted_tokens", "Tokens emitted by verify steps", registry=r)
+        self.accepted_at = Gauge("specdec_acceptance_rate", "Acceptance rate per draft position",
+                                 ["position"], registry=r)
+        self.mean_length = Gauge("specdec_mean_acceptance_length",
+                                 "Tokens emitted per verify step, bonus included", registry=r)
+        self.step_time = Histogram("specdec_step_seconds", "Host time per step phase", ["phase"], registry=r,
+                                   buckets=(1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0))
+        self.queue_depth = Gauge("specdec_waiting_requests", "Requests waiting for admission", registry=r)
+        self.running = Gauge("specdec_running_requests", "Requests in the running batch", registry=r)
+        self.kv_used = Gauge("specdec_kv_blocks_used", "KV cache blocks in use", registry=r)
+        self.gdn_used = Gauge("specdec_gdn_slots_used", "GDN state slot groups in use", registry=r)
+        self.fallbacks = Gauge("specdec_drafter_fallbacks", "Steps decoded without drafts (drafter away)", registry=r)
+        self._seen = (0, 0, 0, 0)
+
+    def serve(self, port: int) -> None:
+        start_http_server(port, registry=self.registry)
+
+    def observe(self, engine: SpecEngine, outputs: list[RequestOutput], seconds: float) -> None:
+        s = engine.stats
+        steps, drafted, accepted, emitted = s.verify_steps, s.drafted, s.accepted, s.emitted
+        last = self._seen
+        self.steps.inc(steps - last[0])
+        self.drafted.inc(drafted - last[1])
+        self.accepted.inc(accepted - last[2])
+        self.emitted.inc(emitted - last[3])
+        self._seen = (steps, drafted, accepted, emitted)
+        for i, rate in enumerate(s.per_position_acceptance):
+            self.accepted_at.labels(position=str(i)).set(rate)
+        self.mean_length.set(s.mean_acceptance_length)
+        for phase, t in engine.last_step_seconds.items():
+            self.step_time.labels(phase=phase).observe(t)
+        runner = engine.runner
+        self.queue_depth.set(len(engine.scheduler.waiting))
+        self.running.set(len(engine.scheduler.running))
+        self.kv_used.set(runner.blocks.size - runner.blocks.num_free)
+        self.gdn_used.set(runner.gdn_slots.size - runner.gdn_slots.num_free)
+        self.fallbacks.set(engine.fallback_steps)

@@ -1,0 +1,104 @@
+"""`specdec verifier`: load the target, connect to the drafter, serve verifier.proto until SIGINT / SIGTERM."""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specdec.models.loader import load_model
+from specdec.rpc import serving
+from specdec.rpc.v1 import gateway_pb2, verifier_pb2, verifier_pb2_grpc
+from specdec.sampling_params import SamplingParams
+
+from .drafter_client import DrafterLinkConfig, RemoteDrafter
+from .engine import EngineConfig, SpecEngine
+from .engine_loop import EngineLoop
+from .forced_acceptance import ForcedAcceptance
+from .metrics import VerifierMetrics
+from .model_runner import ModelRunner
+from .scheduler import SchedulerConfig
+from .servicer import VerifierServicer
+
+log = logging.getLogger(__name__)
+SERVICE = verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name
+
+
+@dataclass(frozen=True)
+class VerifierConfig:
+    model_dir: str
+    device: str = "cpu"
+    dtype: str = "float32"
+    num_drafts: int = 3
+    drafter_address: str | None = None     # None: plain decoding (k = 0)
+    transport: str = "auto"
+    drafter_timeout_s: float = 10.0
+    max_context: int = 4096
+    max_running: int = 16
+    max_batched_tokens: int = 512
+    prefill_chunk: int = 256
+    block_size: int = 16
+    kv_blocks: int = 0                     # 0: enough for max_running sequences of max_context
+    metrics_port: int = 0                  # 0: no Prometheus endpoint
+    forced_acceptance_length: float = 0.0  # benchmarks only, with unsafe_forced_acceptance
+    unsafe_forced_acceptance: bool = False
+
+
+def build_engine(config: VerifierConfig) -> SpecEngine:
+    loaded = load_model(config.model_dir, dtype=config.dtype, device=config.device)
+    max_context = min(config.max_context, loaded.config.max_position_embeddings)
+    blocks = config.kv_blocks or config.max_running * math.ceil(max_context / config.block_size)
+    runner = ModelRunner(loaded, blocks, config.block_size, config.max_running, config.num_drafts, config.device)
+    drafter = None
+    if config.drafter_address and config.num_drafts > 0:
+        model = loaded.model
+        drafter = RemoteDrafter(
+            DrafterLinkConfig(config.drafter_address, config.num_drafts, config.transport, config.drafter_timeout_s),
+            loaded.config.hidden_size, loaded.config.vocab_size, model.embed_tokens.weight.dtype,
+            torch.device(config.device), config.max_batched_tokens,
+            {"embed_tokens": model.embed_tokens.weight, "lm_head": model.lm_head.weight}, loaded.config.model_type)
+    forced = None
+    if config.forced_acceptance_length:
+        forced = ForcedAcceptance(config.forced_acceptance_length, config.num_drafts,
+                                  enabled=config.unsafe_forced_acceptance)
+        log.warning("FORCED ACCEPTANCE (mean length %.2f): output is not the target's; benchmarks only",
+                    config.forced_acceptance_length)
+    scheduler = SchedulerConfig(config.max_running, config.max_batched_tokens, config.prefill_chunk)
+    return SpecEngine(runner, drafter, EngineConfig(config.num_drafts, scheduler, forced, max_context))
+
+
+def warm_up(engine: SpecEngine) -> None:
+    """One short generation through every path (prefill, decode, sampling) before reporting SERVING."""
+    engine.generate([[0, 1, 2]], SamplingParams(max_tokens=3, ignore_eos=True))
+
+
+def start(config: VerifierConfig, host: str, port: int) -> tuple[serving.RunningServer, EngineLoop]:
+    engine = build_engine(config)
+    warm_up(engine)
+    metrics = VerifierMetrics()
+    if config.metrics_port:
+        metrics.serve(config.metrics_port)
+    loop = EngineLoop(engine, on_step=metrics.observe).start()
+    cfg = engine.runner.config
+    has_tokenizer = (Path(config.model_dir) / "tokenizer.json").is_file()
+    info = gateway_pb2.InfoResponse(model=Path(config.model_dir).name, model_type=cfg.model_type,
+                                    max_context=engine.max_len, vocab_size=cfg.vocab_size, has_tokenizer=has_tokenizer)
+    servicer = VerifierServicer(loop, info)
+    running = serving.start_server(lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(servicer, s),
+                                   [SERVICE], host, port)
+    running.set_serving(True)
+    log.info("verifier %s on %s (%s, k=%d, drafter %s) listening on %s:%d", cfg.model_type, config.device,
+             config.dtype, config.num_drafts, config.drafter_address or "none", host, running.port)
+    return running, loop
+
+
+def serve(config: VerifierConfig, host: str, port: int) -> None:
+    running, loop = start(config, host, port)
+
+    def on_stop():
+        loop.stop()
+        if loop.engine.drafter is not None:
+            loop.engine.drafter.close()
+    serving.wait_for_termination(running, "verifier", on_stop)
