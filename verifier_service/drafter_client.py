@@ -43,7 +43,7 @@ class RemoteDrafter:
         self.config, self.hidden_size, self.vocab_size, self.dtype = config, hidden_size, vocab_size, dtype
         self.device, self.max_rows, self.shared_weights, self.model_type = device, max_rows, shared_weights, model_type
         self.kind, self.needs_hidden, self.max_drafts, self.generation = "none", False, 0, 0
-        self.transport_name, self.fallbacks, self.last_round_trip_ms = "none", 0, 0.0
+        self.transport_name, self.fallbacks, self.last_round_trip_ms, self.last_drafter_ms = "none", 0, 0.0, 0.0
         self._lock = threading.Lock()
         self._requests: queue.Queue | None = None
         self._responses: queue.Queue = queue.Queue()
@@ -162,6 +162,7 @@ class RemoteDrafter:
             self.fallbacks += 1
             return empty
         self.last_round_trip_ms = (time.perf_counter() - start) * 1e3
+        self.last_drafter_ms = response.drafter_ms
         return DraftOutput(drafts=[list(d.token_ids) for d in response.drafts])
 
     def release(self, seq_ids: list[int]) -> None:
