@@ -1,9 +1,11 @@
 """Arguments shared by the service commands, and how they become configs."""
 import argparse
+import os
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="Hugging Face model folder (default: the embedded demo model)")
+    p.add_argument("--model", default=os.environ.get("SPECDEC_MODEL") or None,
+                   help="Hugging Face model folder (default: $SPECDEC_MODEL, else the embedded demo model)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--dtype", default="auto", help="float32 | bfloat16 | float16 | auto (bf16 on GPU, fp32 on CPU)")
 
