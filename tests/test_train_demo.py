@@ -65,7 +65,8 @@ def attention_layer(x, w, cfg):
     o = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(n, nh * d)
     x = x + (o * torch.sigmoid(qg[..., d:].reshape(n, nh * d))) @ w["self_attn.o_proj.weight"].t()
     h = zc_norm(x, w["post_attention_layernorm.weight"])
-    return x + (F.silu(h @ w["mlp.gate_proj.weight"].t()) * (h @ w["mlp.up_proj.weight"].t())) @ w["mlp.down_proj.weight"].t()
+    mlp = F.silu(h @ w["mlp.gate_proj.weight"].t()) * (h @ w["mlp.up_proj.weight"].t())
+    return x + mlp @ w["mlp.down_proj.weight"].t()
 
 
 def mtp_reference(w, cfg, next_embeds, hidden, embedding_first=True):
@@ -121,6 +122,20 @@ def test_training_losses_align_tokens():
         want_mtp = F.cross_entropy((outs @ embed.t()).flatten(0, 1), windows[:, 2:].flatten())
     torch.testing.assert_close(next_loss, want_next, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(mtp_loss, want_mtp, atol=1e-5, rtol=1e-5)
+
+
+def test_dropout_is_training_only():
+    model = tiny_random_model(seed=5)
+    windows = torch.randint(0, 97, (2, 12), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        before = model(windows)
+        model.add_dropout(0.5)
+        after = model(windows)  # eval mode: the hooks do nothing
+        model.train()
+        noisy = [model(windows)[0] for _ in range(2)]
+    torch.testing.assert_close(before, after, rtol=0, atol=0)
+    assert not torch.equal(noisy[0], noisy[1])
+    assert set(dict(model.state_dict())) == set(dict(tiny_random_model().state_dict()))
 
 
 def test_corpus_split():

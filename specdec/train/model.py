@@ -8,6 +8,7 @@ trunk's tied embedding / lm_head. One training window of L + 2 tokens x_0 .. x_{
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 
 import torch
@@ -66,6 +67,17 @@ class DemoModel(nn.Module):
         self.trunk = Qwen3_5ForCausalLM(config)
         self.mtp = MTPModule(config)
 
+    def add_dropout(self, p: float) -> None:
+        """Training-only regularisation (Qwen3.5 has none of its own): dropout on the embedding output and
+        on every token mixer / MLP output before its residual add, trunk and MTP layer alike. Forward hooks
+        only, so parameters, state_dict and eval-mode outputs are unchanged."""
+        if p <= 0:
+            return
+        layers = [*self.trunk.model.layers, *self.mtp.layers]
+        mixers = [getattr(layer, "self_attn", None) or layer.linear_attn for layer in layers]
+        for module in [self.trunk.model.embed_tokens, *mixers, *(layer.mlp for layer in layers)]:
+            module.register_forward_hook(functools.partial(_dropout_hook, p))
+
     def num_parameters(self) -> int:
         """Unique parameters (the tied embedding / lm_head counted once), trunk + MTP."""
         return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
@@ -85,6 +97,14 @@ class DemoModel(nn.Module):
         out = self.mtp(next_embeds, hidden, self.rotary(hidden, length))
         mtp_loss = cross_entropy(lm_head(out), windows[:, 2:])
         return next_loss, mtp_loss
+
+
+def _dropout_hook(p: float, module: nn.Module, args, output):
+    if not module.training:
+        return None
+    if isinstance(output, tuple):  # attention returns (output, weights)
+        return (F.dropout(output[0], p, True), *output[1:])
+    return F.dropout(output, p, True)
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

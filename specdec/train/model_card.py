@@ -36,7 +36,8 @@ def render(log: dict) -> str:
         "speculative decoding (MTP and n-gram drafters) on real, non-random weights; it is a toy, not a code model.",
         "",
         "## Results", "",
-        *_rows([("final train loss (trunk, mean of last steps)", _loss(r["final_train_loss"])),
+        *_rows([("final train loss (trunk, mean of last steps" + (", with dropout)" if t.get("dropout") else ")"),
+                 _loss(r["final_train_loss"])),
                 ("final train loss (MTP, token t+2)", _loss(r["final_train_mtp_loss"])),
                 ("**held-out loss (trunk, next token)**", _loss(r["held_out_loss"])),
                 ("**held-out loss (MTP, token t+2)**", _loss(r["held_out_mtp_loss"])),
@@ -72,6 +73,7 @@ def render(log: dict) -> str:
                               f"{t['min_lr_ratio']}x), betas {tuple(t['betas'])}, weight decay {t['weight_decay']}, "
                               f"grad clip {t['grad_clip']}"),
                 ("loss", f"next-token CE + {t['mtp_weight']} x MTP CE"),
+                ("dropout (training only)", f"{t.get('dropout', 0.0)} on embedding, mixer and MLP outputs"),
                 ("training time", f"{t['train_seconds']:.0f} s ({t['train_seconds'] / 60:.1f} min)"),
                 ("seed / versions", f"{t['seed']} / torch {t['torch_version']}, "
                                     f"transformers {t['transformers_version']}")]),

@@ -66,6 +66,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     g.add_argument("--warmup-steps", type=int, default=150)
     g.add_argument("--min-lr-ratio", type=float, default=0.1, help="final lr as a fraction of --lr")
     g.add_argument("--weight-decay", type=float, default=0.1)
+    g.add_argument("--dropout", type=float, default=0.1,
+                   help="training-only dropout on embedding / mixer / MLP outputs (not part of the checkpoint); "
+                        "the stdlib is small (~2.5-3M tokens), and without it the model memorises it")
     g.add_argument("--mtp-weight", type=float, default=0.3, help="loss = next-token CE + w * MTP CE")
     g.add_argument("--max-minutes", type=float, default=None,
                    help="stop training after this many minutes (the schedule is fitted to it); still exports")
@@ -153,11 +156,12 @@ def training_summary(args, argv, settings: TrainSettings, device, dtype, result)
             "seed": args.seed, "seq_len": args.seq_len, "steps": settings.steps, "batch_size": settings.batch_size,
             "lr": settings.lr, "min_lr_ratio": settings.min_lr_ratio, "warmup_steps": settings.warmup_steps,
             "weight_decay": settings.weight_decay, "betas": list(settings.betas), "grad_clip": settings.grad_clip,
-            "mtp_weight": settings.mtp_weight, "max_minutes": args.max_minutes,
+            "mtp_weight": settings.mtp_weight, "dropout": args.dropout, "max_minutes": args.max_minutes,
             "steps_done": result.steps_done, "tokens_seen": result.tokens_seen,
             "train_seconds": result.train_seconds, "eval_seconds": result.eval_seconds,
             "stopped_early": result.stopped_early, "torch_version": torch.__version__,
-            "transformers_version": transformers.__version__, "command": " ".join(["python -m specdec.train.train_demo", *argv])}
+            "transformers_version": transformers.__version__,
+            "command": " ".join(["python -m specdec.train.train_demo", *argv])}
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -175,6 +179,7 @@ def main(argv: list[str] | None = None) -> Path:
 
     shape = shape_from(args)
     model = DemoModel(build_config(shape, eos_token_id=0)).to(device)
+    model.add_dropout(args.dropout)
     n_params, n_mtp = model.num_parameters(), sum(p.numel() for p in model.mtp.parameters())
     log(f"model: {n_params:,} parameters ({n_mtp:,} in the MTP head), layers {shape.layer_types()}; "
         f"device {device}, autocast {dtype}")

@@ -118,7 +118,7 @@ class Trainer:
                          f"lr {lr:.2e}  {rate:,.0f} tok/s  {row['elapsed_s']:.0f}s")
                 mark, mark_step = time.perf_counter(), r.steps_done
             if self.evaluate and s.eval_every and r.steps_done % s.eval_every == 0 and not done:
-                mark = self._periodic_eval(r, start)
+                mark += self._periodic_eval(r)  # keep evaluation time out of the tokens/s figure
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         r.train_seconds = time.perf_counter() - start - r.eval_seconds
@@ -133,11 +133,12 @@ class Trainer:
         next_mean, mtp_mean = torch.stack(last).float().mean(0).tolist()
         return next_mean, mtp_mean
 
-    def _periodic_eval(self, r: TrainResult, start: float) -> float:
+    def _periodic_eval(self, r: TrainResult) -> float:
+        """Evaluate on the held-out subset, record and log it; returns the seconds it took."""
         t0 = time.perf_counter()
         held, held_mtp = self.evaluate()
         spent = time.perf_counter() - t0
         r.eval_seconds += spent
         r.evals.append({"step": r.steps_done, "held_out_loss": held, "held_out_mtp_loss": held_mtp})
         self.log(f"eval  step {r.steps_done:5d}  held-out loss {held:.4f}  mtp {held_mtp:.4f}  ({spent:.1f}s)")
-        return time.perf_counter()
+        return spent

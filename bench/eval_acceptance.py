@@ -1,0 +1,88 @@
+"""Acceptance on held-out text through our engine: mean acceptance length (tokens per verify step, bonus
+included) and per-position acceptance, per drafter, k and temperature.
+
+    python bench/eval_acceptance.py --model specdec/demo_model --num-prompts 50 --out bench/results/demo_acceptance.json
+
+Prompts are windows of the held-out standard-library files (specdec/train/corpus.py HELD_OUT), never trained on.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from drafter_service.mtp.mtp_drafter import MTPDrafter
+from drafter_service.ngram import NgramDrafter
+from gateway.tokenizer import TextTokenizer
+from specdec.models.loader import load_model
+from specdec.sampling_params import SamplingParams
+from specdec.train.corpus import held_out_files, read_text
+from verifier_service.engine import EngineConfig, SpecEngine
+from verifier_service.model_runner import ModelRunner
+from verifier_service.scheduler import SchedulerConfig
+
+
+def held_out_prompts(tokenizer: TextTokenizer, n: int, length: int) -> list[list[int]]:
+    """n prompts of `length` tokens, spread evenly over the held-out files (several windows per file)."""
+    streams = [tokenizer.encode(read_text(f)) for f in held_out_files()]
+    streams = [s for s in streams if len(s) > 2 * length]
+    per_file = -(-n // len(streams))
+    prompts = []
+    for s in streams:
+        for i in range(per_file):
+            start = (len(s) - length) * (i + 1) // (per_file + 1)
+            prompts.append(s[start:start + length])
+    return prompts[:n]
+
+
+def run_one(loaded, drafter_kind: str, k: int, temperature: float, prompts, max_tokens: int, device: str) -> dict:
+    runner = ModelRunner(loaded, num_blocks=len(prompts) * 20, block_size=16, max_seqs=16, max_drafts=k, device=device)
+    drafter = (MTPDrafter(loaded, k, num_blocks=len(prompts) * 20, device=device) if drafter_kind == "mtp"
+               else NgramDrafter(k))
+    engine = SpecEngine(runner, drafter, EngineConfig(k, SchedulerConfig(16, 2048, 512)))
+    params = [SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=i, ignore_eos=True)
+              for i in range(len(prompts))]
+    start = time.perf_counter()
+    engine.generate(prompts, params)
+    s = engine.stats
+    return {"drafter": drafter_kind, "k": k, "temperature": temperature, "prompts": len(prompts),
+            "mean_acceptance_length": round(s.mean_acceptance_length, 3),
+            "per_position_acceptance": [round(r, 3) for r in s.per_position_acceptance],
+            "drafted": s.drafted, "accepted": s.accepted, "verify_steps": s.verify_steps,
+            "seconds": round(time.perf_counter() - start, 1)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--num-prompts", type=int, default=50)
+    p.add_argument("--prompt-len", type=int, default=96)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--drafters", nargs="+", default=["mtp", "ngram"])
+    p.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4])
+    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7])
+    p.add_argument("--out", default=None, help="write the results as JSON here")
+    args = p.parse_args()
+    loaded = load_model(args.model, dtype=args.dtype, device=args.device)
+    prompts = held_out_prompts(TextTokenizer.from_folder(args.model), args.num_prompts, args.prompt_len)
+    results = []
+    print(f"{'drafter':8} {'k':>2} {'temp':>5} {'mean acc len':>12}  per-position acceptance")
+    for drafter in args.drafters:
+        for temperature in args.temperatures:
+            for k in args.ks:
+                r = run_one(loaded, drafter, k, temperature, prompts, args.max_tokens, args.device)
+                results.append(r)
+                print(f"{drafter:8} {k:>2} {temperature:>5.1f} {r['mean_acceptance_length']:>12.2f}  "
+                      f"{r['per_position_acceptance']}  ({r['seconds']} s)", flush=True)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({"model": args.model, "prompts": len(prompts),
+                                              "prompt_len": args.prompt_len, "max_tokens": args.max_tokens,
+                                              "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
