@@ -120,6 +120,8 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
                 drafter.release(list(step.release_seq_ids))
             seqs = [DraftInput(s.seq_id, s.start_pos, list(s.token_ids), s.num_drafts) for s in step.seqs]
             hidden = buffers.read(step.hidden) if step.HasField("hidden") and drafter.needs_hidden else None
+            if hidden is not None:
+                hidden = hidden.to(self.holder.config.device, non_blocking=True)  # INLINE / SHM arrive on the host
             out = drafter.propose(DraftBatch(step.step, seqs, hidden))
         drafts = [pb.SeqDrafts(token_ids=d) for d in out.drafts]
         return pb.DraftStepResponse(step=step.step, drafts=drafts, drafter_ms=(time.perf_counter() - start) * 1e3)

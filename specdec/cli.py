@@ -6,9 +6,10 @@ import logging
 import sys
 
 from .commands import (drafter_cmd, gateway_cmd, generate_cmd, health_cmd, make_tiny_cmd, serve_cmd,
-                       verifier_cmd)
+                       train_demo_cmd, verifier_cmd)
 
-COMMANDS = [serve_cmd, generate_cmd, verifier_cmd, drafter_cmd, gateway_cmd, health_cmd, make_tiny_cmd]
+COMMANDS = [serve_cmd, generate_cmd, verifier_cmd, drafter_cmd, gateway_cmd, health_cmd, make_tiny_cmd,
+            train_demo_cmd]
 
 
 def build_parser() -> argparse.ArgumentParser:

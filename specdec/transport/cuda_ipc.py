@@ -35,7 +35,7 @@ def import_tensor(e: CudaIpcExport, dtype: torch.dtype, shape: tuple[int, ...], 
                   element_offset: int = 0) -> torch.Tensor:
     storage = torch.UntypedStorage._new_shared_cuda(
         device_index, e.mem_handle, e.storage_size_bytes, e.storage_offset_bytes, e.ref_counter_handle,
-        e.ref_counter_offset, e.event_handle or None, False)
+        e.ref_counter_offset, e.event_handle or b"", False)
     out = torch.empty(0, dtype=dtype, device=f"cuda:{device_index}")
     return out.set_(storage, element_offset, shape)
 
