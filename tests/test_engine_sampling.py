@@ -60,3 +60,50 @@ def test_bad_requests_are_refused_and_nothing_leaks(tiny_model):
         engine.add_request("d", [1, 2], SamplingParams(max_tokens=5))
     assert engine.abort("d") and not engine.has_work
     assert engine.runner.blocks.num_free == 16 and engine.runner.gdn_slots.num_free == engine.runner.gdn_slots.size
+
+
+class SmoothedNgram:
+    """A drafter that sends probabilities: its n-gram proposal gets 0.6, the rest is spread evenly."""
+    kind, needs_hidden = "smoothed-ngram", False
+
+    def __init__(self, k, vocab):
+        from drafter_service.ngram import NgramDrafter
+        self.inner, self.max_drafts, self.vocab, self.sent = NgramDrafter(k), k, vocab, 0
+
+    def propose(self, batch):
+        import torch
+
+        from drafter_service.drafter import DraftOutput
+        out = self.inner.propose(batch)
+        flat = [t for d in out.drafts for t in d]
+        probs = torch.full((len(flat), self.vocab), 0.4 / (self.vocab - 1))
+        probs[torch.arange(len(flat)), torch.tensor(flat, dtype=torch.long)] = 0.6
+        self.sent += len(flat)
+        return DraftOutput(out.drafts, probs)
+
+    def release(self, seq_ids):
+        self.inner.release(seq_ids)
+
+    def clear(self):
+        self.inner.clear()
+
+
+def test_drafter_probabilities_reach_the_rejection_sampler(tiny_model, monkeypatch):
+    import verifier_service.engine as engine_module
+    seen = []
+    real = engine_module.rejection_sample
+
+    def spy(logits, drafts, num_drafts, sampling, draft_probs=None, forced_accepts=None):
+        if draft_probs is not None:
+            seen.append(draft_probs.shape)
+            assert draft_probs.shape == (drafts.shape[0], logits.shape[1])
+            assert torch.allclose(draft_probs.sum(-1), torch.ones(drafts.shape[0]))
+        return real(logits, drafts, num_drafts, sampling, draft_probs, forced_accepts)
+    monkeypatch.setattr(engine_module, "rejection_sample", spy)
+    import torch
+    prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 9, 9, 9, 9, 9]]
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+    expected = make_engine(tiny_model).generate(prompts, params)
+    drafter = SmoothedNgram(3, tiny_model.config.vocab_size)
+    assert make_engine(tiny_model, drafter, 3).generate(prompts, params) == expected  # greedy stays lossless
+    assert drafter.sent > 0 and seen

@@ -29,18 +29,6 @@ class AcceptanceStats:
             self.drafted_at[i] += 1
             self.accepted_at[i] += int(i < num_accepted)
 
-    def merge(self, other: "AcceptanceStats") -> None:
-        self.verify_steps += other.verify_steps
-        self.drafted += other.drafted
-        self.accepted += other.accepted
-        self.emitted += other.emitted
-        for i in range(len(other.drafted_at)):
-            if i >= len(self.drafted_at):
-                self.drafted_at.append(0)
-                self.accepted_at.append(0)
-            self.drafted_at[i] += other.drafted_at[i]
-            self.accepted_at[i] += other.accepted_at[i]
-
     @property
     def mean_acceptance_length(self) -> float:
         return self.emitted / self.verify_steps if self.verify_steps else 0.0

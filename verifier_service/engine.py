@@ -136,7 +136,21 @@ class SpecEngine:
         forced = self.config.forced_acceptance
         forced_accepts = forced.draw([p.seq.seq_id for p in sampled]) if forced else None
         return rejection_sample(logits, drafts, [p.num_drafts for p in sampled], sampling,
-                                forced_accepts=forced_accepts)
+                                self._draft_probs(sampled, drafts, logits.shape[-1]), forced_accepts)
+
+    @staticmethod
+    def _draft_probs(sampled: list[ScheduledSeq], drafts: torch.Tensor, vocab: int) -> torch.Tensor | None:
+        """[Σ k, V] q rows when some drafter sent probabilities (one-hot rows for the others), else None."""
+        if all(p.seq.draft_probs is None for p in sampled):
+            return None
+        rows, start = [], 0
+        for p in sampled:
+            k = p.num_drafts
+            q = p.seq.draft_probs
+            rows.append(q[:k].to(drafts.device).float() if q is not None
+                        else torch.nn.functional.one_hot(drafts[start:start + k], vocab).float())
+            start += k
+        return torch.cat(rows)
 
     def _commit_tokens(self, p: ScheduledSeq, tokens: list[int], num_accepted: int) -> RequestOutput:
         seq = p.seq
@@ -179,7 +193,7 @@ class SpecEngine:
         for p, old in committed:
             seq = p.seq
             if seq.finish_reason is None:
-                seq.drafts = []
+                seq.drafts, seq.draft_probs = [], None
                 item = self._draft_input(seq, old, generation, k)
                 if item is not None:
                     inputs.append(item)
@@ -192,8 +206,12 @@ class SpecEngine:
         needs_hidden = drafter.needs_hidden
         rows_t = torch.tensor(rows, dtype=torch.long, device=hidden.device)
         out = drafter.propose(DraftBatch(self.step_count, inputs, hidden[rows_t] if needs_hidden else None))
+        start = 0
         for seq, drafts, item in zip(live, out.drafts, inputs):
             seq.drafts = list(drafts[:item.num_drafts])
+            if out.probs is not None:
+                seq.draft_probs = out.probs[start:start + len(seq.drafts)]
+            start += len(drafts)
 
     def _draft_input(self, seq: Sequence, old: int, generation: int, k: int) -> DraftInput | None:
         if self.drafter is None or k == 0:

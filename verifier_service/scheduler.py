@@ -73,7 +73,7 @@ class Scheduler:
                  victim.request_id or victim.seq_id, len(victim.token_ids))
         self.running.remove(victim)
         self.runner.release(victim)
-        victim.drafts = []
+        victim.drafts, victim.draft_probs = [], None
         self.waiting.appendleft(victim)
         self.preempted.append(victim)
         self.num_preemptions += 1

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from specdec.sampling_params import SamplingParams
 
 from .acceptance_stats import AcceptanceStats
@@ -21,6 +23,7 @@ class Sequence:
     gdn_slot: int = -1
     gdn_read_offset: int = 0             # state slot / conv column holding the state after num_cached tokens
     drafts: list[int] = field(default_factory=list)  # proposals to verify in the next step
+    draft_probs: torch.Tensor | None = None  # [len(drafts), V] the drafter's q, None: argmax (one-hot)
     stats: AcceptanceStats = field(default_factory=AcceptanceStats)
     finish_reason: str | None = None     # "stop" | "length" | "abort" | "error"
     drafter_generation: int = -1         # which drafter connection holds this sequence's context
