@@ -4,7 +4,7 @@ import sys
 import tempfile
 
 from .serve_cmd import add_stack_args, stack_config
-from .service_args import add_model_args
+from .cli_args import add_model_args
 
 
 def add_parser(sub) -> None:

@@ -3,7 +3,7 @@ import argparse
 import sys
 import threading
 
-from .service_args import add_model_args, resolve
+from .cli_args import add_model_args, resolve
 
 
 def add_parser(sub) -> None:

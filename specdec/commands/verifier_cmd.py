@@ -1,7 +1,7 @@
 """`specdec verifier`: serve the target model with speculative decoding over gRPC."""
 import argparse
 
-from .service_args import add_listen_args, add_model_args, resolve
+from .cli_args import add_listen_args, add_model_args, resolve
 
 
 def add_parser(sub) -> None:
