@@ -48,7 +48,7 @@ class LocalStack:
         if self.config.log_dir:
             out = open(Path(self.config.log_dir) / f"{name}.log", "w")
         cmd = [sys.executable, "-m", "specdec", *args]
-        log.info("starting %s: %s", name, " ".join(cmd))
+        (log.debug if self.config.log_dir else log.info)("starting %s: %s", name, " ".join(cmd))
         self.procs[name] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if out else None,
                                             env=os.environ.copy(), start_new_session=True)
 
