@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import socket
 import subprocess
@@ -50,7 +49,7 @@ class LocalStack:
         cmd = [sys.executable, "-m", "specdec", *args]
         (log.debug if self.config.log_dir else log.info)("starting %s: %s", name, " ".join(cmd))
         self.procs[name] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if out else None,
-                                            env=os.environ.copy(), start_new_session=True)
+                                            start_new_session=True)
 
     def _wait_healthy(self, name: str, address: str) -> None:
         deadline = time.monotonic() + self.config.startup_timeout_s

@@ -26,6 +26,12 @@ from .hidden_sender import HiddenSender, offered_transports
 
 log = logging.getLogger(__name__)
 _END = object()
+TRANSPORTS = {"inline": pb.INLINE, "shm": pb.SHM, "cuda_ipc": pb.CUDA_IPC}
+
+
+def _message(cls, fields: dict):
+    """A drafter.proto message from HiddenSender's plain fields (transport names become the enum)."""
+    return cls(**{k: TRANSPORTS[v] if k == "transport" else v for k, v in fields.items()})
 
 
 @dataclass(frozen=True)
@@ -86,11 +92,11 @@ class RemoteDrafter:
             uuid = gpu_uuid(self.device)
         info = stub.Info(pb.DrafterInfoRequest(
             max_drafts=self.config.max_drafts, hidden_size=self.hidden_size, dtype=tensor_bytes.DTYPE_NAMES[self.dtype],
-            vocab_size=self.vocab_size, transports=offer, host_id=host_id(), gpu_uuid=uuid,
+            vocab_size=self.vocab_size, transports=[TRANSPORTS[t] for t in offer], host_id=host_id(), gpu_uuid=uuid,
             model_type=self.model_type), timeout=5.0)
         if info.needs_hidden_states and info.hidden_size != self.hidden_size:
             raise RuntimeError(f"drafter hidden size {info.hidden_size} != target {self.hidden_size}")
-        transport = next((t for t in offer if t in info.transports), None)
+        transport = next((t for t in offer if TRANSPORTS[t] in info.transports), None)
         if transport is None:
             raise RuntimeError(f"no common transport (offered {offer}, drafter accepts {list(info.transports)})")
         stub.ClearCache(pb.ClearCacheRequest(), timeout=5.0)
@@ -98,7 +104,8 @@ class RemoteDrafter:
             if info.needs_hidden_states else None
         requests: queue.Queue = queue.Queue()
         shared = self.shared_weights if info.needs_shared_weights else {}
-        requests.put(pb.DraftStepRequest(setup=sender.setup(shared) if sender else pb.Setup()))
+        buffers = [_message(pb.SharedBuffer, b) for b in sender.setup(shared)] if sender else []
+        requests.put(pb.DraftStepRequest(setup=pb.Setup(buffers=buffers)))
         call = stub.Step(iter(requests.get, _END), timeout=None)
         threading.Thread(target=self._read_responses, args=(call, requests), daemon=True).start()
         with self._lock:
@@ -109,7 +116,7 @@ class RemoteDrafter:
             self._responses = queue.Queue()
             self.kind, self.needs_hidden = info.kind, info.needs_hidden_states
             self.max_drafts = info.max_drafts
-            self.transport_name = pb.Transport.Name(transport).lower() if sender else "none"
+            self.transport_name = transport if sender else "none"
             self.generation += 1
             self._pending_release.clear()
         log.info("drafter %s connected at %s: k=%d, transport %s, hidden states %s", info.kind,
@@ -149,7 +156,7 @@ class RemoteDrafter:
             pb.SeqInput(seq_id=s.seq_id, start_pos=s.start_pos, token_ids=s.token_ids, num_drafts=s.num_drafts)
             for s in batch.seqs])
         if batch.hidden is not None and self._sender is not None:
-            message.hidden.CopyFrom(self._sender.send(batch.hidden))
+            message.hidden.CopyFrom(_message(pb.TensorRef, self._sender.send(batch.hidden)))
         start = time.perf_counter()
         requests.put(pb.DraftStepRequest(step=message))
         try:

@@ -1,26 +1,24 @@
-"""Verifier side of the hidden-state transports: registers buffers once per drafter stream, then turns each
-step's hidden rows into a TensorRef (offsets only for SHM / CUDA IPC, bytes for INLINE)."""
+"""Verifier side of the hidden-state transports: registers buffers once per drafter stream, then places each
+step's hidden rows (offsets only for "shm" / "cuda_ipc", bytes for "inline"). It returns plain field dicts
+named as in drafter.proto's SharedBuffer / TensorRef; the drafter client turns them into messages."""
 from __future__ import annotations
 
 import torch
 
-from specdec.rpc.v1 import drafter_pb2 as pb
 from specdec.transport import cuda_ipc, tensor_bytes
 from specdec.transport.shm_buffer import ShmBuffer
 
-TRANSPORT_NAMES = {"inline": pb.INLINE, "shm": pb.SHM, "cuda_ipc": pb.CUDA_IPC}
 
-
-def offered_transports(device: torch.device, override: str) -> list[int]:
+def offered_transports(device: torch.device, override: str) -> list[str]:
     if override != "auto":
-        return [TRANSPORT_NAMES[override]]
-    return [pb.CUDA_IPC, pb.INLINE] if device.type == "cuda" else [pb.SHM, pb.INLINE]
+        return [override]
+    return ["cuda_ipc", "inline"] if device.type == "cuda" else ["shm", "inline"]
 
 
-def _cuda_buffer(name: str, t: torch.Tensor, event: torch.cuda.Event | None = None) -> pb.SharedBuffer:
+def _cuda_buffer(name: str, t: torch.Tensor, event: torch.cuda.Event | None = None) -> dict:
     e = cuda_ipc.export_tensor(t)
-    return pb.SharedBuffer(
-        name=name, transport=pb.CUDA_IPC, size_bytes=t.numel() * t.element_size(),
+    return dict(
+        name=name, transport="cuda_ipc", size_bytes=t.numel() * t.element_size(),
         dtype=tensor_bytes.DTYPE_NAMES[t.dtype], shape=list(t.shape), cuda_mem_handle=e.mem_handle,
         cuda_storage_size_bytes=e.storage_size_bytes, cuda_storage_offset_bytes=e.storage_offset_bytes,
         cuda_ref_counter_handle=e.ref_counter_handle, cuda_ref_counter_offset=e.ref_counter_offset,
@@ -28,40 +26,40 @@ def _cuda_buffer(name: str, t: torch.Tensor, event: torch.cuda.Event | None = No
 
 
 class HiddenSender:
-    def __init__(self, transport: int, max_rows: int, hidden_size: int, dtype: torch.dtype, device: torch.device):
+    def __init__(self, transport: str, max_rows: int, hidden_size: int, dtype: torch.dtype, device: torch.device):
         self.transport, self.dtype = transport, dtype
         self.shm: ShmBuffer | None = None
         self.gpu: torch.Tensor | None = None
         self.event: torch.cuda.Event | None = None
-        if transport == pb.SHM:
+        if transport == "shm":
             self.shm = ShmBuffer.create(max_rows * hidden_size * torch.empty((), dtype=dtype).element_size())
-        elif transport == pb.CUDA_IPC:
+        elif transport == "cuda_ipc":
             self.gpu = torch.empty(max_rows, hidden_size, dtype=dtype, device=device)  # [max_rows, H]
             self.event = torch.cuda.Event(interprocess=True)
 
-    def setup(self, shared_weights: dict[str, torch.Tensor]) -> pb.Setup:
+    def setup(self, shared_weights: dict[str, torch.Tensor]) -> list[dict]:
         """Buffers to register on a new stream: the hidden buffer, and target weights the drafter maps."""
         buffers = []
         if self.shm is not None:
-            buffers.append(pb.SharedBuffer(name="hidden", transport=pb.SHM, shm_path=str(self.shm.path),
-                                           size_bytes=self.shm.size_bytes, dtype=tensor_bytes.DTYPE_NAMES[self.dtype]))
+            buffers.append(dict(name="hidden", transport="shm", shm_path=str(self.shm.path),
+                                size_bytes=self.shm.size_bytes, dtype=tensor_bytes.DTYPE_NAMES[self.dtype]))
         if self.gpu is not None:
             buffers.append(_cuda_buffer("hidden", self.gpu, self.event))
             buffers += [_cuda_buffer(name, w) for name, w in shared_weights.items()]
-        return pb.Setup(buffers=buffers)
+        return buffers
 
-    def send(self, rows: torch.Tensor) -> pb.TensorRef:
-        """rows [n, H] → a reference the drafter can read once this step's message arrives."""
-        ref = pb.TensorRef(transport=self.transport, shape=list(rows.shape), dtype=tensor_bytes.DTYPE_NAMES[self.dtype])
-        if self.transport == pb.INLINE:
-            ref.data = tensor_bytes.to_bytes(rows.to(self.dtype))
-        elif self.transport == pb.SHM:
+    def send(self, rows: torch.Tensor) -> dict:
+        """rows [n, H] → where the drafter reads them once this step's message arrives (TensorRef fields)."""
+        ref = dict(transport=self.transport, shape=list(rows.shape), dtype=tensor_bytes.DTYPE_NAMES[self.dtype])
+        if self.transport == "inline":
+            ref["data"] = tensor_bytes.to_bytes(rows.to(self.dtype))
+        elif self.transport == "shm":
             self.shm.view(0, self.dtype, tuple(rows.shape)).copy_(rows)
-            ref.buffer = "hidden"
+            ref["buffer"] = "hidden"
         else:
             self.gpu[: rows.shape[0]].copy_(rows)
             self.event.record()
-            ref.buffer = "hidden"
+            ref["buffer"] = "hidden"
         return ref
 
     def close(self) -> None:
