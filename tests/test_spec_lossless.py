@@ -70,3 +70,15 @@ def test_stop_conditions(tiny_model, baseline):
     assert got == [out[:first + 1]]
     short = make_engine(tiny_model, make_drafter("all-accept", tiny_model, 4, [prompts[3] + out]), 4)
     assert short.generate([prompts[3]], SamplingParams(max_tokens=6, ignore_eos=True)) == [out[:6]]
+
+
+def test_mtp_drafter_out_of_blocks_drops_sequences_not_requests(tiny_model, baseline, caplog):
+    """An MTP drafter with too few KV blocks gives up some sequences; they decode without drafts, still exactly."""
+    from drafter_service.mtp.mtp_drafter import MTPDrafter
+    prompts, params, expected = baseline
+    drafter = MTPDrafter(tiny_model, 3, num_blocks=12, block_size=4)
+    engine = make_engine(tiny_model, drafter, 3)
+    assert engine.generate(prompts, params) == expected
+    assert engine.stats.drafted > 0
+    assert drafter.blocks.num_free == 12 and not drafter.dropped  # all given back when the requests ended
+    assert "dropped by the mtp drafter" in caplog.text

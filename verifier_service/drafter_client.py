@@ -54,6 +54,7 @@ class RemoteDrafter:
         self._requests: queue.Queue | None = None
         self._responses: queue.Queue = queue.Queue()
         self._call = None
+        self._channel: grpc.Channel | None = None
         self._sender: HiddenSender | None = None
         self._pending_release: list[int] = []
         self._wake = threading.Event()
@@ -83,6 +84,13 @@ class RemoteDrafter:
 
     def _connect(self) -> None:
         channel = grpc.insecure_channel(self.config.address, options=channel_options())
+        try:
+            self._handshake(channel)
+        except BaseException:
+            channel.close()
+            raise
+
+    def _handshake(self, channel: grpc.Channel) -> None:
         grpc.channel_ready_future(channel).result(timeout=2.0)
         stub = drafter_pb2_grpc.DrafterStub(channel)
         offer = offered_transports(self.device, self.config.transport)
@@ -111,6 +119,8 @@ class RemoteDrafter:
         with self._lock:
             if self._sender is not None:
                 self._sender.close()
+            if self._channel is not None:
+                self._channel.close()
             self._sender = sender
             self._call, self._requests, self._channel = call, requests, channel
             self._responses = queue.Queue()

@@ -2,6 +2,7 @@
 greedily (argmax), feeding back its own post-norm output (see mtp_head for the formula)."""
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
@@ -12,9 +13,11 @@ from specdec.models.caches import GDNCache, KVCache, ModelCaches
 from specdec.models.forward_batch import ForwardBatch
 from specdec.models.loader import LoadedModel
 from specdec.models.model_config import ModelConfig
-from verifier_service.id_pool import IdPool
+from verifier_service.id_pool import IdPool, PoolExhausted
 
 from .mtp_head import MTPHead
+
+log = logging.getLogger(__name__)
 
 
 def _linear_around(weight: torch.Tensor) -> nn.Linear:
@@ -59,6 +62,7 @@ class MTPDrafter:
         self.caches = ModelCaches(kv=kv, gdn=GDNCache([], []), layer_slot={i: i for i in range(num_layers)})
         self.blocks = IdPool(num_blocks, "mtp kv blocks")
         self.tables: dict[int, list[int]] = {}
+        self.dropped: set[int] = set()  # sequences given up for lack of blocks, until released
 
     def _reserve(self, seq_id: int, length: int) -> list[int]:
         table = self.tables.setdefault(seq_id, [])
@@ -66,14 +70,40 @@ class MTPDrafter:
         return table
 
     def propose(self, batch: DraftBatch) -> DraftOutput:
-        seqs = batch.seqs
+        """Sequences this drafter cannot hold (its KV blocks ran out) are dropped: they get no drafts from then
+        on, and the verifier decodes them without; nothing fails."""
+        drafts: list[list[int]] = [[] for _ in batch.seqs]
+        served, rows, row = [], [], 0
+        for i, s in enumerate(batch.seqs):
+            n = len(s.token_ids) - 1
+            if s.seq_id not in self.dropped and self._try_reserve(s):
+                served.append(i)
+                rows.extend(range(row, row + n))
+            row += n
+        if served:
+            hidden = batch.hidden[torch.tensor(rows, dtype=torch.long, device=batch.hidden.device)]
+            for i, d in zip(served, self._draft([batch.seqs[i] for i in served], hidden)):
+                drafts[i] = d
+        return DraftOutput(drafts=drafts)
+
+    def _try_reserve(self, s) -> bool:
+        k = min(s.num_drafts, self.max_drafts)
+        try:
+            self._reserve(s.seq_id, s.start_pos + len(s.token_ids) - 1 + max(k - 1, 0))
+            return True
+        except PoolExhausted as e:
+            log.warning("sequence %d dropped by the mtp drafter (%s): it decodes without drafts", s.seq_id, e)
+            self.release([s.seq_id])
+            self.dropped.add(s.seq_id)
+            return False
+
+    def _draft(self, seqs, hidden: torch.Tensor) -> list[list[int]]:
         ks = [min(s.num_drafts, self.max_drafts) for s in seqs]
-        tables = [self._reserve(s.seq_id, s.start_pos + len(s.token_ids) - 1 + max(k - 1, 0))
-                  for s, k in zip(seqs, ks)]
+        tables = [self.tables[s.seq_id] for s in seqs]
         # Catch-up: pairs (token at p + 1, target hidden at p) for the newly committed positions p.
         catch_up = ForwardBatch.build([s.token_ids[1:] for s in seqs], [s.start_pos for s in seqs], tables,
                                       self.block_size, [0] * len(seqs), device=self.device)
-        out = self.head(catch_up, batch.hidden, self.caches, layer=0)[catch_up.logits_indices]  # [B, H]
+        out = self.head(catch_up, hidden, self.caches, layer=0)[catch_up.logits_indices]  # [B, H]
         drafts: list[list[int]] = [[] for _ in seqs]
         live = [i for i, k in enumerate(ks) if k > 0]
         next_pos = [s.start_pos + len(s.token_ids) - 1 for s in seqs]  # position of the next MTP input
@@ -90,11 +120,12 @@ class MTPDrafter:
                                       [tables[i] for i in live], self.block_size, [0] * len(live),
                                       device=self.device)
             out = self.head(feed, out, self.caches, layer=(step + 1) % len(self.head.layers))
-        return DraftOutput(drafts=drafts)
+        return drafts
 
     def release(self, seq_ids: list[int]) -> None:
         for i in seq_ids:
             self.blocks.give_back(self.tables.pop(i, []))
+            self.dropped.discard(i)
 
     def clear(self) -> None:
         self.release(list(self.tables))

@@ -12,7 +12,9 @@ class PartialRotary:
         self.inv_freq = 1.0 / (theta ** exponents)  # [R/2], on the host until first use
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions[:, None].float() * self.inv_freq.to(positions.device)[None, :]  # [T, R/2]
+        if self.inv_freq.device != positions.device:
+            self.inv_freq = self.inv_freq.to(positions.device)  # once per device, not per call
+        freqs = positions[:, None].float() * self.inv_freq[None, :]  # [T, R/2]
         angles = torch.cat([freqs, freqs], dim=-1)                                          # [T, R]
         return angles.cos(), angles.sin()
 
