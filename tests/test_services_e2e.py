@@ -242,3 +242,32 @@ def test_model_without_tokenizer_serves_token_ids_and_metrics(tiny_dir, tmp_path
         assert 'phase="drafter"' in body and 'phase="target"' in body
     finally:
         stack.stop()
+
+
+def test_hung_drafter_times_out_and_comes_back(model_dir, long_expected, tmp_path):
+    """A drafter that stops answering (SIGSTOP) costs one timeout; requests finish unchanged without drafts,
+    and once it answers again the verifier reconnects and drafts."""
+    import os
+    import signal
+    stack = LocalStack(StackConfig(model=model_dir, drafter="mtp", port=0, log_dir=str(tmp_path),
+                                   verifier_args=("--drafter-timeout", "1"), startup_timeout_s=120))
+    stack.start()
+    drafter = stack.procs["drafter"]
+    try:
+        with grpc.insecure_channel(stack.address) as channel:
+            stub = gateway_pb2_grpc.GatewayStub(channel)
+            result = {}
+            worker = threading.Thread(target=lambda: result.update(tokens=generate(stub, PROMPTS[0], 160)[0]))
+            worker.start()
+            wait_for(lambda: verifier_stats(stack).verify_steps >= 5)
+            os.kill(drafter.pid, signal.SIGSTOP)
+            worker.join(120)
+            assert result["tokens"] == long_expected[0]
+            assert verifier_stats(stack).drafter_fallbacks > 0
+            assert "timed out" in (tmp_path / "verifier.log").read_text()
+            os.kill(drafter.pid, signal.SIGCONT)
+            wait_for(lambda: verifier_stats(stack).drafter_connected)
+            assert generate(stub, PROMPTS[1])[1][-1].usage.draft_tokens > 0
+    finally:
+        os.kill(drafter.pid, signal.SIGCONT)
+        stack.stop()
