@@ -33,6 +33,7 @@ class SyntheticDrafter:
         self.max_drafts, self.vocab_size, self.accept_rate, self.seed = max_drafts, vocab_size, accept_rate, seed
         self.contexts: dict[int, list[int]] = {}
         self.rngs: dict[int, random.Random] = {}
+        self.bound: dict[int, list[int]] = {}  # the reference each sequence is following
 
     def reference_for(self, context: list[int]) -> list[int] | None:
         matches = [r for r in self.references if r[:len(context)] == context]
@@ -45,7 +46,9 @@ class SyntheticDrafter:
             del context[s.start_pos:]
             context.extend(s.token_ids)
             rng = self.rngs.setdefault(s.seq_id, random.Random(self.seed * 1_000_003 + s.seq_id))
-            reference = self.reference_for(context) or []
+            reference = self.bound.get(s.seq_id)
+            if reference is None or reference[s.start_pos:len(context)] != s.token_ids:  # only new tokens checked
+                reference = self.bound[s.seq_id] = self.reference_for(context) or []
             upcoming = reference[len(context):len(context) + min(s.num_drafts, self.max_drafts)]
             drafts.append([t if rng.random() < self.accept_rate else self.corrupt(t, rng) for t in upcoming])
         return DraftOutput(drafts=drafts)
@@ -57,7 +60,9 @@ class SyntheticDrafter:
         for i in seq_ids:
             self.contexts.pop(i, None)
             self.rngs.pop(i, None)
+            self.bound.pop(i, None)
 
     def clear(self) -> None:
         self.contexts.clear()
         self.rngs.clear()
+        self.bound.clear()
