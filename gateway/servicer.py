@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import logging
 import uuid
+from dataclasses import replace
 
 import grpc
 
+from specdec.rpc.sampling_codec import params_from_proto, params_to_proto
 from specdec.rpc.v1 import gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
+from specdec.sampling_params import SamplingError, SamplingParams
 
 from .detokenizer import IncrementalDetokenizer
 from .stop_strings import StopStringMatcher
@@ -32,39 +35,32 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             pass
         return self.info
 
-    def _prompt_ids(self, request, context) -> tuple[list[int], dict]:
-        sampling = {f: getattr(request.sampling, f) for f in
-                    ("max_tokens", "temperature", "top_p", "top_k", "ignore_eos")}
-        sampling |= {"stop": list(request.sampling.stop), "stop_token_ids": list(request.sampling.stop_token_ids),
-                     "seed": request.sampling.seed if request.sampling.HasField("seed") else None}
+    def _prompt_ids(self, request, context) -> tuple[list[int], SamplingParams]:
         try:
-            sampling = validate_request(request.prompt, list(request.prompt_token_ids), sampling,
-                                        self.tokenizer is not None, self.info.vocab_size, self.info.max_context)
+            params = validate_request(request.prompt, list(request.prompt_token_ids),
+                                      params_from_proto(request.sampling), self.tokenizer is not None,
+                                      self.info.vocab_size, self.info.max_context)
             ids = list(request.prompt_token_ids) or self.tokenizer.encode(request.prompt)
             if not ids:
                 raise InvalidRequest("prompt: the text encodes to no tokens")
-            if len(ids) + sampling["max_tokens"] > self.info.max_context:
-                raise TooLong(f"prompt ({len(ids)} tokens) + max_tokens ({sampling['max_tokens']}) exceeds "
+            if len(ids) + params.max_tokens > self.info.max_context:
+                raise TooLong(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
                               f"the maximum context of {self.info.max_context}")
         except TooLong as e:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
-        except InvalidRequest as e:
+        except (InvalidRequest, SamplingError) as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        return ids, sampling
+        return ids, params
 
     def Generate(self, request, context):
-        ids, sampling = self._prompt_ids(request, context)
+        ids, params = self._prompt_ids(request, context)
         rid = request.request_id or uuid.uuid4().hex
-        forwarded = gateway_pb2.SamplingParams(
-            max_tokens=sampling["max_tokens"], temperature=sampling["temperature"], top_p=sampling["top_p"],
-            top_k=sampling["top_k"], stop_token_ids=sampling["stop_token_ids"], ignore_eos=sampling["ignore_eos"])
-        if sampling["seed"] is not None:
-            forwarded.seed = sampling["seed"]
+        forwarded = params_to_proto(replace(params, stop=()))  # stop strings are applied here, on text
         call = self.verifier.Generate(verifier_pb2.TokenRequest(request_id=rid, prompt_token_ids=ids,
                                                                 sampling=forwarded))
         context.add_callback(call.cancel)  # the client went away: the verifier aborts and frees the slots
         detokenizer = IncrementalDetokenizer(self.tokenizer, ids) if self.tokenizer else None
-        stops = StopStringMatcher(sampling["stop"]) if sampling["stop"] and self.tokenizer else None
+        stops = StopStringMatcher(list(params.stop)) if params.stop else None
         try:
             for reply in call:
                 done = bool(reply.finish_reason)
@@ -79,7 +75,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                     elif done:
                         text += stops.flush()
                 response = gateway_pb2.GenerateResponse(token_ids=reply.token_ids, text=text, finish_reason=reason,
-                                                        request_id=rid)
+                                                        request_id=rid, logprobs=reply.logprobs)
                 if done:
                     response.usage.CopyFrom(reply.usage)
                 yield response

@@ -12,9 +12,6 @@ is split into deltas.
 """
 from __future__ import annotations
 
-MAX_STOP_STRINGS = 16
-MAX_STOP_LEN = 256
-
 
 class StopStringMatcher:
     """Feed text deltas; get back the text that is safe to emit and whether a stop string hit."""

@@ -11,9 +11,10 @@ from specdec.rpc.v1 import gateway_pb2, gateway_pb2_grpc
 
 
 def request_from_args(args: argparse.Namespace, ids: list[int] | None) -> gateway_pb2.GenerateRequest:
-    sampling = gateway_pb2.SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
-                                          top_p=args.top_p, top_k=args.top_k, stop=args.stop,
-                                          ignore_eos=args.ignore_eos)
+    sampling = gateway_pb2.SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+        min_p=args.min_p, repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty, stop=args.stop, ignore_eos=args.ignore_eos)
     if args.seed is not None:
         sampling.seed = args.seed
     if ids is not None:

@@ -1,16 +1,46 @@
-"""Per-request sampling parameters, validated once where the request enters."""
+"""Per-request sampling parameters and their one validation (the gateway and the verifier both call it).
+
+Semantics (the order they apply in, per verify row; DESIGN §3):
+  1. penalties on the logits, counting the output so far plus the drafts before this row in the same step:
+     repetition (prompt and output tokens: positive logits divided, negative multiplied, as in vLLM / HF),
+     presence (minus `presence_penalty` once per output token seen), frequency (minus `frequency_penalty`
+     times its count), as in the OpenAI API;
+  2. temperature (0, or below 1e-5: greedy, i.e. argmax of the penalised logits);
+  3. top-k, then top-p (the smallest prefix of the sorted distribution with mass >= top_p), then min-p (drop
+     tokens below min_p × the largest probability); the rest renormalised. Tokens cut here are never emitted.
+`logprobs` (n in 0..20) streams each emitted token's log-probability under that processed distribution (for
+greedy requests: the same processing at temperature 1) and its n most likely alternatives.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, fields
+
+DEFAULT_MAX_TOKENS = 256
+MAX_LOGPROBS = 20
+MAX_STOP_STRINGS = 16
+MAX_STOP_LEN = 256
+GREEDY_BELOW = 1e-5                   # temperatures under this sample as greedy (logits / T would overflow)
+SEED_LIMIT = 2 ** 63
+PENALTY_LIMIT = 2.0                   # presence / frequency penalties in [-2, 2], as the OpenAI API
+
+
+class SamplingError(ValueError):
+    """A bad sampling field; the message names it."""
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    max_tokens: int = 64
+    max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float = 0.0          # 0: greedy
     top_p: float = 1.0                # 1: off
     top_k: int = 0                    # 0: off
+    min_p: float = 0.0                # 0: off
+    repetition_penalty: float = 1.0   # 1: off
+    presence_penalty: float = 0.0     # 0: off
+    frequency_penalty: float = 0.0    # 0: off
     seed: int | None = None           # None: a fresh seed per request
+    logprobs: int | None = None       # None: none; n: the emitted token's logprob and the top n alternatives
     stop: tuple[str, ...] = ()        # stop strings (the gateway applies them to text)
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
@@ -18,22 +48,74 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW
+
+    @property
+    def penalised(self) -> bool:
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
+                or self.frequency_penalty != 0.0)
+
+    @staticmethod
+    def from_fields(values: dict) -> "SamplingParams":
+        """From a dict of set fields (absent or None: the default); SamplingError on unknown fields or types."""
+        known = {f.name for f in fields(SamplingParams)} - {"extra"}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise SamplingError(f"sampling: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        given = {k: v for k, v in values.items() if v is not None}
+        for name in ("stop", "stop_token_ids"):
+            if name in given:
+                if isinstance(given[name], (str, bytes)) or not isinstance(given[name], (list, tuple)):
+                    raise SamplingError(f"{name} must be a list, got {type(given[name]).__name__}")
+                given[name] = tuple(given[name])
+        return SamplingParams(**given)
 
     def validate(self, vocab_size: int | None = None) -> "SamplingParams":
-        """Raise ValueError naming the bad field."""
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if not self.temperature >= 0.0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if self.seed is not None and not 0 <= self.seed < 2**63:
-            raise ValueError(f"seed must be in [0, 2^63), got {self.seed}")
-        if vocab_size is not None:
-            for t in self.stop_token_ids:
-                if not 0 <= t < vocab_size:
-                    raise ValueError(f"stop_token_ids: {t} is outside the vocabulary [0, {vocab_size})")
+        """Raise SamplingError naming the first bad field; return self."""
+        _integer("max_tokens", self.max_tokens, low=1)
+        _number("temperature", self.temperature, low=0.0)
+        _number("top_p", self.top_p, low=0.0, high=1.0, low_open=True)
+        _integer("top_k", self.top_k, low=0)
+        _number("min_p", self.min_p, low=0.0, high=1.0)
+        _number("repetition_penalty", self.repetition_penalty, low=0.0, low_open=True)
+        _number("presence_penalty", self.presence_penalty, low=-PENALTY_LIMIT, high=PENALTY_LIMIT)
+        _number("frequency_penalty", self.frequency_penalty, low=-PENALTY_LIMIT, high=PENALTY_LIMIT)
+        if self.seed is not None:
+            _integer("seed", self.seed, low=0, high=SEED_LIMIT - 1)
+        if self.logprobs is not None:
+            _integer("logprobs", self.logprobs, low=0, high=MAX_LOGPROBS)
+        if not isinstance(self.ignore_eos, bool):
+            raise SamplingError(f"ignore_eos must be a boolean, got {self.ignore_eos!r}")
+        self._validate_stops(vocab_size)
         return self
+
+    def _validate_stops(self, vocab_size: int | None) -> None:
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise SamplingError(f"stop: at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}")
+        for i, s in enumerate(self.stop):
+            if not isinstance(s, str) or not s:
+                raise SamplingError(f"stop[{i}] must be a non-empty string, got {s!r}")
+            if len(s) > MAX_STOP_LEN:
+                raise SamplingError(f"stop[{i}] is {len(s)} characters long, the limit is {MAX_STOP_LEN}")
+        for i, t in enumerate(self.stop_token_ids):
+            _integer(f"stop_token_ids[{i}]", t)
+            if vocab_size is not None and not 0 <= t < vocab_size:
+                raise SamplingError(f"stop_token_ids[{i}] = {t} is outside the vocabulary [0, {vocab_size})")
+
+
+def _integer(name: str, value, low: int | None = None, high: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SamplingError(f"{name} must be an integer, got {value!r}")
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise SamplingError(f"{name} must be {'in ' if high is not None else ''}{bounds}, got {value}")
+
+
+def _number(name: str, value, low: float, high: float | None = None, low_open: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SamplingError(f"{name} must be a number, got {value!r}")
+    ok = math.isfinite(value) and (value > low if low_open else value >= low) and (high is None or value <= high)
+    if not ok:
+        left = "(" if low_open else "["
+        bounds = f"in {left}{low}, {high}]" if high is not None else f"a finite number {'>' if low_open else '>='} {low}"
+        raise SamplingError(f"{name} must be {bounds}, got {value}")

@@ -96,8 +96,11 @@ def test_drafter_probabilities_reach_the_rejection_sampler(tiny_model, monkeypat
     def spy(logits, drafts, num_drafts, sampling, draft_probs=None, forced_accepts=None):
         if draft_probs is not None:
             seen.append(draft_probs.shape)
-            assert draft_probs.shape == (drafts.shape[0], logits.shape[1])
-            assert torch.allclose(draft_probs.sum(-1), torch.ones(drafts.shape[0]))
+            assert draft_probs.shape == logits.shape  # q on the draft rows of the sequences that sent it
+            draft_rows = torch.cat([torch.arange(k) + int(start) for k, start in
+                                    zip(num_drafts.tolist(), torch.cumsum(num_drafts + 1, 0) - num_drafts - 1)])
+            assert sampling.uses_q.any()
+            assert torch.allclose(draft_probs[draft_rows].sum(-1), torch.ones(len(draft_rows)))
         return real(logits, drafts, num_drafts, sampling, draft_probs, forced_accepts)
     monkeypatch.setattr(engine_module, "rejection_sample", spy)
     import torch

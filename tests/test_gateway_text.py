@@ -12,7 +12,8 @@ import pytest
 from gateway.detokenizer import IncrementalDetokenizer
 from gateway.stop_strings import StopStringMatcher
 from gateway.tokenizer import TextTokenizer
-from gateway.validation import DEFAULT_MAX_TOKENS, InvalidRequest, TooLong, validate_request
+from gateway.validation import InvalidRequest, TooLong, validate_request
+from specdec.sampling_params import DEFAULT_MAX_TOKENS, SamplingParams
 
 REPO = Path(__file__).resolve().parent.parent
 FFFD = "\ufffd"
@@ -220,14 +221,15 @@ def _validate(prompt="", ids=(5, 6), has_tokenizer=True, vocab=400, ctx=1024, **
     return validate_request(prompt, list(ids), sampling, has_tokenizer, vocab, ctx)
 
 
-def test_validation_normalises():
-    s = _validate(max_tokens=0, top_p=0.0)
-    assert s == {"max_tokens": DEFAULT_MAX_TOKENS, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": None,
-                 "stop": [], "stop_token_ids": [], "ignore_eos": False}
-    s = _validate(max_tokens=10, temperature=0.7, top_p=0.9, top_k=5, seed=3, stop=["x"], stop_token_ids=[7],
-                  ignore_eos=True)
-    assert (s["max_tokens"], s["top_p"], s["seed"], s["stop"], s["stop_token_ids"]) == (10, 0.9, 3, ["x"], [7])
-    assert _validate(prompt="hi", ids=())["max_tokens"] == DEFAULT_MAX_TOKENS
+def test_validation_fills_defaults_and_keeps_what_was_set():
+    assert _validate() == SamplingParams()
+    assert _validate().max_tokens == DEFAULT_MAX_TOKENS and _validate().top_p == 1.0
+    s = _validate(max_tokens=10, temperature=0.7, top_p=0.9, top_k=5, min_p=0.1, repetition_penalty=1.2,
+                  presence_penalty=-0.5, frequency_penalty=2.0, seed=3, logprobs=20, stop=["x"],
+                  stop_token_ids=[7], ignore_eos=True)
+    assert (s.max_tokens, s.top_p, s.min_p, s.repetition_penalty, s.seed, s.logprobs, s.stop, s.stop_token_ids) == \
+        (10, 0.9, 0.1, 1.2, 3, 20, ("x",), (7,))
+    assert _validate(prompt="hi", ids=()).max_tokens == DEFAULT_MAX_TOKENS
 
 
 @pytest.mark.parametrize("kwargs,field", [
@@ -237,6 +239,19 @@ def test_validation_normalises():
     (dict(ids=(1, 400)), "prompt_token_ids"),
     (dict(ids=(-1,)), "prompt_token_ids"),
     (dict(max_tokens=-1), "max_tokens"),
+    (dict(max_tokens=0), "max_tokens"),            # explicit zeros are refused, never read as "unset"
+    (dict(top_p=0.0), "top_p"),
+    (dict(temperature=math.inf), "temperature"),
+    (dict(top_k=2.5), "top_k"),
+    (dict(min_p=1.5), "min_p"),
+    (dict(min_p=math.nan), "min_p"),
+    (dict(repetition_penalty=0.0), "repetition_penalty"),
+    (dict(presence_penalty=2.5), "presence_penalty"),
+    (dict(frequency_penalty=-3.0), "frequency_penalty"),
+    (dict(logprobs=21), "logprobs"),
+    (dict(logprobs=-1), "logprobs"),
+    (dict(stop=["x"], has_tokenizer=False), "stop strings need the model's tokenizer"),
+    (dict(seed=2 ** 63), "seed"),
     (dict(temperature=-0.1), "temperature"),
     (dict(temperature=math.nan), "temperature"),
     (dict(top_p=1.5), "top_p"),
@@ -255,7 +270,7 @@ def test_validation_rejects(kwargs, field):
 
 
 def test_validation_too_long():
-    assert _validate(ids=[1] * 1000, max_tokens=24)["max_tokens"] == 24
+    assert _validate(ids=[1] * 1000, max_tokens=24).max_tokens == 24
     with pytest.raises(TooLong, match="max_tokens") as e:
         _validate(ids=[1] * 1000, max_tokens=25)
     assert not isinstance(e.value, InvalidRequest)
@@ -263,4 +278,4 @@ def test_validation_too_long():
         _validate(ids=[1] * 1000)  # the default max_tokens counts too
     with pytest.raises(TooLong):
         validate_request("hi", [], {}, True, 400, 100, prompt_len=90)
-    assert validate_request("hi", [], {}, True, 400, 100)["max_tokens"] == DEFAULT_MAX_TOKENS
+    assert validate_request("hi", [], {}, True, 400, 100).max_tokens == DEFAULT_MAX_TOKENS

@@ -22,11 +22,23 @@ def model_dir(tmp_path_factory):
                          progress=False))
 
 
+SEEDED = dict(temperature=0.8, top_p=0.9, repetition_penalty=1.2, presence_penalty=0.3)
+
+
 @pytest.fixture(scope="module")
 def expected(model_dir):
     from specdec.models.loader import load_model
     engine = make_engine(load_model(model_dir), num_blocks=512)
     return engine.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+
+
+@pytest.fixture(scope="module")
+def expected_seeded(model_dir):
+    """Seeded sampling, plain decoding in-process: every stack, with or without a drafter, must stream these."""
+    from specdec.models.loader import load_model
+    engine = make_engine(load_model(model_dir), num_blocks=512)
+    return engine.generate(PROMPTS, [SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, seed=40 + i, **SEEDED)
+                                     for i in range(len(PROMPTS))])
 
 
 def start_stack(model_dir, tmp_path, drafter, transport="auto"):
@@ -45,7 +57,7 @@ def generate(stub, ids, max_tokens=MAX_TOKENS, **sampling):
 
 @pytest.mark.parametrize("drafter,transport", [("mtp", "shm"), ("mtp", "inline"), ("ngram", "inline"),
                                                ("none", "auto")])
-def test_gateway_output_equals_plain_decoding(model_dir, expected, tmp_path, drafter, transport):
+def test_gateway_output_equals_plain_decoding(model_dir, expected, expected_seeded, tmp_path, drafter, transport):
     stack = start_stack(model_dir, tmp_path, drafter, transport)
     try:
         with grpc.insecure_channel(stack.address) as channel:
@@ -65,6 +77,12 @@ def test_gateway_output_equals_plain_decoding(model_dir, expected, tmp_path, dra
                     assert usage.draft_tokens > 0
             text = "".join(r.text for r in generate(stub, PROMPTS[1])[1])
             assert text  # tokens came with their text
+            for i, (ids, want) in enumerate(zip(PROMPTS, expected_seeded)):  # seeded: same stream, any drafter
+                got, replies = generate(stub, ids, seed=40 + i, logprobs=2, **SEEDED)
+                assert got == want
+                logprobs = [lp for r in replies for lp in r.logprobs]
+                assert [lp.token_id for lp in logprobs] == got
+                assert all(1 <= len(lp.top_token_ids) <= 2 and lp.logprob <= lp.top_logprobs[0] + 1e-6 for lp in logprobs)
         log = (tmp_path / "verifier.log").read_text()
         if drafter != "none":
             assert f"transport {transport if drafter == 'mtp' else 'none'}" in log.replace("auto", "shm")

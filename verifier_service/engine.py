@@ -17,7 +17,8 @@ from specdec.sampling_params import SamplingParams
 from .acceptance_stats import AcceptanceStats
 from .forced_acceptance import ForcedAcceptance
 from .model_runner import ModelRunner
-from .rejection_sampler import SamplingBatch, rejection_sample
+from .rejection_sampler import rejection_sample
+from .sampling_batch import SamplingBatch
 from .scheduler import ScheduledSeq, Scheduler, SchedulerConfig
 from .sequence import Sequence
 
@@ -40,6 +41,7 @@ class RequestOutput:
     stats: AcceptanceStats
     num_prompt: int
     forced_acceptance: bool = False
+    logprobs: list | None = None            # [len(new_token_ids)] TokenLogprob when the request asked
 
 
 class SpecEngine:
@@ -107,6 +109,7 @@ class SpecEngine:
         t2 = time.perf_counter()
         tokens_of = {id(p): t for p, t in zip(sampled, verdict.tokens)} if verdict else {}
         accepted_of = {id(p): j for p, j in zip(sampled, verdict.num_accepted)} if verdict else {}
+        logprobs_of = {id(p): lp for p, lp in zip(sampled, verdict.logprobs)} if verdict else {}
         outputs, committed = [], []
         for p in plan:
             seq, old_cached = p.seq, p.seq.num_cached
@@ -115,44 +118,40 @@ class SpecEngine:
             seq.gdn_read_offset = j
             committed.append((p, old_cached))
             if id(p) in tokens_of:
-                outputs.append(self._commit_tokens(p, tokens_of[id(p)], j))
+                outputs.append(self._commit_tokens(p, tokens_of[id(p)], j, logprobs_of[id(p)]))
         self._draft(committed, hidden)
         # Host time per phase; on a GPU the target's kernels finish inside "verify" (its one sync per step).
         self.last_step_seconds = {"target": t1 - t0, "verify": t2 - t1, "drafter": time.perf_counter() - t2}
         return outputs
 
     def _verify(self, sampled: list[ScheduledSeq], logits: torch.Tensor):
-        device = logits.device
-        params = [p.seq.params for p in sampled]
-        sampling = SamplingBatch(
-            greedy=torch.tensor([q.greedy for q in params], device=device),
-            temperature=torch.tensor([q.temperature if not q.greedy else 1.0 for q in params], device=device),
-            top_k=torch.tensor([q.top_k for q in params], device=device),
-            top_p=torch.tensor([q.top_p for q in params], device=device),
-            seeds=torch.tensor([p.seq.seed for p in sampled], device=device),
-            offsets=torch.tensor([len(p.seq.output_ids) for p in sampled], device=device))
-        drafts = torch.tensor([t for p in sampled for t in p.chunk[len(p.chunk) - p.num_drafts:]],
-                              dtype=torch.long, device=device)
+        device, vocab = logits.device, logits.shape[-1]
+        uses_q = [p.seq.draft_probs is not None and p.num_drafts > 0 for p in sampled]
+        sampling = SamplingBatch.of([p.seq for p in sampled], uses_q, vocab, device)
+        width = max(p.num_drafts for p in sampled)
+        host = torch.tensor([[p.num_drafts] + p.chunk[len(p.chunk) - p.num_drafts:] + [-1] * (width - p.num_drafts)
+                             for p in sampled]).to(device, non_blocking=True)      # [B, 1 + K]: k_b, drafts
         forced = self.config.forced_acceptance
-        forced_accepts = forced.draw([p.seq.seq_id for p in sampled]) if forced else None
-        return rejection_sample(logits, drafts, [p.num_drafts for p in sampled], sampling,
-                                self._draft_probs(sampled, drafts, logits.shape[-1]), forced_accepts)
+        forced_accepts = (torch.tensor(forced.draw([p.seq.seq_id for p in sampled]), device=device)
+                          if forced else None)
+        return rejection_sample(logits, host[:, 1:], host[:, 0], sampling,
+                                self._draft_probs(sampled, uses_q, logits), forced_accepts)
 
     @staticmethod
-    def _draft_probs(sampled: list[ScheduledSeq], drafts: torch.Tensor, vocab: int) -> torch.Tensor | None:
-        """[Σ k, V] q rows when some drafter sent probabilities (one-hot rows for the others), else None."""
-        if all(p.seq.draft_probs is None for p in sampled):
+    def _draft_probs(sampled: list[ScheduledSeq], uses_q: list[bool], logits: torch.Tensor) -> torch.Tensor | None:
+        """[R, V] q on the draft rows of sequences whose drafter sent it (zeros elsewhere), else None."""
+        if not any(uses_q):
             return None
-        rows, start = [], 0
-        for p in sampled:
-            k = p.num_drafts
-            q = p.seq.draft_probs
-            rows.append(q[:k].to(drafts.device).float() if q is not None
-                        else torch.nn.functional.one_hot(drafts[start:start + k], vocab).float())
-            start += k
-        return torch.cat(rows)
+        q = torch.zeros_like(logits)
+        row = 0
+        for p, has_q in zip(sampled, uses_q):
+            if has_q:
+                q[row:row + p.num_drafts] = p.seq.draft_probs[:p.num_drafts].to(q)
+            row += p.num_drafts + 1
+        return q
 
-    def _commit_tokens(self, p: ScheduledSeq, tokens: list[int], num_accepted: int) -> RequestOutput:
+    def _commit_tokens(self, p: ScheduledSeq, tokens: list[int], num_accepted: int,
+                       logprobs: list | None) -> RequestOutput:
         seq = p.seq
         kept, reason = [], None
         for t in tokens:
@@ -163,14 +162,15 @@ class SpecEngine:
             if len(seq.output_ids) + len(kept) >= seq.params.max_tokens:
                 reason = "length"
                 break
-        seq.token_ids += kept
+        seq.append_output(kept)
         if p.decoding:  # a verify step (the step that completes a prefill is not one)
             seq.stats.record(p.num_drafts, num_accepted, len(kept))
             self.stats.record(p.num_drafts, num_accepted, len(kept))
         if reason:
             self._finish(seq, reason)
         return RequestOutput(seq.request_id, kept, reason, seq.stats, seq.num_prompt,
-                             forced_acceptance=self.config.forced_acceptance is not None)
+                             forced_acceptance=self.config.forced_acceptance is not None,
+                             logprobs=logprobs[:len(kept)] if logprobs is not None else None)
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         seq.finish_reason = reason

@@ -1,12 +1,9 @@
-"""Rejection sampling of drafts against the target, for a ragged batch (DESIGN §3).
+"""Rejection sampling of one engine step: logits of the verify rows → accepted drafts and emitted tokens.
 
-Words used everywhere:
-  accepted  — leading drafts the target agrees with,
-  recovered — the token emitted at the first rejected position, drawn from norm(max(p − q, 0)),
-  bonus     — the token drawn from p at position k+1 when all k drafts are accepted.
-Greedy rows accept while draft == argmax p, and emit argmax p. Random rows accept draft d with probability
-min(1, p(d) / q(d)); q is one-hot for argmax drafters (so the test is u < p(d)) or the drafter's own
-probabilities when it sends them. This keeps the output distributed exactly as the target's.
+Rows of sequence b are its k_b draft positions then the bonus position (R = Σ (k_b + 1)). Per row: penalties
+(counting the drafts before the row), temperature / top-k / top-p / min-p (logits_processors), then the
+accept / emit rule of kernels.sampling (coupled draw for one-hot drafters, min(1, p/q) for drafters that send
+q, argmax for greedy rows). Vectorised over rows; the step's one host transfer happens at the end.
 """
 from __future__ import annotations
 
@@ -14,82 +11,91 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import counter_uniform, sample_from, target_probs
+from kernels.sampling import speculative_sample
 
-ACCEPT_STREAM = 1 << 40  # uniform index space for acceptance tests, apart from token draws (row * V + v)
+from .logits_processors import Penalties, RowParams, apply_penalties, processed_logits
+from .sampling_batch import SamplingBatch
 
 
 @dataclass
-class SamplingBatch:
-    """Per-sequence sampling state, as tensors on the logits' device. All [B]."""
-    greedy: torch.Tensor       # bool
-    temperature: torch.Tensor  # float32, 1 where greedy (unused)
-    top_k: torch.Tensor        # int64
-    top_p: torch.Tensor        # float32
-    seeds: torch.Tensor        # int64
-    offsets: torch.Tensor      # int64: tokens emitted so far, so each step draws fresh numbers
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top_token_ids: list[int]
+    top_logprobs: list[float]
 
 
 @dataclass
 class Verdict:
-    num_accepted: list[int]    # [B] accepted drafts per sequence
-    tokens: list[list[int]]    # [B] emitted tokens: accepted drafts + one recovered or bonus token
+    num_accepted: list[int]                          # [B] accepted drafts per sequence
+    tokens: list[list[int]]                          # [B] accepted drafts + one recovered or bonus token
+    logprobs: list[list[TokenLogprob] | None]        # [B] per emitted token, for sequences that asked
 
 
-def rejection_sample(logits: torch.Tensor, drafts: torch.Tensor, num_drafts: list[int], sampling: SamplingBatch,
-                     draft_probs: torch.Tensor | None = None, forced_accepts: list[int] | None = None) -> Verdict:
-    """logits [R, V] fp32 with R = Σ(k_b + 1) rows, sequence b's rows are its k_b draft positions then the bonus
-    position; drafts [Σ k_b] int64; draft_probs [Σ k_b, V] or None (one-hot). `forced_accepts` (benchmarks
-    only) replaces the acceptance test by a given count; the emitted token is then drawn from p."""
-    device, vocab = logits.device, logits.shape[-1]
-    counts = torch.tensor([k + 1 for k in num_drafts], device=device)
-    seq_of_row = torch.repeat_interleave(torch.arange(len(num_drafts), device=device), counts)       # [R]
-    first_row = torch.cumsum(counts, 0) - counts                                                     # [B]
-    pos_in_seq = torch.arange(logits.shape[0], device=device) - first_row[seq_of_row]               # [R]
-    is_draft_row = pos_in_seq < counts[seq_of_row] - 1                                               # [R]
-    greedy = sampling.greedy[seq_of_row]                                                             # [R]
+def _rows(num_drafts: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(cu_rows [B+1], seq_of_row [R], pos [R]) for k_b + 1 rows per sequence."""
+    cu_rows = torch.nn.functional.pad(torch.cumsum(num_drafts + 1, 0), (1, 0))
+    seq_of_row = torch.repeat_interleave(torch.arange(num_drafts.shape[0], device=num_drafts.device),
+                                         num_drafts + 1, output_size=num_rows)
+    return cu_rows, seq_of_row, torch.arange(num_rows, device=num_drafts.device) - cu_rows[seq_of_row]
 
-    probs = target_probs(logits, sampling.temperature[seq_of_row], sampling.top_k[seq_of_row],
-                         sampling.top_p[seq_of_row])                                                 # [R, V]
-    seeds, offsets = sampling.seeds[seq_of_row], sampling.offsets[seq_of_row]
-    draft_of_row = torch.zeros(logits.shape[0], dtype=torch.long, device=device)
-    draft_of_row[is_draft_row] = drafts
-    # Acceptance test per draft row.
-    p_draft = probs.gather(-1, draft_of_row[:, None])[:, 0]                                          # [R]
-    q_draft = torch.ones_like(p_draft)
-    residual = probs.clone()
-    if draft_probs is not None:
-        q_rows = torch.zeros_like(probs)
-        q_rows[is_draft_row] = draft_probs.float()
-        q_draft = q_rows.gather(-1, draft_of_row[:, None])[:, 0]
-        residual = (probs - q_rows).clamp_min(0)
-    else:
-        residual[is_draft_row] = residual[is_draft_row].scatter(-1, draft_of_row[is_draft_row, None], 0.0)
-    u_accept = counter_uniform(seeds, offsets, (ACCEPT_STREAM + pos_in_seq)[:, None])[:, 0]         # [R]
-    accept_random = u_accept * q_draft < p_draft                     # u < p/q without dividing by q = 0
-    accept_greedy = draft_of_row == logits.argmax(-1)
-    accepted = torch.where(greedy, accept_greedy, accept_random) & is_draft_row                      # [R]
-    # Token drawn at every row: recovered from the residual on draft rows, bonus from p on the last row.
-    mass = residual.sum(-1, keepdim=True)
-    residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), probs)
-    from_dist = torch.where(is_draft_row[:, None], residual, probs)
-    if forced_accepts is not None:
-        from_dist = probs
-    index = pos_in_seq[:, None] * vocab + torch.arange(vocab, device=device)[None, :]                # [R, V]
-    drawn = sample_from(from_dist, counter_uniform(seeds, offsets, index))
-    drawn = torch.where(greedy, logits.argmax(-1), drawn)                                             # [R]
 
-    # One host transfer per step: acceptance flags, drawn tokens.
-    accepted_host, drawn_host, drafts_host = accepted.tolist(), drawn.tolist(), drafts.tolist()
-    num_accepted, tokens, row, d = [], [], 0, 0
-    for b, k in enumerate(num_drafts):
-        j = 0
-        if forced_accepts is not None:
-            j = min(forced_accepts[b], k)
-        else:
-            while j < k and accepted_host[row + j]:
-                j += 1
-        num_accepted.append(j)
-        tokens.append(drafts_host[d:d + j] + [drawn_host[row + j]])
-        row, d = row + k + 1, d + k
-    return Verdict(num_accepted=num_accepted, tokens=tokens)
+def _penalties(s: SamplingBatch, drafts: torch.Tensor, seq_of_row: torch.Tensor, pos: torch.Tensor,
+               vocab: int) -> Penalties:
+    """Per-row counts: the sequence's output counts plus its drafts before the row (exclusive prefix)."""
+    width = drafts.shape[1]
+    before = torch.arange(width, device=drafts.device)[None, :] < pos[:, None]               # [R, K]
+    ids = torch.where(before & (drafts[seq_of_row] >= 0), drafts[seq_of_row], vocab)           # [R, K]
+    extra = torch.zeros(pos.shape[0], vocab + 1, dtype=torch.int32, device=drafts.device)
+    extra.scatter_add_(1, ids, torch.ones_like(ids, dtype=torch.int32))
+    return Penalties(output_counts=s.output_counts[seq_of_row] + extra[:, :vocab],
+                     prompt_mask=s.prompt_mask[seq_of_row], repetition=s.repetition[seq_of_row],
+                     presence=s.presence[seq_of_row], frequency=s.frequency[seq_of_row])
+
+
+def rejection_sample(logits: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor, sampling: SamplingBatch,
+                     draft_probs: torch.Tensor | None = None, forced_accepts: torch.Tensor | None = None) -> Verdict:
+    """logits [R, V] fp32; drafts [B, K] int64 padded with -1; num_drafts [B] int64; draft_probs [R, V] (q on
+    the draft rows of sequences with sampling.uses_q) or None. `forced_accepts` [B] (benchmarks only) imposes
+    the accepted count; the emitted token is still the target's."""
+    vocab, num_rows = logits.shape[-1], logits.shape[0]
+    cu_rows, seq_of_row, pos = _rows(num_drafts, num_rows)
+    if sampling.penalised:
+        logits = apply_penalties(logits, _penalties(sampling, drafts, seq_of_row, pos, vocab))
+    processed = probs = None
+    if not sampling.all_greedy or sampling.max_logprobs is not None:
+        rows = RowParams(greedy=sampling.greedy[seq_of_row], temperature=sampling.temperature[seq_of_row],
+                         top_k=sampling.top_k[seq_of_row], top_p=sampling.top_p[seq_of_row],
+                         min_p=sampling.min_p[seq_of_row])
+        processed = processed_logits(logits, rows)                                             # [R, V]
+        probs = processed.softmax(-1)
+    tokens, num_accepted, row_tokens = speculative_sample(
+        probs, logits.argmax(-1), draft_probs, drafts, num_drafts, cu_rows, sampling.greedy, sampling.uses_q,
+        sampling.seeds, sampling.offsets, forced_accepts)
+    host = torch.cat([tokens, num_accepted[:, None]], dim=1).tolist()                         # the one sync
+    accepted = [row[-1] for row in host]
+    emitted = [row[:j + 1] for row, j in zip(host, accepted)]
+    logprobs = [None] * len(host)
+    if sampling.max_logprobs is not None:
+        logprobs = _logprobs(processed.log_softmax(-1), row_tokens, cu_rows, accepted, sampling)
+    return Verdict(num_accepted=accepted, tokens=emitted, logprobs=logprobs)
+
+
+def _logprobs(logp: torch.Tensor, row_tokens: torch.Tensor, cu_rows: torch.Tensor, accepted: list[int],
+              sampling: SamplingBatch) -> list[list[TokenLogprob] | None]:
+    """Each emitted token's logprob under its row's processed distribution, and the top-n alternatives
+    (tokens cut by top-k / top-p / min-p have logprob −inf and are left out)."""
+    chosen = logp.gather(-1, row_tokens.clamp(min=0)[:, None])[:, 0]                           # [R]
+    top_logp, top_ids = logp.topk(max(sampling.max_logprobs, 1), dim=-1)                       # [R, n]
+    chosen, top_logp, top_ids = chosen.tolist(), top_logp.tolist(), top_ids.tolist()
+    row_tokens, starts = row_tokens.tolist(), cu_rows.tolist()
+    out: list[list[TokenLogprob] | None] = []
+    for b, n in enumerate(sampling.logprobs):
+        if n is None:
+            out.append(None)
+            continue
+        rows = range(starts[b], starts[b] + accepted[b] + 1)
+        out.append([TokenLogprob(row_tokens[r], chosen[r],
+                                 [i for i, lp in zip(top_ids[r][:n], top_logp[r][:n]) if lp != float("-inf")],
+                                 [lp for lp in top_logp[r][:n] if lp != float("-inf")]) for r in rows])
+    return out

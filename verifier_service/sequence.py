@@ -11,6 +11,13 @@ from .acceptance_stats import AcceptanceStats
 
 
 @dataclass
+class PenaltyState:
+    """What penalties count, kept on the device and updated as tokens are committed."""
+    output_counts: torch.Tensor          # [V] int32 occurrences of each token in the output
+    prompt_mask: torch.Tensor            # [V] bool tokens of the prompt (repetition penalty)
+
+
+@dataclass
 class Sequence:
     seq_id: int
     token_ids: list[int]                 # prompt + committed output
@@ -27,6 +34,24 @@ class Sequence:
     stats: AcceptanceStats = field(default_factory=AcceptanceStats)
     finish_reason: str | None = None     # "stop" | "length" | "abort" | "error"
     drafter_generation: int = -1         # which drafter connection holds this sequence's context
+    penalty: PenaltyState | None = None  # built on first use by a penalised request
+
+    def penalty_state(self, vocab: int, device: torch.device) -> PenaltyState:
+        if self.penalty is None:
+            counts = torch.zeros(vocab, dtype=torch.int32)
+            counts.index_add_(0, torch.tensor(self.output_ids, dtype=torch.long),
+                              torch.ones(len(self.output_ids), dtype=torch.int32))
+            mask = torch.zeros(vocab, dtype=torch.bool)
+            mask[torch.tensor(self.token_ids[:self.num_prompt], dtype=torch.long)] = True
+            self.penalty = PenaltyState(counts.to(device), mask.to(device))
+        return self.penalty
+
+    def append_output(self, tokens: list[int]) -> None:
+        """Commit emitted tokens (and count them for penalties)."""
+        self.token_ids += tokens
+        if self.penalty is not None and tokens:
+            ids = torch.tensor(tokens, dtype=torch.long).to(self.penalty.output_counts.device, non_blocking=True)
+            self.penalty.output_counts.index_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
 
     @property
     def output_ids(self) -> list[int]:

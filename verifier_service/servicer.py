@@ -6,27 +6,25 @@ import uuid
 
 import grpc
 
+from specdec.rpc.sampling_codec import params_from_proto
 from specdec.rpc.v1 import gateway_pb2, verifier_pb2, verifier_pb2_grpc
-from specdec.sampling_params import SamplingParams
+from specdec.sampling_params import SamplingError
 
 from .engine import RequestOutput
 from .engine_loop import EngineLoop, Failed
 
 log = logging.getLogger(__name__)
-DEFAULT_MAX_TOKENS = 256
-
-
-def sampling_from_proto(s: gateway_pb2.SamplingParams) -> SamplingParams:
-    return SamplingParams(
-        max_tokens=s.max_tokens or DEFAULT_MAX_TOKENS, temperature=s.temperature, top_p=s.top_p or 1.0,
-        top_k=s.top_k, seed=s.seed if s.HasField("seed") else None, stop=tuple(s.stop),
-        stop_token_ids=tuple(s.stop_token_ids), ignore_eos=s.ignore_eos)
 
 
 def usage_of(o: RequestOutput, completion_tokens: int) -> gateway_pb2.Usage:
     return gateway_pb2.Usage(prompt_tokens=o.num_prompt, completion_tokens=completion_tokens,
                              draft_tokens=o.stats.drafted, accepted_tokens=o.stats.accepted,
                              verify_steps=o.stats.verify_steps)
+
+
+def logprobs_to_proto(logprobs: list | None) -> list[gateway_pb2.TokenLogprob]:
+    return [gateway_pb2.TokenLogprob(token_id=lp.token_id, logprob=lp.logprob, top_token_ids=lp.top_token_ids,
+                                     top_logprobs=lp.top_logprobs) for lp in logprobs or ()]
 
 
 class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
@@ -36,8 +34,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     def Generate(self, request, context):
         rid = request.request_id or uuid.uuid4().hex
         try:
-            params = sampling_from_proto(request.sampling)
-        except ValueError as e:
+            params = params_from_proto(request.sampling)
+        except SamplingError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         outputs = self.loop.submit(rid, list(request.prompt_token_ids), params)
         context.add_callback(lambda: self.loop.abort(rid))  # client gone (or done: then a no-op)
@@ -54,7 +52,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             completion += len(item.new_token_ids)
             yield verifier_pb2.TokenResponse(token_ids=item.new_token_ids, finish_reason=item.finish_reason or "",
                                              usage=usage_of(item, completion),
-                                             forced_acceptance=item.forced_acceptance)
+                                             forced_acceptance=item.forced_acceptance,
+                                             logprobs=logprobs_to_proto(item.logprobs))
             if item.finish_reason:
                 return
 

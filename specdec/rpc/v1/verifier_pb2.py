@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from specdec.rpc.v1 import gateway_pb2 as specdec_dot_rpc_dot_v1_dot_gateway__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dspecdec/rpc/v1/verifier.proto\x12\x0especdec.rpc.v1\x1a\x1cspecdec/rpc/v1/gateway.proto\"n\n\x0cTokenRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x30\n\x08sampling\x18\x03 \x01(\x0b\x32\x1e.specdec.rpc.v1.SamplingParams\"z\n\rTokenResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x15\n\rfinish_reason\x18\x02 \x01(\t\x12$\n\x05usage\x18\x03 \x01(\x0b\x32\x15.specdec.rpc.v1.Usage\x12\x19\n\x11\x66orced_acceptance\x18\x04 \x01(\x08\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x0e\n\x0cStatsRequest\"\xd7\x02\n\rStatsResponse\x12\x16\n\x0e\x66ree_kv_blocks\x18\x01 \x01(\r\x12\x17\n\x0ftotal_kv_blocks\x18\x02 \x01(\r\x12\x16\n\x0e\x66ree_gdn_slots\x18\x03 \x01(\r\x12\x17\n\x0ftotal_gdn_slots\x18\x04 \x01(\r\x12\x0f\n\x07running\x18\x05 \x01(\r\x12\x0f\n\x07waiting\x18\x06 \x01(\r\x12\x19\n\x11\x64rafter_connected\x18\x07 \x01(\x08\x12\x14\n\x0c\x64rafter_kind\x18\x08 \x01(\t\x12\x19\n\x11\x64rafter_fallbacks\x18\t \x01(\x04\x12\x1e\n\x16mean_acceptance_length\x18\n \x01(\x01\x12\x14\n\x0cverify_steps\x18\x0b \x01(\x04\x12\x14\n\x0c\x64raft_tokens\x18\x0c \x01(\x04\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\r \x01(\x04\x12\x11\n\ttransport\x18\x0e \x01(\t2\xa4\x02\n\x08Verifier\x12I\n\x08Generate\x12\x1c.specdec.rpc.v1.TokenRequest\x1a\x1d.specdec.rpc.v1.TokenResponse0\x01\x12\x44\n\x05\x41\x62ort\x12\x1c.specdec.rpc.v1.AbortRequest\x1a\x1d.specdec.rpc.v1.AbortResponse\x12\x41\n\x04Info\x12\x1b.specdec.rpc.v1.InfoRequest\x1a\x1c.specdec.rpc.v1.InfoResponse\x12\x44\n\x05Stats\x12\x1c.specdec.rpc.v1.StatsRequest\x1a\x1d.specdec.rpc.v1.StatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dspecdec/rpc/v1/verifier.proto\x12\x0especdec.rpc.v1\x1a\x1cspecdec/rpc/v1/gateway.proto\"n\n\x0cTokenRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x30\n\x08sampling\x18\x03 \x01(\x0b\x32\x1e.specdec.rpc.v1.SamplingParams\"\xaa\x01\n\rTokenResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x15\n\rfinish_reason\x18\x02 \x01(\t\x12$\n\x05usage\x18\x03 \x01(\x0b\x32\x15.specdec.rpc.v1.Usage\x12\x19\n\x11\x66orced_acceptance\x18\x04 \x01(\x08\x12.\n\x08logprobs\x18\x05 \x03(\x0b\x32\x1c.specdec.rpc.v1.TokenLogprob\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1e\n\rAbortResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\x0e\n\x0cStatsRequest\"\xd7\x02\n\rStatsResponse\x12\x16\n\x0e\x66ree_kv_blocks\x18\x01 \x01(\r\x12\x17\n\x0ftotal_kv_blocks\x18\x02 \x01(\r\x12\x16\n\x0e\x66ree_gdn_slots\x18\x03 \x01(\r\x12\x17\n\x0ftotal_gdn_slots\x18\x04 \x01(\r\x12\x0f\n\x07running\x18\x05 \x01(\r\x12\x0f\n\x07waiting\x18\x06 \x01(\r\x12\x19\n\x11\x64rafter_connected\x18\x07 \x01(\x08\x12\x14\n\x0c\x64rafter_kind\x18\x08 \x01(\t\x12\x19\n\x11\x64rafter_fallbacks\x18\t \x01(\x04\x12\x1e\n\x16mean_acceptance_length\x18\n \x01(\x01\x12\x14\n\x0cverify_steps\x18\x0b \x01(\x04\x12\x14\n\x0c\x64raft_tokens\x18\x0c \x01(\x04\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\r \x01(\x04\x12\x11\n\ttransport\x18\x0e \x01(\t2\xa4\x02\n\x08Verifier\x12I\n\x08Generate\x12\x1c.specdec.rpc.v1.TokenRequest\x1a\x1d.specdec.rpc.v1.TokenResponse0\x01\x12\x44\n\x05\x41\x62ort\x12\x1c.specdec.rpc.v1.AbortRequest\x1a\x1d.specdec.rpc.v1.AbortResponse\x12\x41\n\x04Info\x12\x1b.specdec.rpc.v1.InfoRequest\x1a\x1c.specdec.rpc.v1.InfoResponse\x12\x44\n\x05Stats\x12\x1c.specdec.rpc.v1.StatsRequest\x1a\x1d.specdec.rpc.v1.StatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,16 +34,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_TOKENREQUEST']._serialized_start=79
   _globals['_TOKENREQUEST']._serialized_end=189
-  _globals['_TOKENRESPONSE']._serialized_start=191
-  _globals['_TOKENRESPONSE']._serialized_end=313
-  _globals['_ABORTREQUEST']._serialized_start=315
-  _globals['_ABORTREQUEST']._serialized_end=349
-  _globals['_ABORTRESPONSE']._serialized_start=351
-  _globals['_ABORTRESPONSE']._serialized_end=381
-  _globals['_STATSREQUEST']._serialized_start=383
-  _globals['_STATSREQUEST']._serialized_end=397
-  _globals['_STATSRESPONSE']._serialized_start=400
-  _globals['_STATSRESPONSE']._serialized_end=743
-  _globals['_VERIFIER']._serialized_start=746
-  _globals['_VERIFIER']._serialized_end=1038
+  _globals['_TOKENRESPONSE']._serialized_start=192
+  _globals['_TOKENRESPONSE']._serialized_end=362
+  _globals['_ABORTREQUEST']._serialized_start=364
+  _globals['_ABORTREQUEST']._serialized_end=398
+  _globals['_ABORTRESPONSE']._serialized_start=400
+  _globals['_ABORTRESPONSE']._serialized_end=430
+  _globals['_STATSREQUEST']._serialized_start=432
+  _globals['_STATSREQUEST']._serialized_end=446
+  _globals['_STATSRESPONSE']._serialized_start=449
+  _globals['_STATSRESPONSE']._serialized_end=792
+  _globals['_VERIFIER']._serialized_start=795
+  _globals['_VERIFIER']._serialized_end=1087
 # @@protoc_insertion_point(module_scope)

@@ -18,16 +18,18 @@ class TokenRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_gateway_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
 
 class TokenResponse(_message.Message):
-    __slots__ = ("token_ids", "finish_reason", "usage", "forced_acceptance")
+    __slots__ = ("token_ids", "finish_reason", "usage", "forced_acceptance", "logprobs")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     FORCED_ACCEPTANCE_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     finish_reason: str
     usage: _gateway_pb2.Usage
     forced_acceptance: bool
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., usage: _Optional[_Union[_gateway_pb2.Usage, _Mapping]] = ..., forced_acceptance: _Optional[bool] = ...) -> None: ...
+    logprobs: _containers.RepeatedCompositeFieldContainer[_gateway_pb2.TokenLogprob]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[str] = ..., usage: _Optional[_Union[_gateway_pb2.Usage, _Mapping]] = ..., forced_acceptance: _Optional[bool] = ..., logprobs: _Optional[_Iterable[_Union[_gateway_pb2.TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class AbortRequest(_message.Message):
     __slots__ = ("request_id",)

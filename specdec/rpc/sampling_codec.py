@@ -1,0 +1,30 @@
+"""SamplingParams ⇄ `specdec.rpc.v1.SamplingParams` (gateway.proto), for the gateway and the verifier alike.
+
+Unset optional fields take the defaults of specdec.sampling_params; set ones are kept as sent, so an explicit
+`top_p = 0` or `max_tokens = 0` reaches validation and is refused instead of meaning "unset".
+"""
+from __future__ import annotations
+
+from specdec.rpc.v1 import gateway_pb2
+from specdec.sampling_params import SamplingParams
+
+OPTIONAL = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+            "frequency_penalty", "seed", "logprobs")
+
+
+def params_from_proto(message: gateway_pb2.SamplingParams) -> SamplingParams:
+    """Unvalidated: call .validate(vocab_size) on the result (SamplingError names the bad field)."""
+    values = {name: getattr(message, name) for name in OPTIONAL if message.HasField(name)}
+    values |= {"stop": list(message.stop), "stop_token_ids": list(message.stop_token_ids),
+               "ignore_eos": message.ignore_eos}
+    return SamplingParams.from_fields(values)
+
+
+def params_to_proto(params: SamplingParams) -> gateway_pb2.SamplingParams:
+    message = gateway_pb2.SamplingParams(stop=list(params.stop), stop_token_ids=list(params.stop_token_ids),
+                                         ignore_eos=params.ignore_eos)
+    for name in OPTIONAL:
+        value = getattr(params, name)
+        if value is not None:
+            setattr(message, name, value)
+    return message

@@ -1,0 +1,62 @@
+"""The sampling state of one engine step's sequences, as tensors on the logits' device."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .sequence import Sequence
+
+
+@dataclass
+class SamplingBatch:
+    """Per sequence, all [B] unless said otherwise."""
+    greedy: torch.Tensor              # bool
+    temperature: torch.Tensor         # float32, 1 on greedy rows (their logprobs are taken at temperature 1)
+    top_k: torch.Tensor               # int64, 0: off
+    top_p: torch.Tensor               # float32, 1: off
+    min_p: torch.Tensor               # float32, 0: off
+    seeds: torch.Tensor               # int64
+    offsets: torch.Tensor             # int64: output tokens emitted before this step (row 0's position)
+    uses_q: torch.Tensor              # bool: the drafter sent its distribution q for these drafts
+    repetition: torch.Tensor          # float32, 1: off
+    presence: torch.Tensor            # float32, 0: off
+    frequency: torch.Tensor           # float32, 0: off
+    output_counts: torch.Tensor | None  # [B, V] int32 when penalised
+    prompt_mask: torch.Tensor | None    # [B, V] bool when penalised
+    all_greedy: bool                  # host facts, known without a sync
+    penalised: bool
+    logprobs: list[int | None]        # [B] top-n wanted per sequence
+    max_logprobs: int | None
+
+    @staticmethod
+    def of(seqs: list[Sequence], uses_q: list[bool], vocab: int, device: torch.device) -> "SamplingBatch":
+        params = [s.params for s in seqs]
+        floats = torch.tensor([[1.0 if p.greedy else p.temperature, p.top_p, p.min_p, p.repetition_penalty,
+                                p.presence_penalty, p.frequency_penalty] for p in params], dtype=torch.float32)
+        ints = torch.tensor([[p.greedy, p.top_k, s.seed, len(s.output_ids), q]
+                             for p, s, q in zip(params, seqs, uses_q)], dtype=torch.long)
+        floats, ints = floats.to(device, non_blocking=True), ints.to(device, non_blocking=True)
+        penalised = any(p.penalised for p in params)
+        wanted = [p.logprobs for p in params]
+        return SamplingBatch(
+            greedy=ints[:, 0].bool(), temperature=floats[:, 0], top_k=ints[:, 1], top_p=floats[:, 1],
+            min_p=floats[:, 2], seeds=ints[:, 2], offsets=ints[:, 3], uses_q=ints[:, 4].bool(),
+            repetition=floats[:, 3], presence=floats[:, 4], frequency=floats[:, 5],
+            output_counts=_stack_counts(seqs, vocab, device) if penalised else None,
+            prompt_mask=_stack_prompt_masks(seqs, vocab, device) if penalised else None,
+            all_greedy=all(p.greedy for p in params), penalised=penalised, logprobs=wanted,
+            max_logprobs=max((n for n in wanted if n is not None), default=None))
+
+
+def _stack_counts(seqs: list[Sequence], vocab: int, device: torch.device) -> torch.Tensor:
+    """[B, V] int32 output counts; zeros for sequences without penalties (their penalties are neutral)."""
+    zeros = torch.zeros(vocab, dtype=torch.int32, device=device)
+    return torch.stack([s.penalty_state(vocab, device).output_counts if s.params.penalised else zeros
+                        for s in seqs])
+
+
+def _stack_prompt_masks(seqs: list[Sequence], vocab: int, device: torch.device) -> torch.Tensor:
+    """[B, V] bool prompt tokens; all False for sequences without penalties."""
+    none = torch.zeros(vocab, dtype=torch.bool, device=device)
+    return torch.stack([s.penalty_state(vocab, device).prompt_mask if s.params.penalised else none for s in seqs])
