@@ -23,7 +23,7 @@ def test_coupled_draw_accepts_exactly_when_the_draft_is_the_targets_own_token():
     logits, _ = random_fixture(k=4, seed=3)
     batch = make_batch(1)
     p = target(logits)
-    x = [exponential_race(p[j:j + 1], batch.seeds, batch.offsets + j, DRAW).item() for j in range(5)]
+    x = [exponential_race(p[j:j + 1].log(), batch.seeds, batch.offsets + j, DRAW).item() for j in range(5)]
     for agree in range(5):
         drafts = torch.tensor([x[:agree] + [(x[agree] + 1) % VOCAB if agree < 4 else x[3]] * (4 - agree)])[:, :4]
         verdict = rejection_sample(logits, drafts, torch.tensor([4]), batch)
@@ -52,7 +52,7 @@ def test_forced_acceptance_imposes_the_count_and_emits_the_targets_token():
     logits, drafts = random_fixture(k=3, seed=4)
     batch = make_batch(1)
     verdict = rejection_sample(logits, drafts[None], torch.tensor([3]), batch, forced_accepts=torch.tensor([2]))
-    x2 = exponential_race(target(logits)[2:3], batch.seeds, batch.offsets + 2, DRAW).item()
+    x2 = exponential_race(target(logits)[2:3].log(), batch.seeds, batch.offsets + 2, DRAW).item()
     assert verdict.num_accepted == [2] and verdict.tokens == [drafts[:2].tolist() + [x2]]
 
 

@@ -258,6 +258,6 @@ def test_calibration_catches_a_biased_token():
 def test_race_draws_follow_probabilities_with_zeros():
     """The race alone, one row per seed: exact frequencies; zero-probability tokens never drawn."""
     probs = torch.tensor([0.0, 0.1, 0.0, 0.6, 0.3])
-    draws = exponential_race(probs.expand(N, 5), torch.arange(N), torch.zeros(N, dtype=torch.long), DRAW)
+    draws = exponential_race(probs.log().expand(N, 5), torch.arange(N), torch.zeros(N, dtype=torch.long), DRAW)
     assert chi_square_p_value(draws, probs)[1] > P_VALUE_FLOOR
     assert not bool(((draws == 0) | (draws == 2)).any())

@@ -41,8 +41,9 @@ def old_bits_to_uniform(bits):
     return (bits.float() + 0.5) / 4294967296.0
 
 
-def old_race(probs, seeds, positions, stream):
+def old_race(log_probs, seeds, positions, stream):
     """The old race: p / −log u with no guard, so u = 1 gives 0 / 0 = NaN, which argmax picks."""
+    probs = log_probs.exp()
     bits = torch.full((probs.shape[0], probs.shape[1]), 0xFFFFFFFF, dtype=torch.long)
     return (probs / -torch.log(old_bits_to_uniform(bits))).argmax(-1)
 
@@ -72,7 +73,7 @@ def check_streams_independent(uniform_fn, n=20000):
 
 def check_zero_probability_never_wins(race):
     probs = torch.tensor([[0.0, 0.5, 0.0, 0.5], [0.0, 0.0, 0.0, 1.0]])
-    chosen = race(probs, torch.tensor([1, 2]), torch.tensor([0, 0]), DRAW)
+    chosen = race(probs.log(), torch.tensor([1, 2]), torch.tensor([0, 0]), DRAW)
     assert bool((probs.gather(-1, chosen[:, None]) > 0).all()), chosen.tolist()
 
 

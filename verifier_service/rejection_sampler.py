@@ -62,15 +62,14 @@ def rejection_sample(logits: torch.Tensor, drafts: torch.Tensor, num_drafts: tor
     cu_rows, seq_of_row, pos = _rows(num_drafts, num_rows)
     if sampling.penalised:
         logits = apply_penalties(logits, _penalties(sampling, drafts, seq_of_row, pos, vocab))
-    processed = probs = None
+    processed = None
     if not sampling.all_greedy or sampling.max_logprobs is not None:
         rows = RowParams(greedy=sampling.greedy[seq_of_row], temperature=sampling.temperature[seq_of_row],
                          top_k=sampling.top_k[seq_of_row], top_p=sampling.top_p[seq_of_row],
                          min_p=sampling.min_p[seq_of_row])
         processed = processed_logits(logits, rows)                                             # [R, V]
-        probs = processed.softmax(-1)
     tokens, num_accepted, row_tokens = speculative_sample(
-        probs, logits.argmax(-1), draft_probs, drafts, num_drafts, cu_rows, sampling.greedy, sampling.uses_q,
+        processed, logits.argmax(-1), draft_probs, drafts, num_drafts, cu_rows, sampling.greedy, sampling.uses_q,
         sampling.seeds, sampling.offsets, forced_accepts)
     host = torch.cat([tokens, num_accepted[:, None]], dim=1).tolist()                         # the one sync
     accepted = [row[-1] for row in host]

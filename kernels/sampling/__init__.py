@@ -1,9 +1,11 @@
 """Speculative sampling (DESIGN §3.3): counter-based uniforms and the accept / emit rule over verify rows.
 GPU kernels plug in behind the same signatures."""
 from .philox import ACCEPT, DRAW, RECOVER, bits_to_uniform, philox4x32, random_bits, uniforms
-from .reference import exponential_race, speculative_sample_ref
+from .race import exponential_race, exponential_race_ref
+from .reference import speculative_sample_ref
 
 speculative_sample = speculative_sample_ref
 
-__all__ = ["ACCEPT", "DRAW", "RECOVER", "bits_to_uniform", "exponential_race", "philox4x32", "random_bits",
+__all__ = ["ACCEPT", "DRAW", "RECOVER", "bits_to_uniform", "exponential_race", "exponential_race_ref",
+           "philox4x32", "random_bits",
            "speculative_sample", "speculative_sample_ref", "uniforms"]

@@ -8,8 +8,9 @@ decides the token at absolute output position t = offsets[b] + j. Words used eve
 
 The target's own token at every row is the exponential race
     x_t = argmax_v p_t(v) / E(v),   E(v) = −log u(seed, t, DRAW, v)  ~ Exp(1),
-which picks v with probability p_t(v); tokens with p_t(v) = 0 score −1 and are never picked. Greedy rows use
-x_t = argmax of the processed logits instead.
+which picks v with probability p_t(v). It is computed in log space, argmax_v l_t(v) − log E(v) over the
+processed logits l_t (p_t = softmax l_t: the same argmax, no softmax needed); cut tokens have l = −inf and are
+never picked. Greedy rows use x_t = argmax l_t instead.
   - one-hot drafters (argmax proposals), the COUPLED draw: accept d_t iff d_t == x_t, so P(accept) = p(d), and
     on rejection x_t follows p restricted to v ≠ d, i.e. norm(max(p − onehot(d), 0)): the standard rule exactly.
     The bonus is x at the next position. Plain decoding (k = 0) draws the same x_t, so a seeded request is
@@ -23,18 +24,11 @@ from __future__ import annotations
 import torch
 
 from .philox import ACCEPT, DRAW, RECOVER, uniforms
-
-
-def exponential_race(probs: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor, stream: int) -> torch.Tensor:
-    """argmax_v p(v) / E(v) per row: a draw from p. probs [R, V] (rows need not be normalised); seeds,
-    positions [R] → [R] int64. Zero-probability tokens score −1 (every positive one scores > 0)."""
-    vocab = probs.shape[-1]
-    exponential = -torch.log(uniforms(seeds, positions, stream, torch.arange(vocab, device=probs.device)))  # > 0
-    return torch.where(probs > 0, probs / exponential, -1.0).argmax(-1)
+from .race import exponential_race
 
 
 def speculative_sample_ref(
-    probs: torch.Tensor | None,       # [R, V] fp32 processed distributions (None: every row is greedy)
+    logits: torch.Tensor | None,      # [R, V] fp32 processed logits, cut tokens −inf (None: every row is greedy)
     greedy_tokens: torch.Tensor,      # [R] int64 argmax of the processed logits (used on greedy rows)
     draft_probs: torch.Tensor | None, # [R, V] fp32 q on the draft rows of sequences with uses_q (else ignored)
     drafts: torch.Tensor,             # [B, K] int64 proposals, padded with -1 beyond num_drafts
@@ -61,18 +55,19 @@ def speculative_sample_ref(
 
     target = greedy_tokens.clone()                                                             # [R] x_t
     emit, accept = target.clone(), draft == target                                             # one-hot rule
-    if probs is not None:
+    if logits is not None:
         random_rows = ~greedy[seq_of_row]
-        target = torch.where(random_rows, exponential_race(probs, seeds_r, positions, DRAW), target)
+        target = torch.where(random_rows, exponential_race(logits, seeds_r, positions, DRAW), target)
         emit, accept = target.clone(), draft == target
         q_rows = uses_q[seq_of_row] & is_draft
         if draft_probs is not None:
+            probs = logits.softmax(-1)
             d = draft.clamp(min=0)[:, None]
             p_d, q_d = probs.gather(-1, d)[:, 0], draft_probs.gather(-1, d)[:, 0]
             u = uniforms(seeds_r, positions, ACCEPT, torch.zeros(1, dtype=torch.long, device=device))[:, 0]
             residual = (probs - draft_probs).clamp_min(0)
             residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, probs)
-            recovered = exponential_race(residual, seeds_r, positions, RECOVER)
+            recovered = exponential_race(residual.log(), seeds_r, positions, RECOVER)
             accept = torch.where(q_rows, u * q_d < p_d, accept)                                 # u < p/q, no divide
             emit = torch.where(q_rows, recovered, emit)
     accept &= is_draft
