@@ -170,3 +170,37 @@ def test_gpu_write_kv_4b_shape():
     write_kv_ref(k, v, caches[0], caches[1], slots)
     write_kv(k, v, caches[2], caches[3], slots)
     assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
+
+
+@pytest.mark.gpu
+def test_gpu_verify_replays_in_a_cuda_graph_with_new_lengths():
+    """One graph for a (batch 8, k+1 = 4) bucket: replayed with other contexts, shorter drafts and padding
+    sequences written into the same buffers, it equals the reference; no host sync inside."""
+    if not torch.cuda.is_available():
+        pytest.fail("GPU test: run on the GPU machine")
+    first, _ = make_case([(400 + 50 * i, 4) for i in range(8)], 16, 4, 256, 16, dtype=torch.bfloat16,
+                         device="cuda", seed=2)
+    static = {k: v.clone() if torch.is_tensor(v) else v for k, v in first.items()}
+    paged_attention(**static)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.cuda.graph(graph):
+            out = paged_attention(**static)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    seqs = [(700, 4), (12, 1), (0, 0), (299, 3), (5, 2), (0, 0), (640, 4), (0, 0)]
+    second, real = make_case(seqs, 16, 4, 256, 16, dtype=torch.bfloat16, device="cuda", seed=3)
+    assert second["k_cache"].shape[0] <= static["k_cache"].shape[0] and real <= static["q"].shape[0]
+    assert second["block_tables"].shape[1] <= static["block_tables"].shape[1]
+    static["q"][:real] = second["q"]
+    static["k_cache"][:second["k_cache"].shape[0]] = second["k_cache"]
+    static["v_cache"][:second["v_cache"].shape[0]] = second["v_cache"]
+    static["positions"][:real] = second["positions"]
+    static["cu_seqlens"].copy_(second["cu_seqlens"])
+    static["block_tables"].zero_()
+    static["block_tables"][:, :second["block_tables"].shape[1]] = second["block_tables"]
+    graph.replay()
+    want = paged_attention_ref(**static)
+    assert (out[:real].float() - want[:real].float()).abs().max().item() <= 2e-2
