@@ -17,16 +17,22 @@ from .routing import sort_pairs_by_expert
 
 
 @triton.jit
+def _block(sorted_pairs_ptr, block_experts_ptr, num_pairs, BLOCK_M: tl.constexpr):
+    """This program's block: its expert (E for a sentinel block), rows, their pair ids and which are real."""
+    pid_m = tl.program_id(0)
+    expert = tl.load(block_experts_ptr + pid_m).to(tl.int64)
+    rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_pairs_ptr + rows)
+    return expert, rows, pair, pair < num_pairs
+
+
+@triton.jit
 def _gate_up_kernel(x_ptr, w_ptr, inter_ptr, sorted_pairs_ptr, block_experts_ptr,
                     num_pairs, num_experts, hidden, inter_size, stride_xt, stride_we, stride_wn, stride_ir,
                     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                     IEEE: tl.constexpr):
-    pid_m = tl.program_id(0)
+    expert, rows, pair, row_ok = _block(sorted_pairs_ptr, block_experts_ptr, num_pairs, BLOCK_M)
     pid_n = tl.program_id(1)
-    expert = tl.load(block_experts_ptr + pid_m).to(tl.int64)
-    rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_pairs_ptr + rows)
-    row_ok = pair < num_pairs
     token = (pair // TOP_K).to(tl.int64)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < inter_size
@@ -59,12 +65,8 @@ def _gate_up_kernel(x_ptr, w_ptr, inter_ptr, sorted_pairs_ptr, block_experts_ptr
 def _down_kernel(inter_ptr, w_ptr, topk_weights_ptr, pair_out_ptr, sorted_pairs_ptr, block_experts_ptr,
                  num_pairs, num_experts, hidden, inter_size, stride_ir, stride_we, stride_wn, stride_pt,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
-    pid_m = tl.program_id(0)
+    expert, rows, pair, row_ok = _block(sorted_pairs_ptr, block_experts_ptr, num_pairs, BLOCK_M)
     pid_n = tl.program_id(1)
-    expert = tl.load(block_experts_ptr + pid_m).to(tl.int64)
-    rows = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_pairs_ptr + rows)
-    row_ok = pair < num_pairs
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < hidden
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
