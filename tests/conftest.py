@@ -5,7 +5,10 @@ from pathlib import Path
 import pytest
 import torch
 
-if not torch.cuda.is_available():  # Triton kernels run on CPU tensors under the interpreter (set before import)
+if not torch.cuda.is_available():
+    # Triton kernel tests run under the interpreter on a CPU. The switch is read when triton.language is first
+    # imported (its own @jit helpers, e.g. the combine functions of tl.max / tl.sum, are built then), and
+    # transformers imports triton while test modules are collected: it must be set before any test module.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 sys.path.insert(0, str(Path(__file__).parent))  # test helpers (hf_reference, engine_factory) import by name

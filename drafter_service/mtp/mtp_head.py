@@ -54,8 +54,8 @@ class MTPHead(nn.Module):
         e = self.pre_fc_norm_embedding(embed_tokens(next_tokens_batch.input_ids))   # [T, H]
         h = self.pre_fc_norm_hidden(hidden.to(e.dtype))                             # [T, H]
         x = self.fc(torch.cat([e, h], dim=-1))                                      # [T, H]
-        x = self.layers[layer](x, next_tokens_batch, caches, layer)
-        return self.norm(x)
+        x, residual = self.layers[layer](x, next_tokens_batch, caches, layer)
+        return self.norm.add_and_norm(x, residual)[0]
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         _, lm_head = self.shared

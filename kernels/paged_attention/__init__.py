@@ -1,7 +1,32 @@
-"""Paged causal attention: public entry points (GPU kernels plug in behind the same signatures)."""
+"""Paged causal attention and KV writes: public entry points, dispatched by device.
+
+CUDA tensors run the Triton kernels (imported on first use, so that a CPU process never compiles them and a
+`TRITON_INTERPRET=1` test decides how they are built); everything else runs the torch reference.
+"""
+import torch
+
 from .reference import paged_attention_ref, write_kv_ref
 
-paged_attention = paged_attention_ref
-write_kv = write_kv_ref
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor,
+                    block_tables: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, scale: float,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
+    """q [T, NH, D], caches [num_blocks, block_size, NKV, D], positions [T] int64, block_tables [B, W] int32,
+    cu_seqlens [B + 1] int32 → [T, NH, D]. Token t attends to its sequence's positions 0..positions[t]."""
+    if q.is_cuda:
+        from .triton_paged_attention import paged_attention_triton
+        return paged_attention_triton(q, k_cache, v_cache, positions, block_tables, cu_seqlens, max_seqlen,
+                                      scale, out)
+    return paged_attention_ref(q, k_cache, v_cache, positions, block_tables, cu_seqlens, max_seqlen, scale, out)
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """k, v [T, NKV, D] → cache rows slot_mapping [T] (block * block_size + offset)."""
+    if k.is_cuda:
+        from .triton_write_kv import write_kv_triton
+        return write_kv_triton(k, v, k_cache, v_cache, slot_mapping)
+    return write_kv_ref(k, v, k_cache, v_cache, slot_mapping)
+
 
 __all__ = ["paged_attention", "paged_attention_ref", "write_kv", "write_kv_ref"]

@@ -1,8 +1,11 @@
-"""Pure-torch paged causal attention over a ragged batch.
+"""Pure-torch paged causal attention over a ragged batch (the CPU path and the reference of the Triton kernel).
 
 KV cache layout per attention layer: [num_blocks, block_size, num_kv_heads, head_dim]. Token at position p of
-a sequence lives in block `block_tables[b, p // block_size]`, row `p % block_size`. Each query token attends
-to every cached position <= its own position (causal), GQA heads share kv head h // (NH // NKV).
+a sequence lives in block `block_tables[b, p // block_size]`, row `p % block_size`. Query token t of sequence b
+attends to that sequence's cached positions 0..positions[t] (causal inside a draft block or a prefill chunk; the
+KV of this step is already written by `write_kv`). GQA: query head h reads kv head h // (NH // NKV).
+Sequences of length 0 (padding of a CUDA-graph bucket) are skipped; rows of `out` that belong to no sequence
+are left as they were.
 """
 import torch
 
@@ -12,7 +15,7 @@ def write_kv_ref(
     v: torch.Tensor,             # [T, NKV, D]
     k_cache: torch.Tensor,       # [num_blocks, block_size, NKV, D]
     v_cache: torch.Tensor,       # [num_blocks, block_size, NKV, D]
-    slot_mapping: torch.Tensor,  # [T] flat index block * block_size + row
+    slot_mapping: torch.Tensor,  # [T] int64 flat row block * block_size + offset
 ) -> None:
     k_cache.view(-1, *k_cache.shape[2:])[slot_mapping] = k.to(k_cache.dtype)
     v_cache.view(-1, *v_cache.shape[2:])[slot_mapping] = v.to(v_cache.dtype)
@@ -22,24 +25,27 @@ def paged_attention_ref(
     q: torch.Tensor,             # [T, NH, D]
     k_cache: torch.Tensor,       # [num_blocks, block_size, NKV, D]
     v_cache: torch.Tensor,       # [num_blocks, block_size, NKV, D]
-    positions: torch.Tensor,     # [T]
-    block_tables: torch.Tensor,  # [B, max_blocks]
-    cu_seqlens: list[int],       # [B + 1] host ints
-    context_lens: list[int],     # [B] cached length after this step (last position + 1)
+    positions: torch.Tensor,     # [T] int64
+    block_tables: torch.Tensor,  # [B, W] int32
+    cu_seqlens: torch.Tensor,    # [B + 1] int32
+    max_seqlen: int,             # longest sequence (unused here; the kernel sizes its grid with it)
     scale: float,
+    out: torch.Tensor | None = None,  # [T, NH, D], written in place when given
 ) -> torch.Tensor:               # [T, NH, D]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = q.shape[1] // num_kv_heads
-    out = torch.empty_like(q)
-    for b in range(len(context_lens)):
-        start, end, length = cu_seqlens[b], cu_seqlens[b + 1], context_lens[b]
+    out = torch.empty_like(q) if out is None else out
+    bounds = cu_seqlens.tolist()  # the reference may sync; the kernel never does
+    for b in range(len(bounds) - 1):
+        start, end = bounds[b], bounds[b + 1]
         if start == end:
             continue
-        blocks = block_tables[b, : (length + block_size - 1) // block_size]
+        length = int(positions[end - 1]) + 1                                                     # cached tokens
+        blocks = block_tables[b, : (length + block_size - 1) // block_size].long()
         keys = k_cache[blocks].flatten(0, 1)[:length].float().repeat_interleave(group, dim=1)    # [L, NH, D]
         values = v_cache[blocks].flatten(0, 1)[:length].float().repeat_interleave(group, dim=1)  # [L, NH, D]
         scores = torch.einsum("thd,lhd->htl", q[start:end].float(), keys) * scale              # [NH, n, L]
         allowed = torch.arange(length, device=q.device)[None, :] <= positions[start:end, None]  # [n, L]
         scores = scores.masked_fill(~allowed[None], float("-inf"))
-        out[start:end] = torch.einsum("htl,lhd->thd", scores.softmax(-1), values).to(q.dtype)
+        out[start:end] = torch.einsum("htl,lhd->thd", scores.softmax(-1), values).to(out.dtype)
     return out

@@ -1,4 +1,11 @@
-"""One pre-norm decoder layer: token mixer (GDN or gated attention) + MLP, each with a residual."""
+"""One pre-norm decoder layer: token mixer (GDN or gated attention) + MLP, each with a residual.
+
+The residual stream is carried between layers instead of being added in place: a layer receives the previous
+layer's MLP output x and the stream `residual` (None before the first layer), and its norms add them as they
+normalise (`add_and_norm`). Unfused, the same computation is  r = r + x; h = mixer(norm(r)); r = r + h;
+x = mlp(norm(r)) — with identical roundings, since each add is rounded to the model dtype before its norm.
+The model adds the last layer's (x, residual) inside its final norm.
+"""
 import torch
 from torch import nn
 
@@ -23,11 +30,14 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = ZeroCentredRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = ZeroCentredRMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, cache_idx: int) -> torch.Tensor:
-        h = self.input_layernorm(x)
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, caches: ModelCaches, cache_idx: int,
+                residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, H] (the embeddings, or the previous layer's MLP output), residual [T, H] or None →
+        (this layer's MLP output, the residual stream before it)."""
+        h, residual = self.input_layernorm.add_and_norm(x, residual)
         if self.is_attention:
             h = self.self_attn(h, batch, caches.kv.k[cache_idx], caches.kv.v[cache_idx])
         else:
             h = self.linear_attn(h, batch, caches.gdn.recurrent[cache_idx], caches.gdn.conv[cache_idx])
-        x = x + h
-        return x + self.mlp(self.post_attention_layernorm(x))
+        h, residual = self.post_attention_layernorm.add_and_norm(h, residual)
+        return self.mlp(h), residual

@@ -27,9 +27,9 @@ class HybridModel(nn.Module):
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch, caches: ModelCaches) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (hidden [T, H] after the final norm — the MTP drafter's input, logits [N, V] fp32)."""
-        x = self.embed_tokens(batch.input_ids)                      # [T, H]
+        x, residual = self.embed_tokens(batch.input_ids), None     # [T, H]; residual stream (decoder_layer.py)
         for i, layer in enumerate(self.layers):
-            x = layer(x, batch, caches, caches.layer_slot[i])
-        hidden = self.norm(x)                                       # [T, H]
+            x, residual = layer(x, batch, caches, caches.layer_slot[i], residual)
+        hidden, _ = self.norm.add_and_norm(x, residual)             # [T, H]
         logits = self.lm_head(hidden[batch.logits_indices]).float()  # [N, V]
         return hidden, logits

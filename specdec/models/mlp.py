@@ -4,6 +4,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.moe import moe_experts
+
 from .model_config import ModelConfig
 
 
@@ -21,7 +23,8 @@ class SwiGLU(nn.Module):
 class SparseMoE(nn.Module):
     """Softmax router → top-k experts (weights renormalised when norm_topk_prob) + shared expert × sigmoid gate.
 
-    Experts are stored fused: gate_up [E, 2I, H] (gate rows first), down [E, H, I].
+    Experts are stored fused: gate_up [E, 2I, H] (gate rows first), down [E, H, I]. The router runs here on the
+    device; `kernels.moe.moe_experts` runs the chosen experts (grouped Triton GEMMs on a GPU, no host sync).
     """
 
     def __init__(self, config: ModelConfig):
@@ -39,12 +42,6 @@ class SparseMoE(nn.Module):
         weights, chosen = probs.topk(self.top_k, dim=-1)                   # [T, top_k]
         if self.renormalise:
             weights = weights / weights.sum(-1, keepdim=True)
-        weights = weights.to(x.dtype)
-        out = torch.zeros_like(x)
-        for expert in chosen.unique().tolist():
-            token_idx, k_idx = (chosen == expert).nonzero(as_tuple=True)
-            gate, up = F.linear(x[token_idx], self.experts_gate_up[expert]).chunk(2, dim=-1)
-            y = F.linear(F.silu(gate) * up, self.experts_down[expert])     # [n, H]
-            out.index_add_(0, token_idx, y * weights[token_idx, k_idx, None])
+        routed = moe_experts(x, self.experts_gate_up, self.experts_down, weights, chosen)  # [T, H]
         shared = self.shared_expert(x) * torch.sigmoid(self.shared_expert_gate(x))
-        return out + shared
+        return routed + shared

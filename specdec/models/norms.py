@@ -1,16 +1,12 @@
-"""RMSNorms of the Qwen3.5 / Qwen3-Next family.
+"""RMSNorms of the Qwen3.5 / Qwen3-Next family (the math lives in `kernels.rms_norm`).
 
 Every RMSNorm is zero-centred, `x̂ · (1 + w)` computed in fp32, EXCEPT the GDN output norm, which is
 `w · rmsnorm(o) · silu(z)` with a plain weight (DESIGN §2).
 """
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-
-def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
-    x = x.float()
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+from kernels.rms_norm import gated_rms_norm, rms_norm
 
 
 class ZeroCentredRMSNorm(nn.Module):
@@ -19,8 +15,13 @@ class ZeroCentredRMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.zeros(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (rms_normalize(x, self.eps) * (1.0 + self.weight.float())).to(x.dtype)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., dim]
+        return rms_norm(x, self.weight, self.eps)[0]
+
+    def add_and_norm(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual add fused into the norm: s = x + residual (s = x when residual is None) →
+        (norm(s), s). Decoder layers carry s as the residual stream, so the adds are no separate ops."""
+        return rms_norm(x, self.weight, self.eps, residual)
 
 
 class GatedRMSNorm(nn.Module):
@@ -31,6 +32,5 @@ class GatedRMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        normed = self.weight * rms_normalize(o, self.eps).to(o.dtype)
-        return (normed * F.silu(z.float())).to(o.dtype)
+    def forward(self, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:  # [T, HV, V] each
+        return gated_rms_norm(o, z, self.weight, self.eps)

@@ -1,0 +1,214 @@
+"""Triton paged causal attention for verify (k+1 query tokens per sequence) and chunked prefill.
+
+Same signature and semantics as `reference.paged_attention_ref`.
+
+One program owns (sequence b, query block m, kv head h, KV split s). Its tile has ROWS = BLOCK_M tokens × GROUP_PAD
+query heads of kv head h, so each KV tile is loaded once for every query head that shares it (GQA). Keys are
+gathered through the block table position by position (any cache block_size works). Online softmax in the log2
+domain, fp32 accumulators:
+    m' = max(m, max_n s_n);  l' = l·2^(m−m') + Σ_n 2^(s_n−m');  acc' = acc·2^(m−m') + Σ_n 2^(s_n−m') v_n
+with s = q·k · scale · log2(e), masked to keys at positions ≤ the row's own position (causal inside the block).
+Invariant: the running max starts at −1e30 (finite), so a row that has seen only masked keys keeps m = −1e30,
+l = 0, acc = 0 and never produces NaN; such rows are either padding (not stored) or get their keys later.
+
+Split-KV (flash-decoding): when the grid would be too small to fill the GPU (decode / verify at small batch), the
+key range of each query block is cut into NUM_SPLITS contiguous runs of tiles; each split stores its (acc, m, l)
+and `_combine_kernel` merges them:  M = max_s m_s,  out = Σ_s acc_s 2^(m_s−M) / Σ_s l_s 2^(m_s−M).
+The grid depends only on (B, max_seqlen, NKV, splits) — all host ints — so it is static for a CUDA-graph bucket.
+"""
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+MAX_SPLITS = 16
+NEG_BIG = -1e30  # finite "minus infinity" of the running max (see the invariant above)
+
+
+@triton.jit
+def _tile_rows(cu_seqlens_ptr, positions_ptr, seq, m_block, kv_head,
+               BLOCK_M: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, ROWS: tl.constexpr):
+    """Rows of this program's tile: flat token, query head, validity, and position (−1 for invalid rows)."""
+    start = tl.load(cu_seqlens_ptr + seq)
+    end = tl.load(cu_seqlens_ptr + seq + 1)
+    rows = tl.arange(0, ROWS)
+    row_tok = rows // GROUP_PAD
+    row_grp = rows % GROUP_PAD
+    tok = start + m_block * BLOCK_M + row_tok                                   # [ROWS] int32
+    valid = (row_tok < BLOCK_M) & (row_grp < GROUP) & (tok < end)
+    pos = tl.load(positions_ptr + tok, mask=valid, other=-1).to(tl.int64)       # [ROWS]
+    head = kv_head * GROUP + row_grp
+    return tok.to(tl.int64), head.to(tl.int64), valid, pos
+
+
+@triton.jit
+def _paged_attention_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, positions_ptr, block_tables_ptr, cu_seqlens_ptr,
+    out_ptr, part_acc_ptr, part_ml_ptr,
+    scale_log2e, block_size, num_tokens, num_heads,
+    stride_qt, stride_qh, stride_cb, stride_cr, stride_ch, stride_ot, stride_oh, stride_bt,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    m_block = tl.program_id(1)
+    kv_head = tl.program_id(2) // NUM_SPLITS
+    split = tl.program_id(2) % NUM_SPLITS
+    tok, head, valid, q_pos = _tile_rows(cu_seqlens_ptr, positions_ptr, seq, m_block, kv_head,
+                                         BLOCK_M, GROUP, GROUP_PAD, ROWS)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    p_q = q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :]
+    b_q = tl.load(p_q, mask=valid[:, None] & d_ok[None, :], other=0.0)          # [ROWS, BLOCK_D]
+    b_q = b_q.to(k_cache_ptr.dtype.element_ty)
+
+    # keys 0..ctx_len-1 cover every row of the block (positions rise inside a sequence)
+    ctx_len = (tl.max(q_pos, axis=0) + 1).to(tl.int32)
+    num_tiles = tl.cdiv(ctx_len, BLOCK_N)
+    per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+    tile_lo = split * per_split
+    tile_hi = tl.minimum(tile_lo + per_split, num_tiles)
+
+    m_i = tl.full([ROWS], NEG_BIG, tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
+    p_table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    for tile in range(tile_lo, tile_hi):
+        n = tile * BLOCK_N + tl.arange(0, BLOCK_N)                               # [BLOCK_N] key positions
+        n_ok = n < ctx_len
+        blk = tl.load(p_table + n // block_size, mask=n_ok, other=0).to(tl.int64)
+        o_kv = blk * stride_cb + (n % block_size).to(tl.int64) * stride_cr + kv_head * stride_ch  # [BLOCK_N]
+        b_kt = tl.load(k_cache_ptr + o_kv[None, :] + d[:, None], mask=n_ok[None, :] & d_ok[:, None], other=0.0)
+        if IEEE:
+            s = tl.dot(b_q, b_kt, input_precision="ieee")                          # [ROWS, BLOCK_N]
+        else:
+            s = tl.dot(b_q, b_kt)
+        s = tl.where(n[None, :] <= q_pos[:, None], s * scale_log2e, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        b_v = tl.load(v_cache_ptr + o_kv[:, None] + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(b_v.dtype), b_v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(b_v.dtype), b_v)
+        m_i = m_new
+
+    if NUM_SPLITS == 1:
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        p_o = out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
+        tl.store(p_o, o.to(out_ptr.dtype.element_ty), mask=valid[:, None] & d_ok[None, :])
+    else:
+        # partials [NUM_SPLITS, T, NH, ...]; an empty split stores only (m, l) = (−1e30, 0)
+        row_id = (split * num_tokens + tok) * num_heads + head                      # [ROWS] int64
+        tl.store(part_ml_ptr + row_id * 2, m_i, mask=valid)
+        tl.store(part_ml_ptr + row_id * 2 + 1, l_i, mask=valid)
+        has_keys = valid & (tl.full([ROWS], 0, tl.int32) + tile_hi > tile_lo)     # [ROWS]
+        p_acc = part_acc_ptr + row_id[:, None] * HEAD_DIM + d[None, :]
+        tl.store(p_acc, acc, mask=has_keys[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _combine_kernel(
+    cu_seqlens_ptr, positions_ptr, out_ptr, part_acc_ptr, part_ml_ptr, num_tokens, num_heads,
+    stride_ot, stride_oh,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, ROWS: tl.constexpr, NUM_SPLITS: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    m_block = tl.program_id(1)
+    kv_head = tl.program_id(2)
+    tok, head, valid, _ = _tile_rows(cu_seqlens_ptr, positions_ptr, seq, m_block, kv_head,
+                                     BLOCK_M, GROUP, GROUP_PAD, ROWS)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < HEAD_DIM
+    m_run = tl.full([ROWS], NEG_BIG, tl.float32)
+    l_run = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
+    for split in range(NUM_SPLITS):
+        row_id = (split * num_tokens + tok) * num_heads + head
+        m_s = tl.load(part_ml_ptr + row_id * 2, mask=valid, other=NEG_BIG)
+        l_s = tl.load(part_ml_ptr + row_id * 2 + 1, mask=valid, other=0.0)
+        a_s = tl.load(part_acc_ptr + row_id[:, None] * HEAD_DIM + d[None, :],
+                      mask=valid[:, None] & d_ok[None, :] & (l_s > 0)[:, None], other=0.0)
+        m_new = tl.maximum(m_run, m_s)
+        alpha, beta = tl.exp2(m_run - m_new), tl.exp2(m_s - m_new)
+        l_run = l_run * alpha + l_s * beta
+        acc = acc * alpha[:, None] + a_s * beta[:, None]
+        m_run = m_new
+    o = acc / tl.where(l_run > 0, l_run, 1.0)[:, None]
+    p_o = out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
+    tl.store(p_o, o.to(out_ptr.dtype.element_ty), mask=valid[:, None] & d_ok[None, :])
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 8  # interpreter runs: small, but > 1 so tests exercise split-KV
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def launch_config(num_seqs: int, max_seqlen: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                  device: torch.device, num_splits: int | None = None) -> dict:
+    """Tile sizes and split count: host ints only (static for a CUDA-graph bucket)."""
+    group = num_heads // num_kv_heads
+    group_pad = triton.next_power_of_2(group)
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    tokens_per_tile = max(1, 64 // group_pad)                     # ≤ 64 rows: fp32 acc [rows, D] fits registers
+    block_m = min(triton.next_power_of_2(max(1, max_seqlen)), tokens_per_tile)
+    rows = max(16, block_m * group_pad)                           # tl.dot needs M ≥ 16
+    m_blocks = triton.cdiv(max(1, max_seqlen), block_m)
+    if num_splits is None:
+        programs = num_seqs * m_blocks * num_kv_heads
+        want = triton.cdiv(2 * _num_sms(device), max(1, programs))
+        num_splits = min(MAX_SPLITS, triton.next_power_of_2(want)) if want > 1 else 1
+    return dict(GROUP=group, GROUP_PAD=group_pad, BLOCK_D=block_d, BLOCK_M=block_m, ROWS=rows,
+                BLOCK_N=32 if block_d >= 256 else 64, NUM_SPLITS=num_splits, m_blocks=m_blocks,
+                num_warps=8 if rows * block_d >= 64 * 256 else 4)
+
+
+def paged_attention_triton(
+    q: torch.Tensor,             # [T, NH, D]
+    k_cache: torch.Tensor,       # [num_blocks, block_size, NKV, D]
+    v_cache: torch.Tensor,       # [num_blocks, block_size, NKV, D]
+    positions: torch.Tensor,     # [T] int64
+    block_tables: torch.Tensor,  # [B, W] int32
+    cu_seqlens: torch.Tensor,    # [B + 1] int32
+    max_seqlen: int,
+    scale: float,
+    out: torch.Tensor | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:               # [T, NH, D]
+    num_tokens, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    if k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1 or q.stride(-1) != 1:
+        raise ValueError("paged_attention: k_cache / v_cache need the same strides and contiguous head_dim")
+    if block_tables.stride(-1) != 1:
+        raise ValueError("paged_attention: block_tables rows must be contiguous")
+    out = torch.empty_like(q) if out is None else out
+    num_seqs = cu_seqlens.shape[0] - 1
+    if num_seqs == 0 or num_tokens == 0:
+        return out
+    cfg = launch_config(num_seqs, max_seqlen, num_heads, num_kv_heads, head_dim, q.device, num_splits)
+    splits, m_blocks = cfg.pop("NUM_SPLITS"), cfg.pop("m_blocks")
+    num_warps, block_n = cfg.pop("num_warps"), cfg.pop("BLOCK_N")
+    part_acc = part_ml = out  # unused placeholders when there is a single split
+    if splits > 1:
+        part_acc = torch.empty(splits, num_tokens, num_heads, head_dim, dtype=torch.float32, device=q.device)
+        part_ml = torch.empty(splits, num_tokens, num_heads, 2, dtype=torch.float32, device=q.device)
+    _paged_attention_kernel[(num_seqs, m_blocks, num_kv_heads * splits)](
+        q, k_cache, v_cache, positions, block_tables, cu_seqlens, out, part_acc, part_ml,
+        scale * LOG2E, block_size, num_tokens, num_heads,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        out.stride(0), out.stride(1), block_tables.stride(0),
+        HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_SPLITS=splits, IEEE=k_cache.dtype == torch.float32,
+        num_warps=num_warps, num_stages=2, **cfg)
+    if splits > 1:
+        _combine_kernel[(num_seqs, m_blocks, num_kv_heads)](
+            cu_seqlens, positions, out, part_acc, part_ml, num_tokens, num_heads, out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, NUM_SPLITS=splits, num_warps=4, **cfg)
+    return out
