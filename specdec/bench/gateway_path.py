@@ -3,7 +3,9 @@ N concurrent gRPC streams through the public Gateway API, one request each.
 
 The step split comes from the verifier's Prometheus endpoint (`--metrics-port`): the mean per engine step of
 each phase of `specdec_step_seconds` (the engine's host time per phase), scraped before and after the
-workload. host = workload wall time / engine steps - those phases (scheduling, gRPC, queues, idle).
+workload: target (host time: on a GPU the forward's kernels finish inside the next phase), verify (sampling),
+drafter (round trip), and drafter_compute once the engine reports it (today it does not: null).
+host = workload wall time / engine steps - target - verify - drafter (scheduling, gRPC, queues, idle).
 """
 from __future__ import annotations
 
@@ -81,12 +83,15 @@ class GatewayBench:
                              dtype=self.dtype, port=0, verifier_args=tuple(verifier), log_dir=self.logs.name,
                              startup_timeout_s=self.startup_timeout_s)
         start = time.perf_counter()
-        stack = LocalStack(config)
+        self.stack, self.key = LocalStack(config), w.stack_key
         try:
-            stack.start()
-        except Exception as e:
-            raise RuntimeError(f"the stack for {w.drafter_label} did not start: {e}\n{self.log_tails()}") from e
-        self.stack, self.key = stack, w.stack_key
+            self.stack.start()
+        except BaseException as e:  # an interrupt while it starts must not leave the processes behind
+            tails = self.log_tails()
+            self.stop()
+            if isinstance(e, Exception):
+                raise RuntimeError(f"the stack for {w.drafter_label} did not start: {e}\n{tails}") from e
+            raise
         self.last_start_s = time.perf_counter() - start
         return self.last_start_s
 
@@ -133,7 +138,8 @@ class GatewayBench:
                "drafter_compute": ms.get("drafter_compute") if has_drafter else None}
         if wall_per_step:
             out["total"] = round(wall_per_step * 1e3, 4)
-            out["host"] = round(max(0.0, out["total"] - sum(ms.values())), 4)
+            phases = sum(ms.get(p, 0.0) for p in ("target", "verify", "drafter"))  # drafter_compute is inside drafter
+            out["host"] = round(max(0.0, out["total"] - phases), 4)
         return out
 
     def _memory(self) -> dict:

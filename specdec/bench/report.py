@@ -67,7 +67,7 @@ def render_table(record: dict, markdown: bool = False) -> str:
     roof = record.get("roofline") or {}
     copy, chain = roof.get("device_copy", {}), roof.get("weight_chain", {})
     head = (f"specdec bench ({record['preset']}) on {record['device']['name']}: model {record['model']['name']} "
-            f"({record['model']['layers']} layers, {record['model']['weight_gb']:.2f} GB {record['model']['dtype']}); "
+            f"({record['model']['layers']} layers, {record['model']['weight_gb']:.3g} GB {record['model']['dtype']}); "
             f"device copy {copy.get('gbs', '-')} GB/s, weight-GEMM chain {chain.get('ms_1_token', '-')} ms "
             f"({chain.get('gbs', '-')} GB/s); ms per step; * = cut by the time guard")
     if markdown:

@@ -53,6 +53,8 @@ def add_parser(sub) -> None:
     p.add_argument("--render", default=None, metavar="JSON", help="print the table of an earlier run and redraw its "
                                                                   "PNG beside it; runs nothing")
     p.add_argument("--markdown", action="store_true", help="with --render: a Markdown table")
+    p.add_argument("--list", action="store_true", help="print the planned workloads and what the preset cuts; "
+                                                       "run nothing")
     p.set_defaults(run=run)
 
 
@@ -91,6 +93,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from specdec.bench.bench_run import BenchRun
     config = build_config(args)
+    if args.list:
+        print("\n".join([f"{len(config.workloads)} workloads ({config.preset}, {config.device}, {config.dtype}):",
+                          *(f"  {w.name}" for w in config.workloads), "cut from the full matrix:",
+                          *(f"  {c}" for c in config.cut or ["nothing"])]))
+        return 0
     bench = BenchRun(config)
     record = bench.run()
     print(report.render_table(record))
