@@ -113,7 +113,7 @@ class InprocBench:
             engine.drafter.propose = drafter_clock.wrap(engine.drafter.propose)
         s0 = engine.stats
         before = (s0.verify_steps, s0.drafted, s0.accepted, s0.emitted)
-        preempted0 = engine.scheduler.num_preemptions
+        preempted0 = getattr(engine.scheduler, "num_preemptions", None)
         traces, steps, truncated = self._drive(engine, w, prompts, guard_s, (target_clock, drafter_clock))
         if cuda:
             torch.cuda.synchronize(self.device)
@@ -130,7 +130,7 @@ class InprocBench:
             memory["workload_peak_mib"] = _mib(torch.cuda.max_memory_allocated(self.device) - base)
         else:
             memory["process_rss_mib"] = cpu_rss_mib()
-        preemptions = engine.scheduler.num_preemptions - preempted0
+        preemptions = None if preempted0 is None else engine.scheduler.num_preemptions - preempted0
         del engine
         gc.collect()
         if cuda:
