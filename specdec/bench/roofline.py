@@ -15,6 +15,8 @@ from typing import Callable
 
 import torch
 
+from .traffic import round_sig
+
 
 def _median_seconds(fn: Callable[[], None], device: torch.device, reps: int, warmup: int = 3) -> float:
     for _ in range(warmup):
@@ -43,7 +45,7 @@ def copy_bandwidth(device: torch.device, nbytes: int, reps: int = 20) -> dict:
     dst = torch.empty_like(src)
     seconds = _median_seconds(lambda: dst.copy_(src), device, reps)
     del src, dst
-    return {"bytes": nbytes, "seconds": seconds, "gbs": round(2 * nbytes / seconds / 1e9, 2)}
+    return {"bytes": nbytes, "seconds": seconds, "gbs": round_sig(2 * nbytes / seconds / 1e9)}
 
 
 class WeightChain:
@@ -83,7 +85,7 @@ def weight_chain(shapes: tuple[tuple[int, int], ...], dtype: torch.dtype, device
         fn = chain.graphed() if device.type == "cuda" else chain.run
         seconds = _median_seconds(fn, device, reps)
         out["weight_bytes"] = chain.bytes
-        out["by_tokens"][str(t)] = {"ms": round(seconds * 1e3, 4), "gbs": round(chain.bytes / seconds / 1e9, 2)}
+        out["by_tokens"][str(t)] = {"ms": round_sig(seconds * 1e3), "gbs": round_sig(chain.bytes / seconds / 1e9)}
         del chain, fn
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -77,12 +77,17 @@ def _layer_order(name: str) -> tuple:
     return (0, int(parts[1]), name) if parts[0] == "layers" and parts[1].isdigit() else (1, 0, name)
 
 
+def round_sig(x: float, digits: int = 4) -> float:
+    """x to `digits` significant digits (a small figure never rounds to 0)."""
+    return float(f"{x:.{digits}g}")
+
+
 def utilisation(step_bytes: float, step_seconds: float | None, copy_gbs: float | None,
                 chain_gbs: float | None) -> dict:
     """Achieved bandwidth of a step and its ratio to the device copy and to the bare weight-GEMM chain."""
     if not step_seconds:
         return {"bytes_per_step": round(step_bytes), "achieved_gbs": None, "vs_copy": None, "vs_chain": None}
     achieved = step_bytes / step_seconds / 1e9
-    return {"bytes_per_step": round(step_bytes), "achieved_gbs": round(achieved, 3),
-            "vs_copy": round(achieved / copy_gbs, 5) if copy_gbs else None,
-            "vs_chain": round(achieved / chain_gbs, 5) if chain_gbs else None}
+    return {"bytes_per_step": round(step_bytes), "achieved_gbs": round_sig(achieved),
+            "vs_copy": round_sig(achieved / copy_gbs) if copy_gbs else None,
+            "vs_chain": round_sig(achieved / chain_gbs) if chain_gbs else None}
