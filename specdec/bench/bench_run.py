@@ -89,7 +89,8 @@ class BenchRun:
         self.tag = c.tag or device_tag(info)
         self.record = {"schema": SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": c.command,
                        "git_commit": git_commit(Path(__file__).resolve().parent), "device": info,
-                       "versions": versions(), "model": {**describe(c.model, c.dtype, self.traffic), "checkpoint": made},
+                       "versions": versions(),
+                       "model": {**describe(c.model, c.dtype, self.traffic), "checkpoint": made},
                        "preset": c.preset, "cut_from_full": list(c.cut),
                        "settings": {"workload_timeout_s": c.workload_timeout_s, "time_budget_s": c.time_budget_s,
                                     "seed": c.seed, "planned": len(c.workloads)},
@@ -164,7 +165,8 @@ class BenchRun:
             self.results.append(result)
             self._save()
             log.info("%s: %.1f tok/s, TTFT p50 %s ms, ITL p50 %s ms%s", w.name, metrics["output_tokens_per_s"] or 0,
-                     metrics["ttft_ms_p50"], metrics["itl_ms_p50"], " (cut by the time guard)" if metrics["truncated"] else "")
+                     metrics["ttft_ms_p50"], metrics["itl_ms_p50"],
+                     " (cut by the time guard)" if metrics["truncated"] else "")
 
     def _no_time_for(self, w: Workload) -> str | None:
         budget = self.config.time_budget_s

@@ -41,9 +41,11 @@ def check_result(result: dict) -> list[str]:
     expected = w["concurrency"] * w["max_tokens"]
     if not m["truncated"]:
         if m["completion_tokens"] != expected:
-            problems.append(f"{name}: completion_tokens {m['completion_tokens']} != concurrency x max_tokens {expected}")
+            problems.append(f"{name}: completion_tokens {m['completion_tokens']} != concurrency x max_tokens "
+                            f"{expected}")
         if m["output_tokens"] != m["completion_tokens"]:
-            problems.append(f"{name}: tokens received {m['output_tokens']} != completion_tokens {m['completion_tokens']}")
+            problems.append(f"{name}: tokens received {m['output_tokens']} != completion_tokens "
+                            f"{m['completion_tokens']}")
     if m["seconds"] > 0 and not _close(m["output_tokens_per_s"], m["output_tokens"] / m["seconds"], 2e-3):
         problems.append(f"{name}: output_tokens_per_s {m['output_tokens_per_s']} != tokens / seconds")
     if m["ttft_ms_p50"] is not None and m["ttft_ms_p50"] > m["seconds"] * 1e3 + 1e-6:

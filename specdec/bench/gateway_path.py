@@ -124,9 +124,10 @@ class GatewayBench:
         prefills = sum(1 for t in traces if t.times)
         verify = totals["verify_steps"]
         wall_per_step = summary["seconds"] / steps if steps else None
+        length = (totals["completion_tokens"] - prefills) / verify if verify else None
         return {**summary, "truncated": truncated, **totals, "prefills": prefills,
                 "finish_reasons": sorted({reason for reason, _ in finals}),
-                "mean_acceptance_length": round((totals["completion_tokens"] - prefills) / verify, 4) if verify else None,
+                "mean_acceptance_length": round(length, 4) if length else None,
                 "engine_steps": steps, "step_ms": self._split(phases, wall_per_step, w), "memory": self._memory()}
 
     @staticmethod

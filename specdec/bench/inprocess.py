@@ -31,7 +31,7 @@ from verifier_service.model_runner import ModelRunner
 from verifier_service.scheduler import SchedulerConfig
 
 from .latency import RequestTrace, summarize
-from .memory import cpu_rss_mib
+from .memory import PeakMemory
 from .workloads import Workload
 
 BLOCK = 16
@@ -101,44 +101,32 @@ class InprocBench:
         return engine
 
     def run(self, w: Workload, prompts: list[list[int]], guard_s: float) -> dict:
-        cuda = self.device.type == "cuda"
-        if cuda:
-            torch.cuda.synchronize(self.device)
-            base = torch.cuda.memory_allocated(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
+        window = PeakMemory(self.device)
         engine = self.build_engine(w)
         target_clock, drafter_clock = CallClock(self.device), CallClock(self.device)
         engine.runner.forward = target_clock.wrap(engine.runner.forward)
         if engine.drafter is not None:
             engine.drafter.propose = drafter_clock.wrap(engine.drafter.propose)
-        s0 = engine.stats
-        before = (s0.verify_steps, s0.drafted, s0.accepted, s0.emitted)
-        preempted0 = getattr(engine.scheduler, "num_preemptions", None)
+        before = _counts(engine)
         traces, steps, truncated = self._drive(engine, w, prompts, guard_s, (target_clock, drafter_clock))
-        if cuda:
+        if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        s = engine.stats
-        verify, drafted, accepted, emitted = (a - b for a, b in zip(
-            (s.verify_steps, s.drafted, s.accepted, s.emitted), before))
+        verify, drafted, accepted, emitted, preemptions = (
+            None if a is None else a - b for a, b in zip(_counts(engine), before))
         summary = summarize(list(traces.values()))
         first_all = max((t.times[0] for t in traces.values() if t.times), default=0.0)
         split = step_split(steps, target_clock.seconds_by_step(), drafter_clock.seconds_by_step(),
                            engine.drafter is not None, first_all)
-        memory = {"weights_mib": _mib(sum(p.numel() * p.element_size()
-                                            for p in self.loaded.model.parameters()))}
-        if cuda:
-            memory["workload_peak_mib"] = _mib(torch.cuda.max_memory_allocated(self.device) - base)
-        else:
-            memory["process_rss_mib"] = cpu_rss_mib()
-        preemptions = None if preempted0 is None else engine.scheduler.num_preemptions - preempted0
+        weights = sum(p.numel() * p.element_size() for p in self.loaded.model.parameters())
+        memory = {"weights_mib": round(weights / 2**20, 1), **window.close()}
         del engine
         gc.collect()
-        if cuda:
+        if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        prefills = sum(1 for t in traces.values() if t.times)
         return {**summary, "truncated": truncated, "completion_tokens": summary["output_tokens"],
-                "prefills": prefills, "verify_steps": verify, "draft_tokens": drafted, "accepted_tokens": accepted,
-                "emitted_by_verify": emitted, "mean_acceptance_length": round(emitted / verify, 4) if verify else None,
+                "prefills": sum(1 for t in traces.values() if t.times), "verify_steps": verify,
+                "draft_tokens": drafted, "accepted_tokens": accepted, "emitted_by_verify": emitted,
+                "mean_acceptance_length": round(emitted / verify, 4) if verify else None,
                 "engine_steps": len(steps), "preemptions": preemptions, "step_ms": split, "memory": memory}
 
     def _drive(self, engine: SpecEngine, w: Workload, prompts, guard_s: float, clocks):
@@ -187,5 +175,7 @@ def step_split(steps, target_gpu: dict[int, float], drafter_gpu: dict[int, float
     return {"decode_steps": len(rows), **out}
 
 
-def _mib(nbytes: float) -> float:
-    return round(nbytes / 2**20, 1)
+def _counts(engine: SpecEngine) -> tuple:
+    """Engine-lifetime counters (verify steps, drafted, accepted, emitted, preemptions); a workload is a delta."""
+    s = engine.stats
+    return (s.verify_steps, s.drafted, s.accepted, s.emitted, getattr(engine.scheduler, "num_preemptions", None))

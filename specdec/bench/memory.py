@@ -37,3 +37,23 @@ def cpu_rss_mib() -> float:
     """This process's resident memory now, or its peak where /proc is missing."""
     now = rss_mib()
     return now if now is not None else round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+class PeakMemory:
+    """Memory a workload adds: on a GPU, the allocation peak above what was allocated when the window opened;
+    on a CPU, the process's resident memory when it closes."""
+
+    def __init__(self, device):
+        import torch
+        self.torch, self.device = torch, device
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            torch.cuda.synchronize(device)
+            self.base = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def close(self) -> dict:
+        if self.cuda:
+            peak = self.torch.cuda.max_memory_allocated(self.device) - self.base
+            return {"workload_peak_mib": round(peak / 2**20, 1)}
+        return {"process_rss_mib": cpu_rss_mib()}

@@ -16,7 +16,7 @@ import time
 import torch
 
 from .latency import RequestTrace, summarize
-from .memory import cpu_rss_mib
+from .memory import PeakMemory
 from .workloads import Workload
 
 log = logging.getLogger(__name__)
@@ -87,10 +87,7 @@ class PeerBench:
             self._generate(ids, w, 3)
             warmup_s = round(time.perf_counter() - t0, 2)
             self._warmed.add(ids.shape)
-        if cuda:
-            torch.cuda.synchronize(self.device)
-            base = torch.cuda.memory_allocated(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
+        window = PeakMemory(self.device)
 
         class Deadline(StoppingCriteria):
             def __init__(self, at: float):
@@ -108,11 +105,7 @@ class PeerBench:
         new = out.shape[1] - ids.shape[1]
         steps = clock.times[1:1 + new]   # times[0] is the prompt; one put per generated token
         traces = [RequestTrace(sent=start, times=list(steps), counts=[1] * len(steps)) for _ in prompts]
-        memory = {"weights_mib": self.weights_mib}
-        if cuda:
-            memory["workload_peak_mib"] = round((torch.cuda.max_memory_allocated(self.device) - base) / 2**20, 1)
-        else:
-            memory["process_rss_mib"] = cpu_rss_mib()
+        memory = {"weights_mib": self.weights_mib, **window.close()}
         del out
         return {**summarize(traces), "truncated": deadline.hit and new < w.max_tokens,
                 "completion_tokens": new * len(prompts), "engine_steps": len(steps), "step_ms": None,

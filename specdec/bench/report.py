@@ -105,8 +105,8 @@ def plot(record: dict, path: Path) -> Path | None:
     if not panels:
         return None
     cols = min(2, len(panels))
-    fig, axes = plt.subplots(math.ceil(len(panels) / cols), cols, figsize=(7 * cols, 4.8 * math.ceil(len(panels) / cols)),
-                             squeeze=False)
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(7 * cols, 4.8 * rows), squeeze=False)
     for ax, (prompt, temp) in zip(axes.flat, panels):
         lines: dict[tuple, list] = {}
         for r in results:

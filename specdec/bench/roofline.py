@@ -44,7 +44,6 @@ def copy_bandwidth(device: torch.device, nbytes: int, reps: int = 20) -> dict:
     src = torch.empty(nbytes, dtype=torch.uint8, device=device).random_(0, 255)
     dst = torch.empty_like(src)
     seconds = _median_seconds(lambda: dst.copy_(src), device, reps)
-    del src, dst
     return {"bytes": nbytes, "seconds": seconds, "gbs": round_sig(2 * nbytes / seconds / 1e9)}
 
 
