@@ -1,0 +1,92 @@
+"""Consistency of a bench result: the identities its numbers must satisfy. The bench runs these on its own
+output and records what fails under "problems"; the CI smoke test asserts there are none.
+
+    completion tokens = verify steps + accepted drafts + prefills   (one token per prefill, 1 + accepted per
+                                                                     verify step; ignore_eos, no stop strings)
+    mean acceptance length = (completion - prefills) / verify steps
+    accepted <= drafted <= k · verify steps; no drafts without a drafter
+    tokens/s = tokens / seconds; TTFT <= seconds; p50 <= p99
+    in-process step split: target + sampling + drafter round trip + host = step total
+    every measured number > 0 (counts that may be 0: ZERO_OK)
+"""
+from __future__ import annotations
+
+import math
+
+ZERO_OK = {"draft_tokens", "accepted_tokens", "preemptions", "decode_steps"}
+
+
+def _close(a: float, b: float, rel: float = 1e-3, abs_: float = 1e-6) -> bool:
+    return math.isclose(a, b, rel_tol=rel, abs_tol=abs_)
+
+
+def numbers(obj, prefix: str = ""):
+    """(dotted key, value) of every int / float inside obj (bools excluded)."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from numbers(v, f"{prefix}{k}.")
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from numbers(v, f"{prefix}{i}.")
+    elif isinstance(obj, (int, float)) and not isinstance(obj, bool):
+        yield prefix.rstrip("."), obj
+
+
+def check_result(result: dict) -> list[str]:
+    """Problems with one result ({"workload", "metrics", "bandwidth"}), as sentences naming the field."""
+    w, m = result["workload"], result["metrics"]
+    name = result.get("name", w.get("path"))
+    problems = [f"{name}: {key} = {v} is not > 0" for key, v in numbers({"metrics": m, "bw": result["bandwidth"]})
+                if not v > 0 and key.rsplit(".", 1)[-1] not in ZERO_OK]
+    expected = w["concurrency"] * w["max_tokens"]
+    if not m["truncated"]:
+        if m["completion_tokens"] != expected:
+            problems.append(f"{name}: completion_tokens {m['completion_tokens']} != concurrency x max_tokens "
+                            f"{expected}")
+        if m["output_tokens"] != m["completion_tokens"]:
+            problems.append(f"{name}: tokens received {m['output_tokens']} != completion_tokens "
+                            f"{m['completion_tokens']}")
+    if m["seconds"] > 0 and not _close(m["output_tokens_per_s"], m["output_tokens"] / m["seconds"], 2e-3):
+        problems.append(f"{name}: output_tokens_per_s {m['output_tokens_per_s']} != tokens / seconds")
+    if m["ttft_ms_p50"] is not None and m["ttft_ms_p50"] > m["seconds"] * 1e3 + 1e-6:
+        problems.append(f"{name}: ttft_ms_p50 {m['ttft_ms_p50']} exceeds the workload's {m['seconds']} s")
+    for a, b in (("ttft_ms_p50", "ttft_ms_p99"), ("itl_ms_p50", "itl_ms_p99")):
+        if m[a] is not None and m[b] is not None and m[a] > m[b] + 1e-9:
+            problems.append(f"{name}: {a} {m[a]} > {b} {m[b]}")
+    if w["path"] != "peer":
+        problems += _check_speculation(name, w, m)
+    if w["path"] == "inproc" and m["step_ms"].get("decode_steps"):
+        problems += _check_split(name, m["step_ms"])
+    return problems
+
+
+def _check_speculation(name: str, w: dict, m: dict) -> list[str]:
+    problems = []
+    verify, accepted, drafted, prefills = m["verify_steps"], m["accepted_tokens"], m["draft_tokens"], m["prefills"]
+    if not m["truncated"]:
+        if m["completion_tokens"] != verify + accepted + prefills:
+            problems.append(f"{name}: completion_tokens {m['completion_tokens']} != verify_steps {verify} + "
+                            f"accepted_tokens {accepted} + prefills {prefills}")
+        if prefills != w["concurrency"]:
+            problems.append(f"{name}: prefills {prefills} != concurrency {w['concurrency']}")
+        if verify and not _close(m["mean_acceptance_length"], (m["completion_tokens"] - prefills) / verify, 1e-3):
+            problems.append(f"{name}: mean_acceptance_length {m['mean_acceptance_length']} != "
+                            f"(completion - prefills) / verify_steps")
+    if accepted > drafted:
+        problems.append(f"{name}: accepted_tokens {accepted} > draft_tokens {drafted}")
+    if drafted > w["k"] * verify:
+        problems.append(f"{name}: draft_tokens {drafted} > k x verify_steps {w['k'] * verify}")
+    if w["drafter"] == "none" and drafted:
+        problems.append(f"{name}: {drafted} draft tokens without a drafter")
+    return problems
+
+
+def _check_split(name: str, split: dict) -> list[str]:
+    parts = sum(split[k] or 0.0 for k in ("target_forward", "sampling", "drafter_round_trip", "host"))
+    if not _close(parts, split["total"], 0.02, 1e-3):
+        return [f"{name}: step split {parts:.4f} ms != step total {split['total']:.4f} ms"]
+    return []
+
+
+def check_all(results: list[dict]) -> list[str]:
+    return [p for r in results for p in check_result(r)]

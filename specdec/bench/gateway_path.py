@@ -1,0 +1,202 @@
+"""The `gateway` path: the real stack (gateway, verifier, drafter as three processes, `specdec.local_stack`) and
+N concurrent gRPC streams through the public Gateway API, one request each.
+
+The step split comes from the verifier's Prometheus endpoint (`--metrics-port`): the mean per engine step of
+each phase of `specdec_step_seconds` (the engine's host time per phase), scraped before and after the
+workload: target (host time: on a GPU the forward's kernels finish inside the next phase), verify (sampling),
+drafter (round trip), and drafter_compute once the engine reports it (today it does not: null).
+host = workload wall time / engine steps - target - verify - drafter (scheduling, gRPC, queues, idle).
+"""
+from __future__ import annotations
+
+import logging
+import re
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import grpc
+
+from specdec.local_stack import LocalStack, StackConfig, free_port
+from specdec.rpc.v1 import gateway_pb2, gateway_pb2_grpc
+
+from .inprocess import blocks_for, scheduler_for
+from .latency import RequestTrace, summarize
+from .memory import gpu_memory_by_pid, rss_mib
+from .workloads import Workload
+
+log = logging.getLogger(__name__)
+_SAMPLE = re.compile(r'^(\w+)(?:\{([^}]*)\})?\s+([-+0-9.eEinfa]+)$')
+
+
+def parse_metrics(text: str) -> dict[tuple[str, str], float]:
+    """Prometheus text exposition -> {(metric name, labels text): value}."""
+    out = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line.strip())
+        if m:
+            out[(m.group(1), m.group(2) or "")] = float(m.group(3))
+    return out
+
+
+def phase_means(before: dict, after: dict) -> tuple[dict[str, float], int]:
+    """Mean seconds per engine step of each `specdec_step_seconds` phase between two scrapes, and the steps."""
+    means, steps = {}, 0
+    for (name, labels), value in after.items():
+        if name == "specdec_step_seconds_count":
+            phase = re.search(r'phase="([^"]*)"', labels).group(1)
+            count = value - before.get((name, labels), 0.0)
+            total = after[("specdec_step_seconds_sum", labels)] - before.get(("specdec_step_seconds_sum", labels), 0.0)
+            if count > 0:
+                means[phase], steps = total / count, max(steps, int(count))
+    return means, steps
+
+
+class GatewayBench:
+    """Keeps one stack running per stack key (drafter, forced length, k); restarts it when the key changes."""
+
+    def __init__(self, model: str, device: str, dtype: str, startup_timeout_s: float = 300.0):
+        self.model, self.device, self.dtype, self.startup_timeout_s = model, device, dtype, startup_timeout_s
+        self.stack: LocalStack | None = None
+        self.key = None
+        self.metrics_port = 0
+        self.logs = tempfile.TemporaryDirectory(prefix="specdec-bench-logs-")
+        self.last_start_s: float | None = None
+
+    def ensure(self, w: Workload, group: list[Workload]) -> float | None:
+        """Start the stack for w's key (sized for every workload of `group`); returns seconds spent starting it,
+        None if the running one serves."""
+        if self.stack is not None and self.key == w.stack_key:
+            return None
+        self.stop()
+        self.metrics_port = free_port()
+        verifier = ["--max-running", str(max(g.concurrency for g in group)),
+                    "--max-batched-tokens", str(max(scheduler_for(g).max_batched_tokens for g in group)),
+                    "--kv-blocks", str(max(blocks_for(g) for g in group)),
+                    "--max-context", str(max(g.prompt_tokens + g.max_tokens + g.k + 1 for g in group)),
+                    "--metrics-port", str(self.metrics_port)]
+        if w.forced_length:
+            verifier += ["--forced-acceptance-length", str(w.forced_length), "--unsafe-forced-acceptance"]
+        config = StackConfig(model=self.model, drafter=w.drafter, num_drafts=w.num_drafts or 3, device=self.device,
+                             dtype=self.dtype, port=0, verifier_args=tuple(verifier), log_dir=self.logs.name,
+                             startup_timeout_s=self.startup_timeout_s)
+        start = time.perf_counter()
+        self.stack, self.key = LocalStack(config), w.stack_key
+        try:
+            self.stack.start()
+        except BaseException as e:  # an interrupt while it starts must not leave the processes behind
+            tails = self.log_tails()
+            self.stop()
+            if isinstance(e, Exception):
+                raise RuntimeError(f"the stack for {w.drafter_label} did not start: {e}\n{tails}") from e
+            raise
+        self.last_start_s = time.perf_counter() - start
+        return self.last_start_s
+
+    def log_tails(self, lines: int = 8) -> str:
+        parts = []
+        for f in sorted(Path(self.logs.name).glob("*.log")):
+            tail = f.read_text(errors="replace").splitlines()[-lines:]
+            parts.append(f"--- {f.name}\n" + "\n".join(tail))
+        return "\n".join(parts)
+
+    def scrape(self) -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:
+            return parse_metrics(r.read().decode())
+
+    def run(self, w: Workload, prompts: list[list[int]], guard_s: float) -> dict:
+        before = self.scrape()
+        traces, finals, truncated = self._streams(w, prompts, guard_s)
+        after = self.scrape()
+        summary = summarize(traces)
+        phases, steps = phase_means(before, after)
+        usage = [u for reason, u in finals if u is not None]
+        complete = len(usage) == len(prompts) and not truncated
+        totals = {f: sum(getattr(u, f) for u in usage) for f in
+                  ("completion_tokens", "verify_steps", "draft_tokens", "accepted_tokens")}
+        if not complete:  # cancelled streams have no usage: the verifier's counters instead
+            totals = {"completion_tokens": summary["output_tokens"],
+                      "verify_steps": int(_delta(before, after, "specdec_verify_steps_total")),
+                      "draft_tokens": int(_delta(before, after, "specdec_draft_tokens_total")),
+                      "accepted_tokens": int(_delta(before, after, "specdec_accepted_tokens_total"))}
+        prefills = sum(1 for t in traces if t.times)
+        verify = totals["verify_steps"]
+        wall_per_step = summary["seconds"] / steps if steps else None
+        length = (totals["completion_tokens"] - prefills) / verify if verify else None
+        return {**summary, "truncated": truncated, **totals, "prefills": prefills,
+                "finish_reasons": sorted({reason for reason, _ in finals}),
+                "mean_acceptance_length": round(length, 4) if length else None,
+                "engine_steps": steps, "step_ms": self._split(phases, wall_per_step, w), "memory": self._memory()}
+
+    @staticmethod
+    def _split(phases: dict[str, float], wall_per_step: float | None, w: Workload) -> dict:
+        ms = {p: round(v * 1e3, 4) for p, v in phases.items()}
+        has_drafter = w.drafter != "none"
+        out = {"target_forward": ms.get("target"), "sampling": ms.get("verify"),
+               "drafter_round_trip": ms.get("drafter") if has_drafter else None,
+               "drafter_compute": ms.get("drafter_compute") if has_drafter else None}
+        if wall_per_step:
+            out["total"] = round(wall_per_step * 1e3, 4)
+            phases = sum(ms.get(p, 0.0) for p in ("target", "verify", "drafter"))  # drafter_compute is inside drafter
+            out["host"] = round(max(0.0, out["total"] - phases), 4)
+        return out
+
+    def _memory(self) -> dict:
+        pids = {name: p.pid for name, p in self.stack.procs.items()}
+        gpu = gpu_memory_by_pid() if self.device == "cuda" else {}
+        if gpu:
+            return {f"{name}_gpu_mib": gpu.get(pid) for name, pid in pids.items() if name != "gateway"}
+        return {f"{name}_rss_mib": rss_mib(pid) for name, pid in pids.items()}
+
+    def _streams(self, w: Workload, prompts: list[list[int]], guard_s: float):
+        n = len(prompts)
+        traces = [RequestTrace(sent=0.0) for _ in range(n)]
+        finals: list[tuple[str, object]] = [("none", None)] * n
+        calls: list = [None] * n
+        barrier = threading.Barrier(n + 1)
+        sampling = dict(max_tokens=w.max_tokens, temperature=w.temperature, ignore_eos=True)
+        with grpc.insecure_channel(self.stack.address) as channel:
+            stub = gateway_pb2_grpc.GatewayStub(channel)
+
+            def stream(i: int) -> None:
+                request = gateway_pb2.GenerateRequest(request_id=f"bench-{i}", prompt_token_ids=prompts[i],
+                                                      sampling=gateway_pb2.SamplingParams(seed=i, **sampling))
+                barrier.wait()
+                traces[i].sent = time.perf_counter()
+                calls[i] = stub.Generate(request, timeout=guard_s + 120)
+                try:
+                    for reply in calls[i]:
+                        traces[i].add(time.perf_counter(), len(reply.token_ids))
+                        if reply.finish_reason:
+                            finals[i] = (reply.finish_reason, reply.usage)
+                except grpc.RpcError as e:
+                    finals[i] = (e.code().name.lower(), None)
+            threads = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(n)]
+            for t in threads:
+                t.start()
+            barrier.wait()
+            deadline = time.perf_counter() + guard_s
+            for t in threads:
+                t.join(max(0.0, deadline - time.perf_counter()))
+            truncated = any(t.is_alive() for t in threads)
+            for call in calls if truncated else []:
+                if call is not None:
+                    call.cancel()
+            for t in threads:
+                t.join(30)
+        return traces, finals, truncated
+
+    def stop(self) -> None:
+        if self.stack is not None:
+            self.stack.stop()
+            self.stack, self.key = None, None
+
+    def close(self) -> None:
+        self.stop()
+        self.logs.cleanup()
+
+
+def _delta(before: dict, after: dict, name: str) -> float:
+    return after.get((name, ""), 0.0) - before.get((name, ""), 0.0)

@@ -1,0 +1,181 @@
+"""The `inproc` path: SpecEngine in this process with an in-process drafter (MTPDrafter / NgramDrafter), stepped
+by hand so every step is timed.
+
+Step split (DESIGN §5 words), mean over decode steps (those after every request has its first token):
+    target_forward      runner.forward: GPU time between CUDA events around it (host time on a CPU), at least
+                        its host time
+    sampling            the engine's "verify" phase (rejection sampling; its one host sync waits for the
+                        target's remaining GPU work, which is counted in target_forward instead)
+    drafter_round_trip  the engine's "drafter" phase (in-process: the drafter call and its bookkeeping)
+    drafter_compute     drafter.propose: GPU time between CUDA events (host time on a CPU)
+    host                step wall time - the engine's three phases (scheduling, commit, stop checks)
+so target_forward + sampling + drafter_round_trip + host = the step's wall time.
+"""
+from __future__ import annotations
+
+import gc
+import math
+import time
+from collections import defaultdict
+from typing import Callable
+
+import torch
+
+from drafter_service.mtp.mtp_drafter import MTPDrafter
+from drafter_service.ngram import NgramDrafter
+from specdec.models.loader import LoadedModel
+from specdec.sampling_params import SamplingParams
+from verifier_service.engine import EngineConfig, SpecEngine
+from verifier_service.forced_acceptance import ForcedAcceptance
+from verifier_service.model_runner import ModelRunner
+from verifier_service.scheduler import SchedulerConfig
+
+from .latency import RequestTrace, summarize
+from .memory import PeakMemory
+from .workloads import Workload
+
+BLOCK = 16
+
+
+class CallClock:
+    """Wraps a bound method; records each call's time under the current step: the longer of its host time and,
+    on a GPU, the span between CUDA events around it (first kernel to last, read after the workload: no extra
+    sync). A call that only works on the host (the n-gram drafter) thus counts its host time."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.step = 0
+        self.records: list[tuple[int, float, object, object]] = []
+
+    def wrap(self, fn: Callable) -> Callable:
+        def timed(*args, **kwargs):
+            events = None
+            if self.cuda:
+                events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                events[0].record()
+            t0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            host = time.perf_counter() - t0
+            if events:
+                events[1].record()
+            self.records.append((self.step, host, *(events or (None, None))))
+            return out
+        return timed
+
+    def seconds_by_step(self) -> dict[int, float]:
+        """Call on a CPU, or after the device is synchronised."""
+        out: dict[int, float] = defaultdict(float)
+        for step, host, start, end in self.records:
+            out[step] += max(host, start.elapsed_time(end) / 1e3) if start is not None else host
+        return out
+
+
+def blocks_for(w: Workload) -> int:
+    """KV blocks for the whole workload: every sequence's prompt + output + drafts, no preemption."""
+    return w.concurrency * (math.ceil((w.prompt_tokens + w.max_tokens + w.num_drafts + 1) / BLOCK) + 1)
+
+
+def scheduler_for(w: Workload) -> SchedulerConfig:
+    """The verifier's defaults, widened so that every running sequence verifies in one step."""
+    return SchedulerConfig(max_running=w.concurrency, max_batched_tokens=max(512, w.concurrency * (w.k + 1)),
+                           prefill_chunk=256)
+
+
+class InprocBench:
+    def __init__(self, loaded: LoadedModel, device: torch.device):
+        self.loaded, self.device = loaded, device
+
+    def build_engine(self, w: Workload) -> SpecEngine:
+        k, blocks = w.num_drafts, blocks_for(w)
+        runner = ModelRunner(self.loaded, blocks, BLOCK, w.concurrency, k, self.device)
+        drafter = None
+        if w.drafter == "mtp":
+            drafter = MTPDrafter(self.loaded, k, num_blocks=blocks, block_size=BLOCK, device=self.device)
+        elif w.drafter == "ngram":
+            drafter = NgramDrafter(k)
+        forced = ForcedAcceptance(w.forced_length, k, seed=0, enabled=True) if w.forced_length else None
+        engine = SpecEngine(runner, drafter, EngineConfig(k, scheduler_for(w), forced))
+        warm = [SamplingParams(max_tokens=k + 2, ignore_eos=True),
+                SamplingParams(max_tokens=k + 2, temperature=0.8, seed=1, ignore_eos=True)]
+        engine.generate([[1, 2, 3, 4], [5, 6, 7]], warm)  # every path once: prefill, verify, sampling, drafter
+        return engine
+
+    def run(self, w: Workload, prompts: list[list[int]], guard_s: float) -> dict:
+        window = PeakMemory(self.device)
+        engine = self.build_engine(w)
+        target_clock, drafter_clock = CallClock(self.device), CallClock(self.device)
+        engine.runner.forward = target_clock.wrap(engine.runner.forward)
+        if engine.drafter is not None:
+            engine.drafter.propose = drafter_clock.wrap(engine.drafter.propose)
+        before = _counts(engine)
+        traces, steps, truncated = self._drive(engine, w, prompts, guard_s, (target_clock, drafter_clock))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        verify, drafted, accepted, emitted, preemptions = (
+            None if a is None else a - b for a, b in zip(_counts(engine), before))
+        summary = summarize(list(traces.values()))
+        first_all = max((t.times[0] for t in traces.values() if t.times), default=0.0)
+        split = step_split(steps, target_clock.seconds_by_step(), drafter_clock.seconds_by_step(),
+                           engine.drafter is not None, first_all)
+        weights = sum(p.numel() * p.element_size() for p in self.loaded.model.parameters())
+        memory = {"weights_mib": round(weights / 2**20, 1), **window.close()}
+        del engine
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return {**summary, "truncated": truncated, "completion_tokens": summary["output_tokens"],
+                "prefills": sum(1 for t in traces.values() if t.times), "verify_steps": verify,
+                "draft_tokens": drafted, "accepted_tokens": accepted, "emitted_by_verify": emitted,
+                "mean_acceptance_length": round(emitted / verify, 4) if verify else None,
+                "engine_steps": len(steps), "preemptions": preemptions, "step_ms": split, "memory": memory}
+
+    def _drive(self, engine: SpecEngine, w: Workload, prompts, guard_s: float, clocks):
+        start = time.perf_counter()
+        traces = {}
+        for i, prompt in enumerate(prompts):
+            rid = f"bench-{i}"
+            params = SamplingParams(max_tokens=w.max_tokens, temperature=w.temperature, seed=i, ignore_eos=True)
+            engine.add_request(rid, prompt, params)
+            traces[rid] = RequestTrace(sent=start)
+        steps, truncated = [], False
+        while engine.has_work:
+            for clock in clocks:
+                clock.step = len(steps)
+            t0 = time.perf_counter()
+            outputs = engine.step()
+            t1 = time.perf_counter()
+            steps.append((t1, t1 - t0, dict(engine.last_step_seconds)))
+            for o in outputs:
+                if o.request_id in traces:
+                    traces[o.request_id].add(t1, len(o.new_token_ids))
+            if t1 - start > guard_s and engine.has_work:
+                truncated = True
+                for rid in traces:
+                    engine.abort(rid)
+        return traces, steps, truncated
+
+
+def step_split(steps, target_gpu: dict[int, float], drafter_gpu: dict[int, float], has_drafter: bool,
+               decode_from: float) -> dict:
+    """Mean ms per decode step of each part (see the module docstring); steps = [(end time, wall, phases)]."""
+    rows = []
+    for i, (end, wall, phases) in enumerate(steps):
+        if end <= decode_from:
+            continue
+        th, tv, td = (phases.get(p, 0.0) for p in ("target", "verify", "drafter"))
+        target = max(target_gpu.get(i, th), th)
+        rows.append({"total": wall, "target_forward": target, "sampling": max(0.0, tv - (target - th)),
+                     "drafter_round_trip": td, "drafter_compute": drafter_gpu.get(i, 0.0),
+                     "host": max(0.0, wall - th - tv - td)})
+    if not rows:
+        return {"decode_steps": 0}
+    out = {key: round(sum(r[key] for r in rows) / len(rows) * 1e3, 4) for key in rows[0]}
+    if not has_drafter:
+        out["drafter_round_trip"] = out["drafter_compute"] = None
+    return {"decode_steps": len(rows), **out}
+
+
+def _counts(engine: SpecEngine) -> tuple:
+    """Engine-lifetime counters (verify steps, drafted, accepted, emitted, preemptions); a workload is a delta."""
+    s = engine.stats
+    return (s.verify_steps, s.drafted, s.accepted, s.emitted, getattr(engine.scheduler, "num_preemptions", None))

@@ -1,0 +1,66 @@
+"""Per-request delivery traces and the latency / throughput figures computed from them.
+
+A trace holds, for one request, the time it was sent and each delivery (a time and how many tokens it carried).
+One delivery per engine step: a speculative step may deliver several tokens at once.
+    TTFT        first delivery - send
+    ITL         gaps between consecutive deliveries of a request (one per step, as a streaming client sees them;
+                vLLM's benchmark counts them the same way), pooled over requests: p50 / p99 / mean
+    TPOT        (last delivery - first delivery) / (tokens - 1), per request, mean
+    tokens/s    all output tokens / (last delivery of any request - first send)
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestTrace:
+    sent: float
+    times: list[float] = field(default_factory=list)   # delivery times (perf_counter seconds)
+    counts: list[int] = field(default_factory=list)    # tokens in each delivery
+
+    def add(self, t: float, num_tokens: int) -> None:
+        if num_tokens > 0:
+            self.times.append(t)
+            self.counts.append(num_tokens)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.counts)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Linear-interpolated percentile (q in [0, 100]) of a non-empty list, None for an empty one."""
+    if not values:
+        return None
+    s = sorted(values)
+    pos = (len(s) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def _ms(x: float | None) -> float | None:
+    return None if x is None else round(x * 1e3, 3)
+
+
+def summarize(traces: list[RequestTrace]) -> dict:
+    """Throughput and latency of one workload (ms, tokens/s); None where a figure has no data."""
+    served = [t for t in traces if t.times]
+    tokens = sum(t.num_tokens for t in served)
+    start = min(t.sent for t in traces)
+    end = max((t.times[-1] for t in served), default=start)
+    ttft = [t.times[0] - t.sent for t in served]
+    gaps = [b - a for t in served for a, b in zip(t.times, t.times[1:])]
+    tpot = [(t.times[-1] - t.times[0]) / (t.num_tokens - 1) for t in served if t.num_tokens > 1]
+    seconds = end - start
+    return {
+        "output_tokens": tokens,
+        "seconds": round(seconds, 4),
+        "output_tokens_per_s": round(tokens / seconds, 3) if seconds > 0 else None,
+        "ttft_ms_p50": _ms(percentile(ttft, 50)), "ttft_ms_p99": _ms(percentile(ttft, 99)),
+        "itl_ms_p50": _ms(percentile(gaps, 50)), "itl_ms_p99": _ms(percentile(gaps, 99)),
+        "itl_ms_mean": _ms(sum(gaps) / len(gaps)) if gaps else None,
+        "tpot_ms_mean": _ms(sum(tpot) / len(tpot)) if tpot else None,
+        "deliveries": sum(len(t.times) for t in served),
+    }

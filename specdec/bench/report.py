@@ -1,0 +1,140 @@
+"""What a bench run leaves behind: the JSON record, a text table (printed and saved) and a PNG plot of
+output tokens/s against concurrency, one line per path and drafter, the peer included."""
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+COLUMNS = ["path", "drafter", "c", "prompt", "out", "T", "tok/s", "x plain", "x peer", "TTFT p50", "ITL p50",
+           "ITL p99", "acc len", "step ms", "tgt", "samp", "drf rt", "drf cmp", "host", "mem MiB", "BW/copy",
+           "BW/chain"]
+
+
+def write_json(record: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    tmp.replace(path)   # a partial record survives a run that is cut off
+
+
+def _fmt(v, digits: int = 1) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def _key(r: dict, drafter: str | None = None, path: str | None = None) -> tuple:
+    w = r["workload"]
+    return (path or w["path"], drafter or w["drafter_label"], w["concurrency"], w["prompt_tokens"], w["temperature"])
+
+
+def _memory_mib(m: dict) -> float | None:
+    values = [v for v in (m.get("memory") or {}).values() if isinstance(v, (int, float))]
+    return sum(values) if values else None
+
+
+def table_rows(results: list[dict]) -> list[list[str]]:
+    rate = {_key(r): r["metrics"]["output_tokens_per_s"] for r in results}
+    rows = []
+    for r in results:
+        w, m, bw = r["workload"], r["metrics"], r["bandwidth"]
+        tps = m["output_tokens_per_s"]
+        plain, peer = rate.get(_key(r, drafter="none")), rate.get(_key(r, drafter="none", path="peer"))
+        split = m.get("step_ms") or {}
+        rows.append([w["path"], w["drafter_label"], str(w["concurrency"]), str(w["prompt_tokens"]),
+                     str(w["max_tokens"]) + ("*" if m["truncated"] else ""), f"{w['temperature']:g}", _fmt(tps),
+                     _fmt(tps / plain if tps and plain else None, 2), _fmt(tps / peer if tps and peer else None, 2),
+                     _fmt(m["ttft_ms_p50"]), _fmt(m["itl_ms_p50"]), _fmt(m["itl_ms_p99"]),
+                     _fmt(m.get("mean_acceptance_length"), 2), _fmt(split.get("total")),
+                     _fmt(split.get("target_forward")), _fmt(split.get("sampling")),
+                     _fmt(split.get("drafter_round_trip")), _fmt(split.get("drafter_compute")), _fmt(split.get("host")),
+                     _fmt(_memory_mib(m), 0), _percent(bw["vs_copy"]), _percent(bw["vs_chain"])])
+    return rows
+
+
+def _percent(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def render_table(record: dict, markdown: bool = False) -> str:
+    rows = table_rows(record["results"])
+    roof = record.get("roofline") or {}
+    copy, chain = roof.get("device_copy", {}), roof.get("weight_chain", {})
+    head = (f"specdec bench ({record['preset']}) on {record['device']['name']}: model {record['model']['name']} "
+            f"({record['model']['layers']} layers, {record['model']['weight_gb']:.3g} GB {record['model']['dtype']}); "
+            f"device copy {copy.get('gbs', '-')} GB/s, weight-GEMM chain {chain.get('ms_1_token', '-')} ms "
+            f"({chain.get('gbs', '-')} GB/s); ms per step; * = cut by the time guard")
+    if markdown:
+        lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+    else:
+        widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(COLUMNS)]
+        lines = ["  ".join(c.rjust(wd) for c, wd in zip(COLUMNS, widths))]
+        lines += ["  ".join(v.rjust(wd) for v, wd in zip(r, widths)) for r in rows]
+    tail = [f"skipped {s['name']}: {s['reason']}" for s in record.get("skipped", [])]
+    tail += [f"PROBLEM {p}" for p in record.get("problems", [])]
+    return "\n".join([head, *lines, *tail])
+
+
+PATH_STYLE = {"inproc": "-", "gateway": ":", "peer": "--"}
+DRAFTER_COLOURS = {"none": "tab:gray", "ngram": "tab:green", "mtp@1.5": "tab:orange", "mtp@2.5": "tab:red",
+                   "mtp@3.39": "tab:purple", "mtp": "tab:blue"}
+
+
+def _colour(drafter: str) -> str:
+    return DRAFTER_COLOURS.get(drafter, "tab:brown")
+
+
+def plot(record: dict, path: Path) -> Path | None:
+    """tokens/s vs concurrency: one panel per (prompt, temperature), one line per path + drafter."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.warning("matplotlib is not installed (pip install 'specdec[bench]'): no plot")
+        return None
+    results = record["results"]
+    panels = sorted({(r["workload"]["prompt_tokens"], r["workload"]["temperature"]) for r in results})
+    if not panels:
+        return None
+    cols = min(2, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(7 * cols, 4.8 * rows), squeeze=False)
+    for ax, (prompt, temp) in zip(axes.flat, panels):
+        lines: dict[tuple, list] = {}
+        for r in results:
+            w = r["workload"]
+            if (w["prompt_tokens"], w["temperature"]) == (prompt, temp) and r["metrics"]["output_tokens_per_s"]:
+                lines.setdefault((w["path"], w["drafter_label"]), []).append(
+                    (w["concurrency"], r["metrics"]["output_tokens_per_s"]))
+        for (p, d), pts in sorted(lines.items()):
+            pts.sort()
+            ax.plot([c for c, _ in pts], [t for _, t in pts], PATH_STYLE[p], marker="o",
+                    color="black" if p == "peer" else _colour(d),
+                    label="peer: transformers generate" if p == "peer" else f"{p} {d}")
+        ticks = sorted({c for pts in lines.values() for c, _ in pts})
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.minorticks_off()
+        ax.set_yscale("log")
+        ax.set_xlabel("concurrency (streams)")
+        ax.set_ylabel("output tokens/s")
+        ax.set_title(f"prompt {prompt}, T = {temp:g}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.suptitle(f"specdec bench ({record['preset']}), {record['device']['name']}, {record['model']['name']} "
+                 f"({record['model']['layers']} layers)", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

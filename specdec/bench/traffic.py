@@ -1,0 +1,93 @@
+"""Bytes a decode step must move (DESIGN §5): the roofline every measured step is held against.
+
+    bytes(step) = weights                         read once per step, whatever the batch (lm_head included,
+                                                  a tied embedding counted once, embedding rows not counted)
+                + Σ_seq context · kv_bytes_per_token          KV read by the attention layers
+                + Σ_seq (1 + d) · kv_bytes_per_token          KV written for the verified tokens
+                + Σ_seq gdn_state · (1 read + w writes)       fp32 recurrent state, w = 1 + d for a verifier
+                                                              that keeps one state per verify token, 1 otherwise
+                + Σ_seq conv columns read and written
+with d the drafts verified per sequence. Shapes come from the checkpoint's safetensors headers and config.json,
+so nothing is loaded. Dense models: an MoE checkpoint's experts are all counted, as if every token read them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from safetensors import safe_open
+
+from specdec.models.checkpoint_keys import strip_prefix
+from specdec.models.loader import checkpoint_files, parse_dtype
+from specdec.models.model_config import ModelConfig
+
+EMBED, LM_HEAD = "embed_tokens.weight", "lm_head.weight"
+
+
+@dataclass(frozen=True)
+class ModelTraffic:
+    weight_bytes: int                       # target weights one step reads
+    linear_shapes: tuple[tuple[int, int], ...]  # [out, in] of every 2-D weight a token passes, lm_head last
+    kv_bytes_per_token: int                 # K and V of all attention layers
+    gdn_state_bytes: int                    # recurrent state of all GDN layers, one sequence (fp32)
+    conv_bytes_per_column: int              # one conv-state column of all GDN layers
+    conv_kernel: int
+    num_params: int
+
+    @classmethod
+    def from_checkpoint(cls, folder: str | Path, dtype: str) -> "ModelTraffic":
+        config = ModelConfig.from_folder(folder)
+        elem = parse_dtype(dtype).itemsize
+        shapes: dict[str, tuple[int, ...]] = {}
+        for f in checkpoint_files(Path(folder)):
+            with safe_open(str(f), framework="pt") as reader:
+                for key in reader.keys():
+                    name = strip_prefix(key)
+                    if name is not None and not name.startswith("mtp."):
+                        shapes[name] = tuple(reader.get_slice(key).get_shape())
+        if EMBED not in shapes:
+            raise ValueError(f"{folder}: no {EMBED} in the checkpoint")
+        head = shapes.get(LM_HEAD, shapes[EMBED])        # tied: the embedding is the lm_head
+        body = {k: s for k, s in shapes.items() if k not in (EMBED, LM_HEAD)}
+        numel = sum(math.prod(s) for s in body.values()) + math.prod(head)
+        linears = tuple((s[0], s[1]) for k, s in sorted(body.items(), key=lambda kv: _layer_order(kv[0]))
+                        if len(s) == 2 and k.endswith(".weight")) + ((head[0], head[1]),)
+        attn, gdn = len(config.attention_layers), len(config.gdn_layers)
+        return cls(
+            weight_bytes=numel * elem, linear_shapes=linears,
+            kv_bytes_per_token=2 * attn * config.num_key_value_heads * config.head_dim * elem,
+            gdn_state_bytes=gdn * config.linear_num_value_heads * config.linear_key_head_dim
+            * config.linear_value_head_dim * 4,
+            conv_bytes_per_column=gdn * config.gdn_conv_dim * elem, conv_kernel=config.linear_conv_kernel_dim,
+            num_params=numel + (math.prod(shapes[EMBED]) if LM_HEAD in shapes else 0))
+
+    def step_bytes(self, batch: int, mean_context: float, drafts: float, state_writes: float) -> float:
+        """Bytes one decode step moves for `batch` sequences of `mean_context` cached tokens, each verifying
+        1 + drafts tokens and writing `state_writes` GDN states."""
+        per_seq = (mean_context * self.kv_bytes_per_token + (1 + drafts) * self.kv_bytes_per_token
+                   + (1 + state_writes) * self.gdn_state_bytes
+                   + (2 * (self.conv_kernel - 1) + drafts) * self.conv_bytes_per_column)
+        return self.weight_bytes + batch * per_seq
+
+
+def _layer_order(name: str) -> tuple:
+    """layers.10.x after layers.9.x: the order a token passes through them."""
+    parts = name.split(".")
+    return (0, int(parts[1]), name) if parts[0] == "layers" and parts[1].isdigit() else (1, 0, name)
+
+
+def round_sig(x: float, digits: int = 4) -> float:
+    """x to `digits` significant digits (a small figure never rounds to 0)."""
+    return float(f"{x:.{digits}g}")
+
+
+def utilisation(step_bytes: float, step_seconds: float | None, copy_gbs: float | None,
+                chain_gbs: float | None) -> dict:
+    """Achieved bandwidth of a step and its ratio to the device copy and to the bare weight-GEMM chain."""
+    if not step_seconds:
+        return {"bytes_per_step": round(step_bytes), "achieved_gbs": None, "vs_copy": None, "vs_chain": None}
+    achieved = step_bytes / step_seconds / 1e9
+    return {"bytes_per_step": round(step_bytes), "achieved_gbs": round_sig(achieved),
+            "vs_copy": round_sig(achieved / copy_gbs) if copy_gbs else None,
+            "vs_chain": round_sig(achieved / chain_gbs) if chain_gbs else None}

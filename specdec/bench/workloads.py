@@ -1,0 +1,155 @@
+"""What `specdec bench` runs: one Workload per (path, drafter, concurrency, prompt length, temperature), and the
+named matrices (presets) built from them.
+
+Paths: `inproc` (SpecEngine in this process, drafter in-process), `gateway` (the three services as processes,
+N concurrent gRPC streams through the gateway), `peer` (transformers `generate` on the same checkpoint).
+Every request of a workload is sent at once (N streams, one request each) and asks for exactly `max_tokens`
+tokens (ignore_eos), so the batch stays at N while it decodes.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+PATHS = ("inproc", "gateway", "peer")
+FORCED_LENGTHS = (1.5, 2.5, 3.39)   # mean acceptance lengths forced on the real MTP drafter (k = 3)
+K = 3
+
+
+@dataclass(frozen=True)
+class Workload:
+    path: str                       # inproc | gateway | peer
+    drafter: str                    # none | ngram | mtp
+    concurrency: int
+    prompt_tokens: int
+    max_tokens: int
+    temperature: float = 0.0
+    forced_length: float | None = None  # mtp only: forced mean acceptance length (benchmarks only)
+    k: int = K
+
+    def __post_init__(self):
+        if self.path not in PATHS:
+            raise ValueError(f"path must be one of {PATHS}, not {self.path!r}")
+        if self.drafter not in ("none", "ngram", "mtp"):
+            raise ValueError(f"drafter must be none | ngram | mtp, not {self.drafter!r}")
+        if self.path == "peer" and self.drafter != "none":
+            raise ValueError("the peer (transformers generate) runs without a drafter")
+        if min(self.concurrency, self.prompt_tokens, self.max_tokens) < 1:
+            raise ValueError(f"concurrency, prompt_tokens and max_tokens must be >= 1: {self}")
+
+    @property
+    def num_drafts(self) -> int:
+        return self.k if self.drafter != "none" else 0
+
+    @property
+    def drafter_label(self) -> str:
+        """none | ngram | mtp | mtp@3.39 (forced acceptance length)."""
+        return f"mtp@{self.forced_length:g}" if self.forced_length else self.drafter
+
+    @property
+    def stack_key(self) -> tuple:
+        """Workloads with the same key share one running stack (gateway path)."""
+        return (self.drafter, self.forced_length, self.num_drafts)
+
+    @property
+    def name(self) -> str:
+        return (f"{self.path}/{self.drafter_label}/c{self.concurrency}/p{self.prompt_tokens}"
+                f"/o{self.max_tokens}/T{self.temperature:g}")
+
+    def to_json(self) -> dict:
+        return {"path": self.path, "drafter": self.drafter, "drafter_label": self.drafter_label,
+                "forced_acceptance_length": self.forced_length, "k": self.num_drafts,
+                "concurrency": self.concurrency, "prompt_tokens": self.prompt_tokens,
+                "max_tokens": self.max_tokens, "temperature": self.temperature}
+
+
+DRAFTERS = [("none", None), ("ngram", None)] + [("mtp", a) for a in FORCED_LENGTHS]
+
+
+def matrix(paths, drafters, concurrencies, prompts, temperatures, max_tokens) -> list[Workload]:
+    """Cartesian product, ordered so that gateway workloads sharing a stack are adjacent."""
+    out = []
+    for path in paths:
+        path_drafters = [("none", None)] if path == "peer" else drafters
+        for (drafter, forced), prompt, temp, c in itertools.product(path_drafters, prompts, temperatures,
+                                                                    concurrencies):
+            out.append(Workload(path, drafter, c, prompt, max_tokens, temp, forced))
+    return out
+
+
+def full() -> list[Workload]:
+    """The issue's matrix: concurrency 1/4/16/64, prompt 128/2048, 256 output tokens, greedy and T = 0.8,
+    drafters none / ngram / mtp forced to 1.5 / 2.5 / 3.39 at k = 3, three paths."""
+    return matrix(PATHS, DRAFTERS, (1, 4, 16, 64), (128, 2048), (0.0, 0.8), 256)
+
+
+BASELINE_OUT = 64
+BASELINE_CUT = [
+    "output tokens 256 -> 64 everywhere",
+    "gateway path: drafters none and mtp@3.39 only, concurrency 1 and 16, prompt 128, greedy",
+    "in-process ngram, mtp@1.5 and mtp@2.5: concurrency 1 and 16, prompt 128, greedy only",
+    "concurrency 4: in-process none and mtp@3.39, and the peer; concurrency 64: in-process none and mtp@3.39 "
+    "(prompt 128, greedy), and the peer",
+    "T = 0.8: in-process none and mtp@3.39 at concurrency 16 only",
+    "prompt 2048: in-process none and mtp@3.39 at concurrency 1 only",
+    "the peer: prompt 128, greedy only",
+]
+
+
+def baseline() -> list[Workload]:
+    """A subset of full() sized for one 9-minute GPU call on today's eager path (about 20 tok/s at batch 1,
+    100 tok/s at batch 16); BASELINE_CUT says what is left out. Ordered by priority: a time budget that runs
+    out skips the tail (concurrency 64 and prompt 2048 last)."""
+    o = BASELINE_OUT
+    plain, mtp = ("none", None), ("mtp", 3.39)
+
+    def w(path, d, c, prompt=128, temp=0.0):
+        return Workload(path, d[0], c, prompt, o, temp, d[1])
+    core = [w("inproc", d, c) for d in (plain, mtp) for c in (1, 16)]
+    core += [w("peer", plain, c) for c in (1, 16)]
+    core += [w("gateway", d, c) for d in (plain, mtp) for c in (1, 16)]
+    more = [w("inproc", d, c) for d in (("ngram", None), ("mtp", 1.5), ("mtp", 2.5)) for c in (1, 16)]
+    more += [w("inproc", d, 4) for d in (plain, mtp)] + [w("peer", plain, c) for c in (4, 64)]
+    more += [w("inproc", d, 16, temp=0.8) for d in (plain, mtp)]
+    more += [w("inproc", d, 1, prompt=2048) for d in (plain, mtp)]
+    more += [w("inproc", d, 64) for d in (plain, mtp)]
+    return core + more
+
+
+QUICK_CUT = ["CPU smoke run on the demo model: prompt 32, 12 output tokens, concurrency 1 and 4, "
+             "drafters none and mtp@2.5 (ngram in-process only), greedy (one T = 0.8 run)"]
+
+
+def quick() -> list[Workload]:
+    """A CPU smoke run of every path (CI runs it): demo model, small shapes."""
+    o, p = 12, 32
+    out = [Workload("inproc", d, c, p, o, 0.0, a) for d, a in (("none", None), ("mtp", 2.5)) for c in (1, 4)]
+    out += [Workload("inproc", "ngram", 4, p, o), Workload("inproc", "mtp", 4, p, o, 0.8, 2.5)]
+    out += [Workload("peer", "none", c, p, o) for c in (1, 4)]
+    out += [Workload("gateway", "mtp", c, p, o, 0.0, 2.5) for c in (1, 4)]
+    return out
+
+
+PRESETS = {"full": (full, []), "baseline": (baseline, BASELINE_CUT), "quick": (quick, QUICK_CUT)}
+
+
+def select(workloads: list[Workload], paths=None, drafters=None, concurrencies=None, prompts=None,
+           temperatures=None, max_tokens: int | None = None) -> list[Workload]:
+    """Keep the workloads matching every given filter; max_tokens replaces the output length."""
+    keep = [w for w in workloads
+            if (not paths or w.path in paths) and (not drafters or w.drafter_label in drafters)
+            and (not concurrencies or w.concurrency in concurrencies)
+            and (not prompts or w.prompt_tokens in prompts)
+            and (not temperatures or w.temperature in temperatures)]
+    if max_tokens:
+        keep = [Workload(w.path, w.drafter, w.concurrency, w.prompt_tokens, max_tokens, w.temperature,
+                         w.forced_length, w.k) for w in keep]
+    return list(dict.fromkeys(keep))
+
+
+def prompts_for(w: Workload, vocab_size: int, seed: int = 0) -> list[list[int]]:
+    """w.concurrency prompts of w.prompt_tokens random ids in [1, vocab), the same for every path."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + w.prompt_tokens)
+    return torch.randint(1, vocab_size, (w.concurrency, w.prompt_tokens), generator=g).tolist()

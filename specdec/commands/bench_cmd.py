@@ -1,0 +1,105 @@
+"""`specdec bench`: tokens/s, latency, step split and bandwidth use of the stack, in-process engine and peer."""
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from .cli_args import add_model_args, resolve
+
+PRESET_TIMEOUTS = {"full": 600.0, "baseline": 40.0, "quick": 60.0}
+
+
+def add_parser(sub) -> None:
+    from specdec.tiny_presets import PRESETS as TINY
+    p = sub.add_parser(
+        "bench", help="benchmark throughput and latency (gateway, in-process engine, transformers peer)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run a matrix of workloads (concurrency x prompt length x temperature x drafter) through the "
+                    "real stack (gateway -> verifier -> drafter, N concurrent gRPC streams), the engine in-process "
+                    "and transformers `generate` on the same checkpoint; measure the device copy bandwidth and the "
+                    "bare weight-GEMM chain in the same run; write JSON, a text table and a PNG.",
+        epilog="examples:\n"
+               "  specdec bench --quick --device cpu                      # CPU smoke run on the demo model\n"
+               "  specdec bench --preset baseline --model /tmp/q35 --make-tiny qwen3.5-4b --layers 32 \\\n"
+               "      --time-budget 480 --profile --out $OUT           # the GPU baseline (bench/gpu_baseline.sh)\n"
+               "  specdec bench --model DIR --paths inproc --drafters none mtp@3.39 --concurrency 1 16\n"
+               "  specdec bench --render bench/results/bench_baseline_h100.json --markdown")
+    add_model_args(p)
+    p.add_argument("--preset", default="full", choices=["full", "baseline", "quick"],
+                   help="full: the whole matrix (default); baseline: the subset that fits one 9-minute GPU call on "
+                        "today's eager path (what it cuts is in the JSON); quick: CPU smoke run")
+    p.add_argument("--quick", action="store_const", const="quick", dest="preset", help="same as --preset quick")
+    p.add_argument("--make-tiny", default=None, choices=sorted(TINY), metavar="PRESET",
+                   help="write a random checkpoint of this make-tiny preset into --model first if it holds none "
+                        f"({', '.join(sorted(TINY))})")
+    p.add_argument("--layers", type=int, default=None, help="with --make-tiny: decoder layers (shrinks the checkpoint)")
+    p.add_argument("--paths", nargs="+", choices=["inproc", "gateway", "peer"], help="keep only these paths")
+    p.add_argument("--drafters", nargs="+", metavar="D", help="keep only these: none ngram mtp@1.5 mtp@2.5 mtp@3.39")
+    p.add_argument("--concurrency", nargs="+", type=int, help="keep only these concurrencies")
+    p.add_argument("--prompt-tokens", nargs="+", type=int, help="keep only these prompt lengths")
+    p.add_argument("--temperatures", nargs="+", type=float, help="keep only these temperatures")
+    p.add_argument("--max-tokens", type=int, default=None, help="output tokens per request (replaces the preset's)")
+    p.add_argument("--workload-timeout", type=float, default=None,
+                   help="seconds one workload may run before it is cut (default: full 600, baseline 40, quick 60)")
+    p.add_argument("--time-budget", type=float, default=None,
+                   help="seconds for the whole run: a workload that might not finish within it is skipped")
+    p.add_argument("--profile", action="store_true", help="torch.profiler summary of in-process decode steps")
+    p.add_argument("--profile-steps", type=int, default=10)
+    p.add_argument("--out", default="bench/results", help="folder for the JSON, table and PNG")
+    p.add_argument("--tag", default=None, help="file-name suffix (default: the device, e.g. h100, cpu)")
+    p.add_argument("--seed", type=int, default=0, help="prompts and the checkpoint")
+    p.add_argument("--no-plot", action="store_true")
+    p.add_argument("--render", default=None, metavar="JSON", help="print the table of an earlier run and redraw its "
+                                                                  "PNG beside it; runs nothing")
+    p.add_argument("--markdown", action="store_true", help="with --render: a Markdown table")
+    p.add_argument("--list", action="store_true", help="print the planned workloads and what the preset cuts; "
+                                                       "run nothing")
+    p.set_defaults(run=run)
+
+
+def build_config(args: argparse.Namespace):
+    from specdec.bench import workloads as wl
+    from specdec.bench.bench_run import BenchConfig
+    model, device, dtype = resolve(args)
+    make, cut = wl.PRESETS[args.preset]
+    chosen = wl.select(make(), args.paths, args.drafters, args.concurrency, args.prompt_tokens, args.temperatures,
+                       args.max_tokens)
+    if not chosen:
+        raise ValueError("the filters (--paths/--drafters/--concurrency/--prompt-tokens/--temperatures) leave no "
+                         f"workload of preset {args.preset!r}")
+    for name in ("workload_timeout", "time_budget", "layers", "profile_steps"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+    filters = [f"--{n} {getattr(args, n)}" for n in ("paths", "drafters", "concurrency", "prompt_tokens",
+                                                     "temperatures", "max_tokens") if getattr(args, n)]
+    return BenchConfig(
+        model=model, device=device, dtype=dtype, preset=args.preset, workloads=tuple(chosen),
+        cut=tuple(cut) + (("filtered: " + ", ".join(filters),) if filters else ()), out_dir=args.out, tag=args.tag,
+        make_tiny=args.make_tiny, layers=args.layers,
+        workload_timeout_s=args.workload_timeout or PRESET_TIMEOUTS[args.preset], time_budget_s=args.time_budget,
+        profile=args.profile, profile_steps=args.profile_steps, plot=not args.no_plot, seed=args.seed,
+        command="specdec " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+
+
+def run(args: argparse.Namespace) -> int:
+    from specdec.bench import report
+    if args.render:
+        record = json.loads(Path(args.render).read_text())
+        if not args.no_plot:
+            report.plot(record, Path(args.render).with_suffix(".png"))
+        print(report.render_table(record, markdown=args.markdown))
+        return 0
+    from specdec.bench.bench_run import BenchRun
+    config = build_config(args)
+    if args.list:
+        print("\n".join([f"{len(config.workloads)} workloads ({config.preset}, {config.device}, {config.dtype}):",
+                          *(f"  {w.name}" for w in config.workloads), "cut from the full matrix:",
+                          *(f"  {c}" for c in config.cut or ["nothing"])]))
+        return 0
+    bench = BenchRun(config)
+    record = bench.run()
+    print(report.render_table(record))
+    print(f"\nwrote {', '.join(str(p) for p in bench.paths().values() if p.exists())}", file=sys.stderr)
+    return 1 if record["problems"] else 0

@@ -1,0 +1,180 @@
+"""specdec bench, part by part on the tiny checkpoint: latency figures, the byte model against real tensors,
+the in-process path and the identities its results satisfy (with planted defects), the Prometheus scrape,
+the profile summary, the presets and the CLI's errors."""
+import copy
+import math
+
+import pytest
+import torch
+
+from specdec.bench import checks, workloads as wl
+from specdec.bench.latency import RequestTrace, percentile, summarize
+from specdec.bench.traffic import ModelTraffic, utilisation
+
+
+def test_latency_figures_from_known_traces():
+    a = RequestTrace(sent=0.0, times=[0.5, 0.6, 0.8], counts=[1, 3, 2])   # 6 tokens
+    b = RequestTrace(sent=0.0, times=[1.0, 1.5], counts=[1, 1])           # 2 tokens
+    s = summarize([a, b])
+    assert s["output_tokens"] == 8 and s["seconds"] == 1.5
+    assert s["output_tokens_per_s"] == pytest.approx(8 / 1.5, rel=1e-3)
+    assert s["ttft_ms_p50"] == pytest.approx(750.0) and s["ttft_ms_p99"] == pytest.approx(995.0)
+    assert s["itl_ms_p50"] == pytest.approx(200.0)            # gaps 100, 200, 500 ms
+    assert s["itl_ms_mean"] == pytest.approx(800 / 3, rel=1e-4)
+    assert s["tpot_ms_mean"] == pytest.approx((300 / 5 + 500 / 1) / 2)
+    assert s["deliveries"] == 5
+
+
+def test_percentile_is_numpy_linear():
+    import numpy as np
+    values = [3.0, 1.0, 7.5, 2.25, 9.0, 4.0]
+    for q in (0, 1, 50, 90, 99, 100):
+        assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
+    assert percentile([], 50) is None
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_byte_model_matches_the_loaded_tensors(tmp_path, tied):
+    from specdec.models.caches import ModelCaches
+    from specdec.models.loader import load_model
+    from specdec.tiny import make_tiny
+    folder = make_tiny(tmp_path, overrides={"tie_word_embeddings": tied}, progress=False)
+    loaded = load_model(folder)
+    t = ModelTraffic.from_checkpoint(folder, "bfloat16")
+    model = loaded.model
+    params = {id(p): p for p in model.parameters()}.values()
+    embed = model.embed_tokens.weight
+    read = sum(p.numel() for p in params if tied or p is not embed)   # untied: embedding rows are not a GEMM
+    assert t.weight_bytes == 2 * read
+    assert t.num_params == sum(p.numel() for p in params)
+    linears = [m.weight.shape for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert sorted(t.linear_shapes) == sorted(tuple(s) for s in linears)
+    assert t.linear_shapes[-1] == tuple(model.lm_head.weight.shape)
+    caches = ModelCaches.allocate(loaded.config, num_blocks=3, block_size=4, num_gdn_slots=2, max_drafts=3,
+                                  dtype=torch.bfloat16)
+    kv = sum(x.numel() * x.element_size() for x in caches.kv.k + caches.kv.v)
+    assert t.kv_bytes_per_token == kv // (3 * 4)
+    assert t.gdn_state_bytes == sum(r[0, 0].numel() * r.element_size() for r in caches.gdn.recurrent)
+    assert t.conv_bytes_per_column == sum(c[0, :, 0].numel() * c.element_size() for c in caches.gdn.conv)
+
+
+def test_step_bytes_and_utilisation():
+    t = ModelTraffic(weight_bytes=1000, linear_shapes=((4, 4),), kv_bytes_per_token=10, gdn_state_bytes=100,
+                     conv_bytes_per_column=1, conv_kernel=4, num_params=500)
+    # per sequence: KV read 50·10 + KV write (1+3)·10 + state (1 read + 4 writes)·100 + conv (2·3 + 3)·1
+    assert t.step_bytes(batch=2, mean_context=50, drafts=3, state_writes=4) == 1000 + 2 * (500 + 40 + 500 + 9)
+    u = utilisation(2e9, 0.5, copy_gbs=8.0, chain_gbs=5.0)
+    assert (u["achieved_gbs"], u["vs_copy"], u["vs_chain"]) == (4.0, 0.5, 0.8)
+    assert utilisation(1.0, None, 1.0, 1.0)["vs_copy"] is None
+
+
+@pytest.fixture(scope="module")
+def inproc_result(tiny_model):
+    from specdec.bench.inprocess import InprocBench
+    w = wl.Workload("inproc", "mtp", concurrency=3, prompt_tokens=9, max_tokens=7, forced_length=2.5)
+    metrics = InprocBench(tiny_model, torch.device("cpu")).run(w, wl.prompts_for(w, 257), guard_s=120)
+    bw = utilisation(1e6, metrics["itl_ms_mean"] / 1e3, 10.0, 5.0)
+    return {"name": w.name, "workload": w.to_json(), "metrics": metrics, "bandwidth": bw}
+
+
+def test_inproc_result_satisfies_the_identities(inproc_result):
+    m = inproc_result["metrics"]
+    assert checks.check_result(inproc_result) == []
+    assert m["completion_tokens"] == 21 == m["verify_steps"] + m["accepted_tokens"] + m["prefills"]
+    assert m["draft_tokens"] > 0 and m["step_ms"]["decode_steps"] > 0
+    split = m["step_ms"]
+    assert split["drafter_compute"] <= split["drafter_round_trip"] + 1e-6
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("completion_tokens", 20, "completion_tokens"),
+    ("accepted_tokens", 10_000, "accepted_tokens"),
+    ("prefills", 2, "prefills"),
+    ("output_tokens_per_s", 0.0, "not > 0"),
+    ("mean_acceptance_length", 9.0, "mean_acceptance_length"),
+])
+def test_checks_catch_planted_defects(inproc_result, field, value, words):
+    bad = copy.deepcopy(inproc_result)
+    bad["metrics"][field] = value
+    assert any(words in p for p in checks.check_result(bad))
+
+
+def test_checks_catch_a_split_that_does_not_add_up(inproc_result):
+    bad = copy.deepcopy(inproc_result)
+    bad["metrics"]["step_ms"]["host"] += bad["metrics"]["step_ms"]["total"]
+    assert any("step split" in p for p in checks.check_result(bad))
+
+
+def test_phase_means_from_the_verifiers_own_metrics():
+    from prometheus_client import generate_latest
+
+    from specdec.bench.gateway_path import parse_metrics, phase_means
+    from verifier_service.metrics import VerifierMetrics
+    metrics = VerifierMetrics()
+    for t in (0.010, 0.030):
+        metrics.step_time.labels(phase="target").observe(t)
+        metrics.step_time.labels(phase="verify").observe(t / 10)
+    before = parse_metrics(generate_latest(metrics.registry).decode())
+    for t in (0.020, 0.040, 0.060):
+        metrics.step_time.labels(phase="target").observe(t)
+        metrics.step_time.labels(phase="verify").observe(t / 10)
+    means, steps = phase_means(before, parse_metrics(generate_latest(metrics.registry).decode()))
+    assert steps == 3
+    assert means["target"] == pytest.approx(0.040) and means["verify"] == pytest.approx(0.004)
+
+
+def test_launch_gaps_of_known_spans():
+    from specdec.bench.profile import launch_gaps
+    spans = [(0.0, 10.0), (15.0, 20.0), (18.0, 30.0), (40.0, 50.0)]   # µs; gaps 5 and 10, busy 35 of 50
+    g = launch_gaps(spans, steps=2)
+    assert g["launch_gap_ms_per_step"] == pytest.approx(15 / 2 / 1e3)
+    assert g["gpu_busy_fraction"] == pytest.approx(0.7) and g["kernels_per_step"] == 2.0
+
+
+def test_profile_summary_on_cpu(tiny_model):
+    from specdec.bench.inprocess import InprocBench
+    from specdec.bench.profile import profile_workload
+    w = wl.Workload("inproc", "mtp", concurrency=2, prompt_tokens=6, max_tokens=8, forced_length=2.5)
+    p = profile_workload(InprocBench(tiny_model, torch.device("cpu")), w, wl.prompts_for(w, 257), steps=2)
+    assert p["steps"] == 2 and p["top"] and p["ops_per_step"] > 0
+    assert sum(t["share"] for t in p["top"]) <= 1.0 + 1e-6 and p["host_syncs_per_step"] is None
+    assert p["scalar_reads_per_step"] > 0        # the engine reads values back every step
+
+
+def test_presets():
+    full, baseline, quick = wl.full(), wl.baseline(), wl.quick()
+    assert len(full) == 2 * 5 * 4 * 2 * 2 + 4 * 2 * 2 and len(set(full)) == len(full)
+    as_full = {wl.Workload(w.path, w.drafter, w.concurrency, w.prompt_tokens, 256, w.temperature, w.forced_length)
+               for w in baseline}
+    assert as_full <= set(full) and len(set(baseline)) == len(baseline)
+    assert {w.path for w in quick} == set(wl.PATHS) == {w.path for w in baseline}
+    gateway = [w.stack_key for w in full if w.path == "gateway"]
+    assert len(set(gateway)) == sum(1 for a, b in zip([None] + gateway, gateway) if a != b)  # one start per stack
+    with pytest.raises(ValueError, match="peer"):
+        wl.Workload("peer", "mtp", 1, 8, 8)
+    assert wl.select(full, paths=["peer"], concurrencies=[4], max_tokens=5)[0].max_tokens == 5
+
+
+def test_prompts_are_shared_across_concurrencies():
+    w1, w4 = wl.Workload("inproc", "none", 1, 16, 4), wl.Workload("gateway", "none", 4, 16, 4)
+    p1, p4 = wl.prompts_for(w1, 100), wl.prompts_for(w4, 100)
+    assert p4[0] == p1[0] and len(p4) == 4 and all(0 < t < 100 for p in p4 for t in p)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--layers", "2"], "--layers only applies"),
+    (["--paths", "peer", "--drafters", "ngram"], "leave no workload"),
+    (["--workload-timeout", "0"], "--workload-timeout must be > 0"),
+])
+def test_cli_errors_name_the_option(tmp_path, capsys, argv, words):
+    from specdec.cli import main
+    assert main(["bench", "--quick", "--device", "cpu", "--out", str(tmp_path), *argv]) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_weight_chain_on_cpu():
+    from specdec.bench.roofline import weight_chain
+    shapes = ((48, 32), (32, 48), (100, 32))
+    out = weight_chain(shapes, torch.float32, torch.device("cpu"), tokens=(1, 4), reps=2)
+    assert out["weight_bytes"] == 4 * sum(math.prod(s) for s in shapes)
+    assert out["ms_1_token"] > 0 and set(out["by_tokens"]) == {"1", "4"} and not out["cuda_graph"]
