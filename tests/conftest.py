@@ -1,8 +1,14 @@
+import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    # CPU CI: Triton kernels run in the interpreter. It is read when a @triton.jit function is defined (also
+    # triton.language's own), so it must be set before anything imports triton.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 sys.path.insert(0, str(Path(__file__).parent))  # test helpers (hf_reference, engine_factory) import by name
 
