@@ -12,7 +12,7 @@ def write_kv_ref(
     v: torch.Tensor,             # [T, NKV, D]
     k_cache: torch.Tensor,       # [num_blocks, block_size, NKV, D]
     v_cache: torch.Tensor,       # [num_blocks, block_size, NKV, D]
-    slot_mapping: torch.Tensor,  # [T] flat index block * block_size + row
+    slot_mapping: torch.Tensor,  # [T] int64 flat index block * block_size + row
 ) -> None:
     k_cache.view(-1, *k_cache.shape[2:])[slot_mapping] = k.to(k_cache.dtype)
     v_cache.view(-1, *v_cache.shape[2:])[slot_mapping] = v.to(v_cache.dtype)
@@ -22,20 +22,22 @@ def paged_attention_ref(
     q: torch.Tensor,             # [T, NH, D]
     k_cache: torch.Tensor,       # [num_blocks, block_size, NKV, D]
     v_cache: torch.Tensor,       # [num_blocks, block_size, NKV, D]
-    positions: torch.Tensor,     # [T]
-    block_tables: torch.Tensor,  # [B, max_blocks]
-    cu_seqlens: list[int],       # [B + 1] host ints
-    context_lens: list[int],     # [B] cached length after this step (last position + 1)
+    positions: torch.Tensor,     # [T] int64
+    block_tables: torch.Tensor,  # [B, max_blocks] int32
+    cu_seqlens: torch.Tensor,    # [B + 1] int32
+    max_seqlen: int,
     scale: float,
 ) -> torch.Tensor:               # [T, NH, D]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = q.shape[1] // num_kv_heads
-    out = torch.empty_like(q)
-    for b in range(len(context_lens)):
-        start, end, length = cu_seqlens[b], cu_seqlens[b + 1], context_lens[b]
+    out = torch.zeros_like(q)
+    bounds = cu_seqlens.tolist()
+    for b in range(len(bounds) - 1):
+        start, end = bounds[b], bounds[b + 1]
         if start == end:
             continue
-        blocks = block_tables[b, : (length + block_size - 1) // block_size]
+        length = int(positions[end - 1]) + 1
+        blocks = block_tables[b, : (length + block_size - 1) // block_size].long()
         keys = k_cache[blocks].flatten(0, 1)[:length].float().repeat_interleave(group, dim=1)    # [L, NH, D]
         values = v_cache[blocks].flatten(0, 1)[:length].float().repeat_interleave(group, dim=1)  # [L, NH, D]
         scores = torch.einsum("thd,lhd->htl", q[start:end].float(), keys) * scale              # [NH, n, L]

@@ -37,6 +37,6 @@ class GatedAttention(nn.Module):
         q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
         write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
         o = paged_attention(q, k_cache, v_cache, batch.positions, batch.block_tables, batch.cu_seqlens,
-                            batch.context_lens, self.head_dim ** -0.5)  # [T, NH, D]
+                            batch.max_seqlen, self.head_dim ** -0.5)  # [T, NH, D]
         o = o.reshape(num_tokens, -1) * torch.sigmoid(gate.reshape(num_tokens, -1))
         return self.o_proj(o)
