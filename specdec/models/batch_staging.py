@@ -73,12 +73,6 @@ class StepPlan:
         rows = np.repeat(np.arange(b), table_lens)
         cols = np.arange(rows.shape[0]) - np.repeat(np.cumsum(table_lens) - table_lens, table_lens)
         tables[rows, cols] = np.fromiter(chain.from_iterable(block_tables), np.int64, count=rows.shape[0])
-        if logits == "last":
-            wanted = (lens > 0).astype(np.int64)
-        elif logits == "all":
-            wanted = lens
-        else:
-            wanted = as_array(logits, "logits", b)
         zeros = np.zeros(b, np.int32)
         return StepPlan(
             token_ids=np.fromiter(chain.from_iterable(token_chunks), np.int64, count=int(lens.sum())),
@@ -87,7 +81,16 @@ class StepPlan:
             gdn_read_offsets=zeros if gdn_read_offsets is None else as_array(gdn_read_offsets, "gdn_read_offsets",
                                                                              b, np.int32),
             num_drafts=zeros if num_drafts is None else as_array(num_drafts, "num_drafts", b, np.int32),
-            logits_per_seq=wanted)
+            logits_per_seq=logit_rows_per_seq(logits, lens))
+
+
+def logit_rows_per_seq(logits: str | list[int], seq_lens: np.ndarray) -> np.ndarray:
+    """"last": one row per non-empty sequence, "all": every token, else the given count per sequence."""
+    if isinstance(logits, str):
+        if logits not in ("last", "all"):
+            raise ValueError(f'logits: expected "last", "all" or one count per sequence, got {logits!r}')
+        return (seq_lens > 0).astype(np.int64) if logits == "last" else seq_lens
+    return as_array(logits, "logits", seq_lens.shape[0])
 
 
 class BatchStaging:
