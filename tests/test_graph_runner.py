@@ -151,3 +151,20 @@ def test_gpu_fast_path_greedy_equals_cpu_torch_path(tmp_path, family):
     gpu = ModelRunner(load_model(path, device="cuda"), num_blocks=128, block_size=4, max_seqs=8, device="cuda")
     assert gpu.graphs is not None
     assert greedy_generate(gpu, prompts, 24) == greedy_generate(cpu, prompts, 24)
+
+
+def test_enforce_eager_reaches_the_model_runner(tiny_dir, monkeypatch):
+    """`specdec serve --enforce-eager` → verifier argv → VerifierConfig → ModelRunner(enforce_eager=True)."""
+    from specdec.cli import build_parser
+    from specdec.commands.serve_cmd import stack_config
+    from verifier_service import server
+    stack = stack_config(build_parser().parse_args(["serve", "--model", str(tiny_dir), "--enforce-eager"]), 0)
+    verifier_args = build_parser().parse_args(["verifier", "--model", str(tiny_dir), *stack.verifier_args])
+    seen = {}
+    monkeypatch.setattr(server, "serve", lambda config, host, port: seen.update(config=config))
+    verifier_args.run(verifier_args)
+    assert seen["config"].enforce_eager
+    runner = server.build_engine(seen["config"]).runner
+    assert runner.graphs is None
+    plain = stack_config(build_parser().parse_args(["serve", "--model", str(tiny_dir)]), 0)
+    assert "--enforce-eager" not in plain.verifier_args
