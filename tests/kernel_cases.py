@@ -72,3 +72,17 @@ CASES = {
     "prefill-ragged": RaggedCase([7, 1, 13, 0], [0, 0, 0, 0], 2, 5, seed=3),
     "mixed-prefill-verify": RaggedCase([9, 3, 1], [0, 2, 0], 2, 5, tail=2, seed=4),
 }
+
+# The same at the sizes of the 4B model (GPU tests): batches 1 / 8 / 32 with k = 3, padding, a 300-token prefill.
+GPU_CASES = {
+    "b1-decode": RaggedCase([1], [0], 3, 2),
+    "b8-verify-k3": RaggedCase([4] * 6 + [2, 1], [3] * 6 + [1, 0], 3, 10, seed=7),
+    "b32-verify-padded": RaggedCase([4] * 20 + [0] * 12, [3] * 20 + [0] * 12, 3, 33, tail=48, seed=8),
+    "prefill-300": RaggedCase([300, 17, 1], [0, 0, 0], 3, 4, seed=9),
+}
+
+
+def assert_state_equal(got: torch.Tensor, want: torch.Tensor, atol: float) -> None:
+    """Equal where the expected state is finite; NaN exactly where a step must leave a poisoned slot alone."""
+    assert torch.equal(got.isnan(), want.isnan())
+    torch.testing.assert_close(got.nan_to_num(), want.nan_to_num(), atol=atol, rtol=1e-4)

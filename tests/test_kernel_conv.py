@@ -5,7 +5,7 @@ counts, outputs pre-filled with NaN; the history columns a step must not read ho
 import pytest
 import torch
 import torch.nn.functional as F
-from kernel_cases import CASES, RaggedCase, load_interpreted
+from kernel_cases import CASES, GPU_CASES, RaggedCase, assert_state_equal, load_interpreted
 
 from kernels.causal_conv1d import causal_conv1d_ref
 
@@ -37,11 +37,6 @@ def loop_spec(x, weight, state, case: RaggedCase):
         keep = xs[:, n - d:]
         state[slot, :, :keep.shape[1]] = keep
     return out, state
-
-
-def assert_state_equal(got, want, atol):
-    assert torch.equal(got.isnan(), want.isnan())
-    torch.testing.assert_close(got.nan_to_num(), want.nan_to_num(), atol=atol, rtol=1e-4)
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -86,12 +81,6 @@ def test_triton_interpreter_long_prefill_crosses_token_tiles(interpreted):
 
 
 # ---- GPU, 4B shape: conv over [q, k, v] = 2 × 16 × 128 + 32 × 128 = 8192 channels, kernel 4 -------------------
-GPU_CASES = {
-    "b1-decode": RaggedCase([1], [0], 3, 2),
-    "b8-verify-k3": RaggedCase([4] * 6 + [2, 1], [3] * 6 + [1, 0], 3, 10, seed=7),
-    "b32-verify-padded": RaggedCase([4] * 20 + [0] * 12, [3] * 20 + [0] * 12, 3, 33, tail=48, seed=8),
-    "prefill-300": RaggedCase([300, 17, 1], [0, 0, 0], 3, 4, seed=9),
-}
 
 
 @pytest.mark.gpu

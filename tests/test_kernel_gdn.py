@@ -5,7 +5,7 @@ head dims, outputs pre-filled with NaN and unused state slots poisoned with NaN.
 import pytest
 import torch
 import torch.nn.functional as F
-from kernel_cases import CASES, RaggedCase, load_interpreted
+from kernel_cases import CASES, GPU_CASES, RaggedCase, assert_state_equal, load_interpreted
 
 from kernels.gated_delta_rule import gated_delta_rule, gated_delta_rule_ref
 
@@ -53,12 +53,6 @@ def loop_spec(q, k, v, a, b, A_log, dt_bias, state, case: RaggedCase):
     return out, state
 
 
-def assert_state_equal(got, want, atol):
-    """Equal where the spec is finite; NaN exactly where the spec leaves a poisoned slot alone."""
-    assert torch.equal(got.isnan(), want.isnan())
-    torch.testing.assert_close(got.nan_to_num(), want.nan_to_num(), atol=atol, rtol=1e-4)
-
-
 @pytest.mark.parametrize("name", list(CASES))
 def test_reference_matches_the_per_token_loop(name):
     case = CASES[name]
@@ -103,12 +97,6 @@ def test_triton_save_none_writes_no_state(interpreted):
 
 
 # ---- GPU, 4B shape: 16 key heads / 32 value heads × 128 ------------------------------------------------------
-GPU_CASES = {
-    "b1-decode": RaggedCase([1], [0], 3, 2),
-    "b8-verify-k3": RaggedCase([4] * 6 + [2, 1], [3] * 6 + [1, 0], 3, 10, seed=7),
-    "b32-verify-padded": RaggedCase([4] * 20 + [0] * 12, [3] * 20 + [0] * 12, 3, 33, tail=48, seed=8),
-    "prefill-300": RaggedCase([300, 17, 1], [0, 0, 0], 3, 4, seed=9),
-}
 
 
 @pytest.mark.gpu
