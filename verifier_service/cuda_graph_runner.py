@@ -75,7 +75,11 @@ class CudaGraphRunner:
         self.pool = torch.cuda.graph_pool_handle()
         keys = [(b, q) for q in reversed(self.tokens_per_seq) for b in reversed(self.batch_buckets)]
         for key in tqdm(keys, desc="capturing CUDA graphs", unit="graph", leave=False):
-            self.graphs[key] = self._capture(key)
+            try:
+                self.graphs[key] = self._capture(key)
+            except Exception as e:
+                raise RuntimeError(f"capturing the CUDA graph of {key[0]} sequences x {key[1]} tokens failed "
+                                   f"({type(e).__name__}: {e}); --enforce-eager runs without graphs") from e
         log.info("captured %d CUDA graphs: batch buckets %s x tokens per sequence %s", len(self.graphs),
                  self.batch_buckets, self.tokens_per_seq)
 
