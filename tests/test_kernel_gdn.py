@@ -131,5 +131,5 @@ def test_gpu_fla_chunk_prefill_matches_reference():
     ref_state = state.clone()
     want = gated_delta_rule_ref(q, k, v, a, b, A_log, dt_bias, ref_state, *case.tensors("cuda"), case.max_seqlen)
     out = chunk_gated_delta_rule_fla(q, k, v, a, b, A_log, dt_bias, state, *case.tensors("cuda"), case.max_seqlen)
-    torch.testing.assert_close(out, want, atol=2e-3, rtol=2e-3)  # tf32 / chunked sums
-    torch.testing.assert_close(state, ref_state, atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(out, want, atol=1e-2, rtol=1e-2)  # tf32 dots, chunked sums; a wrong slot is O(1)
+    torch.testing.assert_close(state, ref_state, atol=1e-2, rtol=1e-2)
