@@ -1,28 +1,66 @@
-"""Owns the target model and its caches; turns sequences into one ragged ForwardBatch and runs it."""
+"""Owns the target model and its caches; turns sequences into one ragged ForwardBatch and runs it.
+
+Each step is described on the host with numpy (one entry per sequence; block tables live in a persistent host
+array with one row per GDN slot, updated when blocks are added), staged to the device with one copy, and run
+either eagerly or, for decode / verify steps on CUDA, by replaying a CUDA graph (cuda_graph_runner.py).
+"""
 from __future__ import annotations
 
+import logging
 import math
+from itertools import chain
+from typing import Callable
 
+import numpy as np
 import torch
 
+from specdec.models.batch_staging import BatchStaging, StepPlan, logit_rows_per_seq
 from specdec.models.caches import ModelCaches
-from specdec.models.forward_batch import ForwardBatch
+from specdec.models.forward_batch import ForwardBatch, as_array
 from specdec.models.loader import LoadedModel
 
+from .cuda_graph_runner import BATCH_BUCKETS, CudaGraphRunner, buckets_for
 from .id_pool import IdPool
 from .sequence import Sequence
+
+log = logging.getLogger(__name__)
 
 
 class ModelRunner:
     def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int, max_seqs: int,
-                 max_drafts: int = 0, device: str | torch.device = "cpu"):
+                 max_drafts: int = 0, device: str | torch.device = "cpu", max_model_len: int | None = None,
+                 max_batched_tokens: int = 512, enforce_eager: bool = False):
+        """`max_model_len` bounds a sequence's length (block-table width; default: what the KV blocks hold,
+        capped by the model's max positions). CUDA graphs are captured here on CUDA unless `enforce_eager`."""
         self.config, self.model = loaded.config, loaded.model
-        self.block_size, self.device = block_size, torch.device(device)
+        self.block_size, self.device, self.max_drafts = block_size, torch.device(device), max_drafts
         dtype = loaded.model.embed_tokens.weight.dtype
         self.caches = ModelCaches.allocate(self.config, num_blocks, block_size, max_seqs, max_drafts,
                                            dtype=dtype, device=self.device)
         self.blocks = IdPool(num_blocks, "kv blocks")
         self.gdn_slots = IdPool(max_seqs, "gdn slots")
+        max_len = max_model_len or min(num_blocks * block_size, self.config.max_position_embeddings)
+        self.max_blocks_per_seq = math.ceil(max_len / block_size)
+        self.block_rows = np.zeros((max_seqs + 1, self.max_blocks_per_seq), np.int32)  # [slot, W] host tables
+        self.staging = self._new_staging(max_batched_tokens, max_seqs)
+        self.epilogue: Callable[[ForwardBatch, torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]] | None = None
+        self.graphs: CudaGraphRunner | None = None
+        self.last_outputs: tuple[torch.Tensor, ...] = ()
+        if self.device.type == "cuda" and not enforce_eager:
+            self.use_graphs(capture=True)
+
+    def _new_staging(self, max_tokens: int, max_seqs: int) -> BatchStaging:
+        return BatchStaging(max_tokens, max_seqs, self.max_blocks_per_seq, self.block_size, self.device,
+                            scratch_block=self.caches.kv.scratch_block, scratch_gdn_slot=self.caches.gdn.scratch_slot)
+
+    def use_graphs(self, capture: bool = True, batch_buckets: tuple[int, ...] = BATCH_BUCKETS) -> None:
+        """Run decode / verify steps in padded batch-size buckets: replayed CUDA graphs with `capture`, else
+        the same padded batches eagerly (CPU tests). Set `epilogue` before this: it is captured with the step."""
+        buckets = buckets_for(self.gdn_slots.size, batch_buckets)
+        tokens_per_seq = (1,) if self.max_drafts == 0 else (1, 1 + self.max_drafts)
+        staging = self._new_staging(buckets[-1] * tokens_per_seq[-1], buckets[-1])
+        self.graphs = CudaGraphRunner(self._step, staging, buckets, tokens_per_seq, capture=capture)
+        self.graphs.capture_all()
 
     # ---- cache ownership ---------------------------------------------------------------
     def blocks_needed(self, seq: Sequence, length: int) -> int:
@@ -34,7 +72,16 @@ class ModelRunner:
             seq.gdn_slot = self.gdn_slots.take()[0]
             self.caches.gdn.reset(seq.gdn_slot)
             seq.gdn_read_offset = 0
-        seq.block_table += self.blocks.take(self.blocks_needed(seq, length))
+        needed = self.blocks_needed(seq, length)
+        if needed == 0:
+            return
+        have = len(seq.block_table)
+        if have + needed > self.max_blocks_per_seq:
+            raise ValueError(f"sequence {seq.seq_id} needs {length} tokens of cache, max_model_len is "
+                             f"{self.max_blocks_per_seq * self.block_size}")
+        new = self.blocks.take(needed)
+        seq.block_table += new
+        self.block_rows[seq.gdn_slot, have:have + needed] = new
 
     def release(self, seq: Sequence) -> None:
         self.blocks.give_back(seq.block_table)
@@ -45,12 +92,47 @@ class ModelRunner:
 
     # ---- one forward -------------------------------------------------------------------
     def forward(self, seqs: list[Sequence], chunks: list[list[int]], num_drafts: list[int] | None = None,
-                logits: str = "last") -> tuple[torch.Tensor, torch.Tensor]:
-        """Run `chunks[i]` (tokens after seqs[i].num_cached) for every sequence; returns (hidden, logits).
-        The caller advances num_cached / gdn_read_offset once it knows what was committed."""
+                logits: str | list[int] = "last") -> tuple[torch.Tensor, torch.Tensor]:
+        """Run `chunks[i]` (tokens after seqs[i].num_cached) for every sequence; returns (hidden [T, H],
+        logits [N, V]), valid until the next forward. The caller advances num_cached / gdn_read_offset once
+        it knows what was committed. Outputs of the epilogue (padded) are in `last_outputs[2:]`."""
         for seq, chunk in zip(seqs, chunks):
             self.reserve(seq, seq.num_cached + len(chunk))
-        batch = ForwardBatch.build(
-            chunks, [s.num_cached for s in seqs], [s.block_table for s in seqs], self.block_size,
-            [s.gdn_slot for s in seqs], [s.gdn_read_offset for s in seqs], num_drafts, logits, self.device)
-        return self.model(batch, self.caches)
+        plan = self._plan(seqs, chunks, num_drafts, logits)
+        bucket = self.graphs.bucket_for(plan) if self.graphs is not None else None
+        if bucket is not None:
+            _, outputs = self.graphs.run(plan, bucket)
+        else:
+            outputs = self._step(self._stage_eager(plan))
+        self.last_outputs = outputs
+        hidden, logits_out = outputs[0], outputs[1]
+        return hidden[: plan.num_tokens], logits_out[: int(plan.logits_per_seq.sum())]
+
+    def _step(self, batch: ForwardBatch) -> tuple[torch.Tensor, ...]:
+        hidden, logits = self.model(batch, self.caches)
+        if self.epilogue is None:
+            return hidden, logits
+        return hidden, logits, *self.epilogue(batch, hidden, logits)
+
+    def _stage_eager(self, plan: StepPlan) -> ForwardBatch:
+        if plan.num_tokens > self.staging.max_tokens or plan.num_seqs > self.staging.max_seqs:
+            tokens = 1 << max(plan.num_tokens - 1, 0).bit_length()
+            self.staging = self._new_staging(max(tokens, self.staging.max_tokens),
+                                             max(plan.num_seqs, self.staging.max_seqs))
+            log.info("eager staging area grown to %d tokens", self.staging.max_tokens)
+        return self.staging.stage(plan)
+
+    def _plan(self, seqs: list[Sequence], chunks: list[list[int]], num_drafts: list[int] | None,
+              logits: str | list[int]) -> StepPlan:
+        b = len(seqs)
+        lens = np.fromiter(map(len, chunks), np.int64, count=b)
+        slots = np.fromiter((s.gdn_slot for s in seqs), np.int32, count=b)
+        return StepPlan(
+            token_ids=np.fromiter(chain.from_iterable(chunks), np.int64, count=int(lens.sum())),
+            seq_lens=lens, start_positions=np.fromiter((s.num_cached for s in seqs), np.int64, count=b),
+            block_tables=self.block_rows[slots],
+            table_lens=np.fromiter((len(s.block_table) for s in seqs), np.int64, count=b),
+            gdn_slots=slots, gdn_read_offsets=np.fromiter((s.gdn_read_offset for s in seqs), np.int32, count=b),
+            num_drafts=np.zeros(b, np.int32) if num_drafts is None else as_array(num_drafts, "num_drafts", b,
+                                                                                 np.int32),
+            logits_per_seq=logit_rows_per_seq(logits, lens))

@@ -44,13 +44,16 @@ class VerifierConfig:
     metrics_port: int = 0                  # 0: no Prometheus endpoint
     forced_acceptance_length: float = 0.0  # benchmarks only, with unsafe_forced_acceptance
     unsafe_forced_acceptance: bool = False
+    enforce_eager: bool = False            # no CUDA graphs
 
 
 def build_engine(config: VerifierConfig) -> SpecEngine:
     loaded = load_model(config.model_dir, dtype=config.dtype, device=config.device)
     max_context = min(config.max_context, loaded.config.max_position_embeddings)
     blocks = config.kv_blocks or config.max_running * math.ceil(max_context / config.block_size)
-    runner = ModelRunner(loaded, blocks, config.block_size, config.max_running, config.num_drafts, config.device)
+    runner = ModelRunner(loaded, blocks, config.block_size, config.max_running, config.num_drafts, config.device,
+                         max_model_len=max_context, max_batched_tokens=config.max_batched_tokens,
+                         enforce_eager=config.enforce_eager)
     drafter = None
     if config.drafter_address and config.num_drafts > 0:
         model = loaded.model

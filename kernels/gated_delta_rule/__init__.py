@@ -1,6 +1,36 @@
-"""Gated delta rule (DESIGN §2): public entry point. GPU kernels plug in here behind the same signature."""
-from .reference import gated_delta_rule_ref, l2norm
+"""Gated delta rule (DESIGN §2): public entry points, dispatched by device.
 
-gated_delta_rule = gated_delta_rule_ref
+    gated_delta_rule(q, k, v, a, b, A_log, dt_bias, state, cu_seqlens, slots, read_offsets, num_drafts,
+                     max_seqlen) -> [T, HV, V]
+CUDA tensors run the Triton fused recurrent kernel (`fused_recurrent.py`), anything else the torch reference
+(`reference.py`). `gated_delta_rule_prefill` (same signature, steps without drafts only) runs fla-core's chunk
+kernel when it is installed and the tensors are on CUDA, else `gated_delta_rule`.
+The Triton module is imported on first CUDA use, so tests can set TRITON_INTERPRET=1 before importing it.
+"""
+import torch
 
-__all__ = ["gated_delta_rule", "gated_delta_rule_ref", "l2norm"]
+from .reference import gated_delta_rule_ref, gdn_gating, l2norm
+
+
+def gated_delta_rule(q, k, v, a, b, A_log, dt_bias, state, cu_seqlens, slots, read_offsets, num_drafts,
+                     max_seqlen: int) -> torch.Tensor:
+    if q.is_cuda:
+        from .fused_recurrent import gated_delta_rule_triton
+        return gated_delta_rule_triton(q, k, v, a, b, A_log, dt_bias, state, cu_seqlens, slots, read_offsets,
+                                       num_drafts, max_seqlen)
+    return gated_delta_rule_ref(q, k, v, a, b, A_log, dt_bias, state, cu_seqlens, slots, read_offsets,
+                                num_drafts, max_seqlen)
+
+
+def gated_delta_rule_prefill(q, k, v, a, b, A_log, dt_bias, state, cu_seqlens, slots, read_offsets, num_drafts,
+                             max_seqlen: int) -> torch.Tensor:
+    """For steps whose num_drafts are all 0 (the caller knows it on the host)."""
+    args = (q, k, v, a, b, A_log, dt_bias, state, cu_seqlens, slots, read_offsets, num_drafts, max_seqlen)
+    if q.is_cuda:
+        from .chunk import chunk_gated_delta_rule_fla, fla_chunk_kernel
+        if fla_chunk_kernel() is not None:
+            return chunk_gated_delta_rule_fla(*args)
+    return gated_delta_rule(*args)
+
+
+__all__ = ["gated_delta_rule", "gated_delta_rule_prefill", "gated_delta_rule_ref", "gdn_gating", "l2norm"]

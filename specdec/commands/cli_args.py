@@ -10,6 +10,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", help="float32 | bfloat16 | float16 | auto (bf16 on GPU, fp32 on CPU)")
 
 
+def add_enforce_eager_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="run every verifier step eagerly: no CUDA graphs (slower; for debugging and comparisons)")
+
+
 def add_listen_args(p: argparse.ArgumentParser, default_port: int) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 in containers)")
     p.add_argument("--port", type=int, default=default_port, help="port to listen on (0: any free port)")

@@ -3,7 +3,7 @@ import argparse
 import sys
 import threading
 
-from .cli_args import add_model_args, resolve
+from .cli_args import add_enforce_eager_arg, add_model_args, resolve
 
 
 def add_parser(sub) -> None:
@@ -21,6 +21,7 @@ def add_stack_args(p: argparse.ArgumentParser) -> None:
                    help="default: mtp when the checkpoint has mtp.* weights, else ngram")
     p.add_argument("-k", "--num-drafts", type=int, default=3)
     p.add_argument("--transport", default="auto", choices=["auto", "cuda_ipc", "shm", "inline"])
+    add_enforce_eager_arg(p)
 
 
 def stack_config(args: argparse.Namespace, port: int, log_dir: str | None = None):
@@ -29,7 +30,8 @@ def stack_config(args: argparse.Namespace, port: int, log_dir: str | None = None
     model, device, dtype = resolve(args)
     drafter = args.drafter or ("mtp" if has_mtp_weights(model) else "ngram")
     return StackConfig(model=model, drafter=drafter, num_drafts=args.num_drafts, device=device, dtype=dtype,
-                       port=port, transport=args.transport, log_dir=log_dir)
+                       port=port, transport=args.transport, log_dir=log_dir,
+                       verifier_args=("--enforce-eager",) if args.enforce_eager else ())
 
 
 def run(args: argparse.Namespace) -> int:

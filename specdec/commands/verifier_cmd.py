@@ -1,7 +1,7 @@
 """`specdec verifier`: serve the target model with speculative decoding over gRPC."""
 import argparse
 
-from .cli_args import add_listen_args, add_model_args, resolve
+from .cli_args import add_enforce_eager_arg, add_listen_args, add_model_args, resolve
 
 
 def add_parser(sub) -> None:
@@ -20,6 +20,7 @@ def add_parser(sub) -> None:
     p.add_argument("--max-batched-tokens", type=int, default=512, help="tokens per target forward")
     p.add_argument("--prefill-chunk", type=int, default=256)
     p.add_argument("--kv-blocks", type=int, default=0, help="KV blocks of 16 tokens (0: max-running × max-context)")
+    add_enforce_eager_arg(p)
     p.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)")
     p.add_argument("--forced-acceptance-length", type=float, default=0.0,
                    help="BENCHMARKS ONLY: force this mean acceptance length (output is not the target's)")
@@ -35,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
         drafter_address=args.drafter_address, transport=args.transport, drafter_timeout_s=args.drafter_timeout,
         max_context=args.max_context, max_running=args.max_running, max_batched_tokens=args.max_batched_tokens,
         prefill_chunk=args.prefill_chunk, kv_blocks=args.kv_blocks, metrics_port=args.metrics_port,
-        forced_acceptance_length=args.forced_acceptance_length, unsafe_forced_acceptance=args.unsafe_forced_acceptance)
+        forced_acceptance_length=args.forced_acceptance_length, unsafe_forced_acceptance=args.unsafe_forced_acceptance,
+        enforce_eager=args.enforce_eager)
     serve(config, args.host, args.port)
     return 0

@@ -1,6 +1,8 @@
 """Cache tensors the model reads and writes: a paged KV cache for full-attention layers and slotted GDN state.
 
 Ownership of blocks and slots (who gets which) belongs to the verifier's allocator; these are only tensors.
+Each cache has one extra row no sequence owns: KV block `num_blocks` and GDN slot `num_gdn_slots`, where the
+padding tokens / padding sequences of a CUDA-graph bucket write.
 """
 from __future__ import annotations
 
@@ -13,19 +15,25 @@ from .model_config import ModelConfig
 
 @dataclass
 class KVCache:
-    k: list[torch.Tensor]  # per attention layer [num_blocks, block_size, NKV, D]
+    k: list[torch.Tensor]  # per attention layer [num_blocks + 1 scratch, block_size, NKV, D]
     v: list[torch.Tensor]
     block_size: int
 
     @property
     def num_blocks(self) -> int:
-        return self.k[0].shape[0] if self.k else 0
+        """Blocks sequences may own (the scratch block is not counted)."""
+        return self.k[0].shape[0] - 1 if self.k else 0
+
+    @property
+    def scratch_block(self) -> int:
+        return self.num_blocks
 
 
 @dataclass
 class GDNCache:
-    recurrent: list[torch.Tensor]  # per GDN layer [num_slots, 1 + max_drafts, HV, K, V] fp32
-    conv: list[torch.Tensor]       # per GDN layer [num_slots, conv_dim, kernel - 1 + max_drafts]
+    recurrent: list[torch.Tensor]  # per GDN layer [num_slots + 1 scratch, 1 + max_drafts, HV, K, V] fp32
+    conv: list[torch.Tensor]       # per GDN layer [num_slots + 1 scratch, conv_dim, kernel - 1 + max_drafts]
+    scratch_slot: int = 0          # the slot padding sequences use (the last one)
 
     def reset(self, slot: int) -> None:
         """Zero a sequence's state before it starts (a new prompt or a recompute after preemption)."""
@@ -44,14 +52,15 @@ class ModelCaches:
     def allocate(config: ModelConfig, num_blocks: int, block_size: int, num_gdn_slots: int,
                  max_drafts: int = 0, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu") -> "ModelCaches":
-        kv_shape = (num_blocks, block_size, config.num_key_value_heads, config.head_dim)
-        rec_shape = (num_gdn_slots, 1 + max_drafts, config.linear_num_value_heads,
+        kv_shape = (num_blocks + 1, block_size, config.num_key_value_heads, config.head_dim)
+        rec_shape = (num_gdn_slots + 1, 1 + max_drafts, config.linear_num_value_heads,
                      config.linear_key_head_dim, config.linear_value_head_dim)
-        conv_shape = (num_gdn_slots, config.gdn_conv_dim, config.linear_conv_kernel_dim - 1 + max_drafts)
+        conv_shape = (num_gdn_slots + 1, config.gdn_conv_dim, config.linear_conv_kernel_dim - 1 + max_drafts)
         attn, gdn = config.attention_layers, config.gdn_layers
         kv = KVCache(k=[torch.zeros(kv_shape, dtype=dtype, device=device) for _ in attn],
                      v=[torch.zeros(kv_shape, dtype=dtype, device=device) for _ in attn], block_size=block_size)
         states = GDNCache(recurrent=[torch.zeros(rec_shape, dtype=torch.float32, device=device) for _ in gdn],
-                          conv=[torch.zeros(conv_shape, dtype=dtype, device=device) for _ in gdn])
+                          conv=[torch.zeros(conv_shape, dtype=dtype, device=device) for _ in gdn],
+                          scratch_slot=num_gdn_slots)
         layer_slot = {layer: i for i, layer in enumerate(attn)} | {layer: i for i, layer in enumerate(gdn)}
         return ModelCaches(kv=kv, gdn=states, layer_slot=layer_slot)

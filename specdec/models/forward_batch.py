@@ -1,58 +1,53 @@
-"""One model step over a ragged batch: flat tokens + cu_seqlens, plus where each sequence's cache lives."""
+"""One model step over a ragged batch, resident on the model's device: flat tokens + cu_seqlens, plus where each
+sequence's cache lives.
+
+The tensors are views into one int32 device buffer that `BatchStaging` fills from pinned host memory with a
+single non-blocking copy per step; the host ints are known when the batch is built and never read back from
+the device. A batch stays valid until its staging area stages the next one.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
 @dataclass
 class ForwardBatch:
-    input_ids: torch.Tensor       # [T] token ids, sequences back to back
-    positions: torch.Tensor       # [T] absolute position of each token in its sequence
-    cu_seqlens: torch.Tensor      # [B + 1] int32 token offsets of each sequence in the flat batch
-    context_lens: list[int]       # [B] tokens in the KV cache after this step (last position + 1)
-    block_tables: torch.Tensor    # [B, max_blocks] int32 KV block ids per sequence
-    slot_mapping: torch.Tensor    # [T] flat KV row (block * block_size + offset) each token writes
-    gdn_slots: list[int]          # [B] GDN state group of each sequence
-    gdn_read_offsets: list[int]   # [B] state slot / conv column to start from (accepted drafts of last step)
-    num_drafts: list[int]         # [B] trailing draft tokens in this step (their states are all kept)
-    logits_indices: torch.Tensor  # [N] flat token indices whose logits are wanted
-    max_seqlen: int = 0           # longest sequence of this step (host int)
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.context_lens)
+    input_ids: torch.Tensor         # [T] int64 token ids, sequences back to back
+    positions: torch.Tensor         # [T] int64 absolute position of each token in its sequence
+    cu_seqlens: torch.Tensor        # [B + 1] int32 token offsets of each sequence in the flat batch
+    block_tables: torch.Tensor      # [B, W] int32 padded KV block ids
+    slot_mapping: torch.Tensor      # [T] int64 flat KV row (block * block_size + offset); padding → a scratch row
+    gdn_slots: torch.Tensor         # [B] int32 GDN state group of each sequence
+    gdn_read_offsets: torch.Tensor  # [B] int32 state slot / conv column to start from (accepted drafts of last step)
+    num_drafts: torch.Tensor        # [B] int32 trailing draft tokens in this step (their states are all kept)
+    logits_indices: torch.Tensor    # [N] int64 flat token indices whose logits are wanted
+    num_seqs: int                   # B, padding sequences included
+    num_tokens: int                 # T, padding tokens included
+    max_seqlen: int                 # longest sequence in tokens (a graph bucket's static value when padded)
+    max_num_drafts: int = 0         # largest num_drafts (0: no per-draft states, prefill may run chunked)
 
     @staticmethod
     def build(token_chunks: list[list[int]], start_positions: list[int], block_tables: list[list[int]],
               block_size: int, gdn_slots: list[int], gdn_read_offsets: list[int] | None = None,
               num_drafts: list[int] | None = None, logits: str | list[int] = "last",
               device: torch.device | str = "cpu") -> "ForwardBatch":
-        """Assemble a batch on the host. `logits`: "last" (one row per sequence), "all" (every token), or per
-        sequence the number of trailing tokens whose logits are wanted."""
-        num_seqs = len(token_chunks)
-        if logits == "last":
-            logits = [1 if c else 0 for c in token_chunks]
-        elif logits == "all":
-            logits = [len(c) for c in token_chunks]
-        cu, ids, pos, slot_map, logit_rows = [0], [], [], [], []
-        for chunk, start, table, wanted in zip(token_chunks, start_positions, block_tables, logits):
-            for i, tok in enumerate(chunk):
-                p = start + i
-                ids.append(tok)
-                pos.append(p)
-                slot_map.append(table[p // block_size] * block_size + p % block_size)
-            logit_rows.extend(range(cu[-1] + len(chunk) - wanted, cu[-1] + len(chunk)))
-            cu.append(cu[-1] + len(chunk))
-        width = max((len(t) for t in block_tables), default=0)
-        tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.int32)
-        as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
-        return ForwardBatch(
-            input_ids=as_long(ids), positions=as_long(pos),
-            cu_seqlens=torch.tensor(cu, dtype=torch.int32, device=device),
-            context_lens=[s + len(c) for s, c in zip(start_positions, token_chunks)],
-            block_tables=tables.to(device), slot_mapping=as_long(slot_map),
-            gdn_slots=list(gdn_slots), gdn_read_offsets=list(gdn_read_offsets or [0] * num_seqs),
-            num_drafts=list(num_drafts or [0] * num_seqs), logits_indices=as_long(logit_rows),
-            max_seqlen=max((len(c) for c in token_chunks), default=0))
+        """One-off batch from host lists (a fresh staging area sized to it). `logits`: "last" (one row per
+        non-empty sequence), "all" (every token), or per sequence the number of trailing tokens whose logits
+        are wanted. Steps in a loop should reuse a `BatchStaging` instead."""
+        from .batch_staging import BatchStaging, StepPlan
+        plan = StepPlan.from_lists(token_chunks, start_positions, block_tables, gdn_slots, gdn_read_offsets,
+                                   num_drafts, logits)
+        width = max(1, plan.block_tables.shape[1])
+        staging = BatchStaging(max(1, plan.num_tokens), max(1, plan.num_seqs), width, block_size, device)
+        return staging.stage(plan)
+
+
+def as_array(values, name: str, length: int | None = None, dtype=np.int64) -> np.ndarray:
+    """A 1-D host array from a list or array, with an error naming the field when its length is wrong."""
+    array = np.asarray(values, dtype=dtype)
+    if array.ndim != 1 or (length is not None and array.shape[0] != length):
+        raise ValueError(f"{name}: expected {length} values (one per sequence), got shape {array.shape}")
+    return array

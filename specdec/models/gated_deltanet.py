@@ -1,19 +1,23 @@
 """Gated DeltaNet token mixer (DESIGN §2).
 
 x → in_proj_qkv → causal conv1d (kernel 4, depthwise, SiLU) over [q, k, v] only → gated delta rule
-with beta = sigmoid(b), g = -exp(A_log) · softplus(a + dt_bias) in fp32 → w · rmsnorm(o) · silu(z) → out_proj.
+with beta = sigmoid(b), g = -exp(A_log) · softplus(a + dt_bias) in fp32 (computed inside the kernel from the
+raw a, b projections) → w · rmsnorm(o) · silu(z) → out_proj.
 Qwen3-Next's fused in_proj_qkvz / in_proj_ba are split into these projections by the loader.
+Steps without drafts whose longest sequence has at least CHUNKED_PREFILL_MIN_TOKENS tokens run the chunked
+prefill kernel (fla-core's when installed); every other step the fused recurrent one.
 """
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from kernels.causal_conv1d import causal_conv1d
-from kernels.gated_delta_rule import gated_delta_rule
+from kernels.gated_delta_rule import gated_delta_rule, gated_delta_rule_prefill
 
 from .forward_batch import ForwardBatch
 from .model_config import ModelConfig
 from .norms import GatedRMSNorm
+
+CHUNKED_PREFILL_MIN_TOKENS = 64  # one fla chunk; below it the recurrent kernel is as fast (bench/kernels.py)
 
 
 class GatedDeltaNet(nn.Module):
@@ -37,14 +41,15 @@ class GatedDeltaNet(nn.Module):
     def forward(self, x: torch.Tensor, batch: ForwardBatch, recurrent: torch.Tensor,
                 conv: torch.Tensor) -> torch.Tensor:
         num_tokens = x.shape[0]
-        slots = (batch.cu_seqlens, batch.gdn_slots, batch.gdn_read_offsets, batch.num_drafts)
+        slots = (batch.cu_seqlens, batch.gdn_slots, batch.gdn_read_offsets, batch.num_drafts, batch.max_seqlen)
         mixed = causal_conv1d(self.in_proj_qkv(x), self.conv1d_weight, conv, *slots)  # [T, conv_dim]
-        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)  # row-strided views
         q = q.view(num_tokens, self.num_k_heads, self.head_k)
         k = k.view(num_tokens, self.num_k_heads, self.head_k)
         v = v.view(num_tokens, self.num_v_heads, self.head_v)
-        beta = torch.sigmoid(self.in_proj_b(x))                                                  # [T, HV]
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(x).float() + self.dt_bias.float())  # [T, HV]
-        o = gated_delta_rule(q, k, v, g, beta, recurrent, *slots)                                # [T, HV, V]
+        chunked = batch.max_num_drafts == 0 and batch.max_seqlen >= CHUNKED_PREFILL_MIN_TOKENS
+        rule = gated_delta_rule_prefill if chunked else gated_delta_rule
+        o = rule(q, k, v, self.in_proj_a(x), self.in_proj_b(x), self.A_log, self.dt_bias, recurrent,
+                 *slots)                                                              # [T, HV, V]
         z = self.in_proj_z(x).view(num_tokens, self.num_v_heads, self.head_v)
         return self.out_proj(self.norm(o, z).reshape(num_tokens, self.value_dim))

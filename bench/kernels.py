@@ -1,0 +1,206 @@
+"""GPU benchmark of fastcore's kernels and of the verify step, Qwen3.5-4B shape, bf16 (GDN state fp32).
+
+    python bench/kernels.py [--out DIR] [--layers 32] [--batches 1 8 32 64] [-k 3]
+
+Sections (rows: milliseconds per call, GB/s, fraction of the device-copy roofline measured in the same run):
+  gdn-verify / gdn-decode  our fused recurrent kernel (slot-writing: 1 + k states written) vs the same kernel
+                           writing no state + a commit pass over the accepted tokens (the recompute design,
+                           bench/gdn_state_traffic.md), vs fla-core fused_recurrent (final state only), vs the
+                           torch reference; b1/8/32/64
+  gdn-prefill              our recurrent kernel vs fla-core chunk vs the torch reference
+  conv-verify / conv-prefill  our causal conv1d kernel vs the torch reference
+  step                     plain decode and k=3 verify of a random 4B-shaped model (--layers of it), eager vs
+                           CUDA graph, vs the bare weight-GEMM chain in one graph (step_bench.py)
+Writes kernels.json under --out (default $OUT, else bench/results) and prints the table last.
+`--smoke` runs tiny shapes (CPU: Triton in the interpreter, timings meaningless) to check the script itself.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import timing  # noqa: E402
+from timing import copy_bandwidth, row, table, time_ms  # noqa: E402
+
+from kernels.causal_conv1d.reference import causal_conv1d_ref  # noqa: E402
+from kernels.gated_delta_rule.reference import gated_delta_rule_ref, gdn_gating  # noqa: E402
+
+SHAPE_4B = dict(hk=16, hv=32, dk=128, dv=128, width=4)
+SHAPE_SMOKE = dict(hk=2, hv=4, dk=24, dv=40, width=4)
+
+
+class GDNCase:
+    """Random inputs for B sequences of n tokens (the last d are drafts) at one shape."""
+
+    def __init__(self, shape: dict, batch: int, n: int, drafts: int, device, slots_per_seq: int):
+        self.shape, self.batch, self.n, self.drafts = shape, batch, n, drafts
+        hk, hv, dk, dv = shape["hk"], shape["hv"], shape["dk"], shape["dv"]
+        t, bf16 = batch * n, torch.bfloat16
+        mixed = torch.randn(t, 2 * hk * dk + hv * dv, device=device, dtype=bf16)
+        q, k, v = mixed.split([hk * dk, hk * dk, hv * dv], dim=-1)
+        self.q, self.k, self.v = q.view(t, hk, dk), k.view(t, hk, dk), v.view(t, hv, dv)
+        self.a, self.b = torch.randn(t, hv, device=device, dtype=bf16), torch.randn(t, hv, device=device, dtype=bf16)
+        self.A_log = torch.rand(hv, device=device).to(bf16)
+        self.dt_bias = torch.randn(hv, device=device).to(bf16)
+        self.state = torch.randn(batch + 1, slots_per_seq, hv, dk, dv, device=device) * 0.1
+        i32 = dict(dtype=torch.int32, device=device)
+        self.cu = torch.arange(0, t + 1, n, **i32)
+        self.slots, self.offsets = torch.arange(batch, **i32), torch.zeros(batch, **i32)
+        self.num_drafts = torch.full((batch,), drafts, **i32)
+        self.x = mixed  # conv input [T, C] (C = 2·HK·K + HV·V)
+        self.conv_w = torch.randn(mixed.shape[1], shape["width"], device=device, dtype=bf16)
+        self.conv_state = torch.randn(batch + 1, mixed.shape[1], shape["width"] - 1 + drafts, device=device,
+                                      dtype=bf16)
+
+    @property
+    def gdn_args(self):
+        return (self.q, self.k, self.v, self.a, self.b, self.A_log, self.dt_bias, self.state, self.cu, self.slots,
+                self.offsets, self.num_drafts, self.n)
+
+    def state_bytes(self, copies: int) -> int:
+        s = self.shape
+        return copies * self.batch * s["hv"] * s["dk"] * s["dv"] * 4
+
+    def token_bytes(self) -> int:  # q, k, v, a, b in + o out, bf16
+        s, t = self.shape, self.batch * self.n
+        return 2 * t * (2 * s["hk"] * s["dk"] + 2 * s["hv"] * s["dv"] + 2 * s["hv"])
+
+
+def fla_fused_recurrent():
+    try:
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+        return fused_recurrent_gated_delta_rule
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def gdn_rows(shape, batch, k, device, copy_bw, accepted: int) -> list[dict]:
+    from kernels.gated_delta_rule.fused_recurrent import SAVE_NONE, gated_delta_rule_triton
+    rows, n = [], k + 1
+    section = "gdn-verify" if k else "gdn-decode"
+    c = GDNCase(shape, batch, n, k, device, 1 + max(k, 1))
+    case = f"b{batch} n{n}"
+    ms, mode = time_ms(lambda: gated_delta_rule_triton(*c.gdn_args), device)
+    rows.append(row(section, case, "ours: write 1+k states", ms, mode, c.state_bytes(2 + k) + c.token_bytes(), copy_bw))
+    if k:
+        none_ms, mode = time_ms(lambda: gated_delta_rule_triton(*c.gdn_args, save=SAVE_NONE), device)
+        commit = GDNCase(shape, batch, accepted, 0, device, 1 + k)
+        commit_ms, _ = time_ms(lambda: gated_delta_rule_triton(*commit.gdn_args), device)
+        moved = c.state_bytes(1) + c.token_bytes() + commit.state_bytes(2) + commit.token_bytes()
+        rows.append(row(section, case, f"ours: no state + commit of {accepted}", none_ms + commit_ms, mode, moved,
+                        copy_bw, note=f"verify {none_ms:.4f} + commit {commit_ms:.4f}"))
+        deferred = GDNCase(shape, batch, accepted + n, 0, device, 1 + k)   # rerun last step's accepted + this step
+        ms, mode = time_ms(lambda: gated_delta_rule_triton(*deferred.gdn_args), device)
+        rows.append(row(section, case, f"ours: deferred commit ({accepted}+{n} tokens, 1 state)", ms, mode,
+                        deferred.state_bytes(2) + deferred.token_bytes(), copy_bw))
+    for bv in (16, 32):
+        ms, mode = time_ms(lambda: gated_delta_rule_triton(*c.gdn_args, block_v=bv, num_warps=2 if bv == 16 else 4),
+                           device)
+        rows.append(row(section, case, f"ours BV={bv}", ms, mode, c.state_bytes(2 + k) + c.token_bytes(), copy_bw))
+    fla = fla_fused_recurrent()
+    if fla is not None and device.type == "cuda":
+        h0 = c.state[: batch, 0].contiguous()
+        q4, k4, v4 = (x.contiguous()[None] for x in (c.q, c.k, c.v))
+        g, beta = gdn_gating(c.a, c.b, c.A_log, c.dt_bias)
+        cu = c.cu.long()
+        run = lambda: fla(q4, k4, v4, g[None], beta=beta[None], initial_state=h0,  # noqa: E731
+                          output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+        ms, mode = time_ms(run, device)
+        rows.append(row(section, case, "fla fused_recurrent (final state)", ms, mode,
+                        c.state_bytes(2) + c.token_bytes(), copy_bw, note="g, beta precomputed"))
+    ms, mode = time_ms(lambda: gated_delta_rule_ref(*c.gdn_args), device, reps=3)
+    rows.append(row(section, case, "torch reference", ms, mode, c.state_bytes(2 + k) + c.token_bytes(), copy_bw))
+    return rows
+
+
+def conv_rows(shape, batch, n, drafts, device, copy_bw, section) -> list[dict]:
+    from kernels.causal_conv1d.triton_conv import causal_conv1d_triton
+    c = GDNCase(shape, batch, n, drafts, device, 1)
+    args = (c.x, c.conv_w, c.conv_state, c.cu, c.slots, c.offsets, c.num_drafts, n)
+    moved = 2 * c.x.numel() * 2 + c.conv_w.numel() * 2 + batch * c.x.shape[1] * (2 * shape["width"] - 2 + drafts) * 2
+    rows = []
+    for impl, fn, reps in (("ours", lambda: causal_conv1d_triton(*args), 20),
+                           ("torch reference", lambda: causal_conv1d_ref(*args), 3)):
+        ms, mode = time_ms(fn, device, reps=reps)
+        rows.append(row(section, f"b{batch} n{n}", impl, ms, mode, moved, copy_bw))
+    return rows
+
+
+def prefill_rows(shape, batch, tokens, device, copy_bw) -> list[dict]:
+    from kernels.gated_delta_rule.chunk import chunk_gated_delta_rule_fla, fla_chunk_kernel
+    from kernels.gated_delta_rule.fused_recurrent import gated_delta_rule_triton
+    c = GDNCase(shape, batch, tokens, 0, device, 1)
+    moved = c.state_bytes(2) + c.token_bytes()
+    case, rows = f"b{batch} x {tokens} tokens", []
+    ms, mode = time_ms(lambda: gated_delta_rule_triton(*c.gdn_args), device, reps=5)
+    rows.append(row("gdn-prefill", case, "ours recurrent", ms, mode, moved, copy_bw))
+    if fla_chunk_kernel() is not None and device.type == "cuda":
+        ms, mode = time_ms(lambda: chunk_gated_delta_rule_fla(*c.gdn_args), device, reps=5)
+        rows.append(row("gdn-prefill", case, "fla chunk", ms, mode, moved, copy_bw))
+    ms, mode = time_ms(lambda: gated_delta_rule_ref(*c.gdn_args), device, reps=1, warmup=1, graph=False)
+    rows.append(row("gdn-prefill", case, "torch reference", ms, mode, moved, copy_bw))
+    rows += conv_rows(shape, batch, tokens, 0, device, copy_bw, "conv-prefill")
+    return rows
+
+
+def guarded(rows: list[dict], name: str, fn) -> None:
+    """Run one section; a failure becomes an error row, the other sections still run."""
+    try:
+        rows += fn()
+    except Exception as e:  # noqa: BLE001 - report and go on
+        traceback.print_exc()
+        rows.append(row(name, "", "ERROR", None, note=f"{type(e).__name__}: {str(e)[:160]}"))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=os.environ.get("OUT") or "bench/results", help="folder for kernels.json")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
+    p.add_argument("-k", "--num-drafts", type=int, default=3)
+    p.add_argument("--accepted", type=int, default=3, help="tokens the commit pass reruns (recompute design)")
+    p.add_argument("--prefill-tokens", type=int, default=2048)
+    p.add_argument("--layers", type=int, default=32, help="layers of the 4B-shaped model in the step section")
+    p.add_argument("--context", type=int, default=256, help="tokens prefilled per sequence before the step")
+    p.add_argument("--skip-step", action="store_true", help="kernels only")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes: checks the script, not the speed")
+    args = p.parse_args()
+    device = torch.device(args.device)
+    shape = SHAPE_SMOKE if args.smoke else SHAPE_4B
+    if args.smoke:
+        args.batches, args.prefill_tokens, args.layers, args.context = [1, 3], 24, 2, 8
+        timing.set_quick()
+    torch.manual_seed(0)
+    copy_bw = copy_bandwidth(device)
+    rows = [row("device", torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "copy", None,
+                note=f"{copy_bw / 1e12:.2f} TB/s read+write")]
+    print(f"device copy: {copy_bw / 1e12:.2f} TB/s", flush=True)
+    for batch in args.batches:
+        guarded(rows, "gdn-decode", lambda: gdn_rows(shape, batch, 0, device, copy_bw, args.accepted))
+        guarded(rows, "gdn-verify", lambda: gdn_rows(shape, batch, args.num_drafts, device, copy_bw, args.accepted))
+        for n, section in ((1, "conv-decode"), (args.num_drafts + 1, "conv-verify")):
+            guarded(rows, section, lambda: conv_rows(shape, batch, n, n - 1, device, copy_bw, section))
+        print(f"kernels at b{batch} done", flush=True)
+    guarded(rows, "gdn-prefill", lambda: prefill_rows(shape, 1, args.prefill_tokens, device, copy_bw))
+    guarded(rows, "gdn-prefill", lambda: prefill_rows(shape, 4, args.prefill_tokens // 4, device, copy_bw))
+    if not args.skip_step:
+        from step_bench import step_rows
+        guarded(rows, "step", lambda: step_rows(args, device, copy_bw))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"command": " ".join(sys.argv), "device": rows[0]["case"], "torch": torch.__version__,
+            "fla": fla_fused_recurrent() is not None}
+    (out / "kernels.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

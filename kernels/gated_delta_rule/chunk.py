@@ -1,0 +1,43 @@
+"""Chunked gated delta rule for prefill: fla-core's `chunk_gated_delta_rule` when it is importable (an optional
+GPU dependency, `pip install fla-core`), else our fused recurrent kernel. Same signature as the reference.
+
+Only for steps without drafts (every num_drafts is 0): the chunk kernel yields the final state per sequence,
+not the per-draft states. Initial states are gathered from state[slot, read_offset], final states scattered to
+state[slot, 0], which is what the slot rule of the reference gives when d = 0.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .reference import gdn_gating
+
+
+@functools.cache
+def fla_chunk_kernel():
+    """fla-core's chunk_gated_delta_rule, or None when fla-core is not installed (or fails to import)."""
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except Exception:  # noqa: BLE001 - an optional dependency may fail in many ways; the fallback is exact
+        return None
+    return chunk_gated_delta_rule
+
+
+def chunk_gated_delta_rule_fla(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+    A_log: torch.Tensor, dt_bias: torch.Tensor, state: torch.Tensor, cu_seqlens: torch.Tensor,
+    slots: torch.Tensor, read_offsets: torch.Tensor, num_drafts: torch.Tensor, max_seqlen: int,
+) -> torch.Tensor:
+    """Shapes as in `gated_delta_rule_ref`; needs fla-core and CUDA tensors."""
+    chunk = fla_chunk_kernel()
+    if chunk is None:
+        raise RuntimeError("chunk_gated_delta_rule_fla needs fla-core (pip install fla-core)")
+    g, beta = gdn_gating(a, b, A_log, dt_bias)                                  # [T, HV] fp32
+    slot, offset = slots.long(), read_offsets.long()
+    initial = state[slot, offset]                                               # [B, HV, K, V] fp32
+    o, final = chunk(q.contiguous()[None], k.contiguous()[None], v.contiguous()[None], g[None], beta[None],
+                     scale=q.shape[-1] ** -0.5, initial_state=initial, output_final_state=True,
+                     use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens.long())
+    state[slot, torch.zeros_like(slot)] = final.float()
+    return o[0].to(v.dtype)

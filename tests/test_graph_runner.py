@@ -1,0 +1,170 @@
+"""CUDA-graph runner: bucketing, and the padding it relies on. On CPU the padded batches run eagerly
+(`use_graphs(capture=False)`): same logits, hidden states and caches as the unpadded batch, scratch rows only
+for the padding, greedy and speculative output unchanged. On a GPU (marked gpu) the captured graphs replay."""
+import numpy as np
+import pytest
+import torch
+from engine_factory import make_drafter, make_engine, random_prompts
+
+from specdec.models.batch_staging import StepPlan
+from specdec.sampling_params import SamplingParams
+from verifier_service.cuda_graph_runner import buckets_for
+from verifier_service.model_runner import ModelRunner
+from verifier_service.plain_generate import greedy_generate
+from verifier_service.sequence import Sequence
+
+PROMPTS = [[5, 9, 33, 7, 100, 3], [42, 8], [17, 250, 8, 61, 9, 9, 12, 1, 4], [77]]
+
+
+def test_bucket_sets():
+    assert buckets_for(16) == (1, 2, 4, 8, 16)
+    assert buckets_for(3) == (1, 2, 4)
+    assert buckets_for(100) == (1, 2, 4, 8, 16, 32, 64)
+
+
+def plan_of(lens):
+    lens = np.array(lens, np.int64)
+    b = lens.shape[0]
+    zeros = np.zeros(b, np.int32)
+    return StepPlan(np.zeros(int(lens.sum()), np.int64), lens, np.zeros(b, np.int64), np.zeros((b, 4), np.int32),
+                    np.full(b, 4, np.int64), zeros, zeros, np.maximum(lens - 1, 0).astype(np.int32), lens)
+
+
+def test_bucket_for_picks_smallest_fitting_bucket(tiny_model):
+    runner = ModelRunner(tiny_model, num_blocks=16, block_size=4, max_seqs=8, max_drafts=3)
+    runner.use_graphs(capture=False)
+    graphs = runner.graphs
+    assert graphs.bucket_for(plan_of([1, 1, 1])) == (4, 1)                      # plain decode
+    assert graphs.bucket_for(plan_of([4, 1, 3])) == (4, 4)                      # ragged verify, k = 3
+    assert graphs.bucket_for(plan_of([1] * 8)) == (8, 1)
+    assert graphs.bucket_for(plan_of([5, 1])) is None                           # a prefill chunk: eager
+    assert graphs.bucket_for(plan_of([1] * 9)) is None                          # more than the largest bucket
+
+
+def prefilled_pair(loaded, max_drafts=3):
+    """Two runners with the same prompts prefilled eagerly; the second runs decode steps in padded buckets."""
+    runners, seqs = [], []
+    for padded in (False, True):
+        runner = ModelRunner(loaded, num_blocks=32, block_size=4, max_seqs=6, max_drafts=max_drafts)
+        group = [Sequence(i, list(p), len(p)) for i, p in enumerate(PROMPTS)]
+        runner.forward(group, [list(p) for p in PROMPTS])
+        for s in group:
+            s.num_cached = len(s.token_ids)
+        if padded:
+            runner.use_graphs(capture=False)
+        runners.append(runner)
+        seqs.append(group)
+    return runners, seqs
+
+
+def assert_caches_equal(a: ModelRunner, b: ModelRunner, slots: list[int]):
+    for ra, rb, ca, cb in zip(a.caches.gdn.recurrent, b.caches.gdn.recurrent, a.caches.gdn.conv, b.caches.gdn.conv):
+        torch.testing.assert_close(ra[slots], rb[slots], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(ca[slots], cb[slots], atol=1e-5, rtol=1e-5)
+    blocks = a.caches.kv.num_blocks  # the scratch block (the last) is where padding writes
+    for ka, kb in zip(a.caches.kv.k + a.caches.kv.v, b.caches.kv.k + b.caches.kv.v):
+        torch.testing.assert_close(ka[:blocks], kb[:blocks], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("drafts", [[3, 0, 2], [0, 0, 0], [1, 3, 3, 0]], ids=["ragged-3", "decode-3", "verify-4"])
+def test_padded_bucket_equals_unpadded(tiny_model, drafts):
+    (eager, padded), (seqs_e, seqs_p) = prefilled_pair(tiny_model)
+    n = len(drafts)
+    chunks = [[40 + i] + list(range(60 + 7 * i, 60 + 7 * i + d)) for i, d in enumerate(drafts)]
+    want = [d + 1 for d in drafts]
+    assert padded.graphs.bucket_for(padded._plan(seqs_p[:n], chunks, drafts, want)) is not None
+    hidden_e, logits_e = eager.forward(seqs_e[:n], chunks, drafts, logits=want)
+    hidden_p, logits_p = padded.forward(seqs_p[:n], chunks, drafts, logits=want)
+    assert padded.last_outputs[0].shape[0] > hidden_p.shape[0]   # it really ran padded
+    assert logits_p.shape == logits_e.shape and hidden_p.shape == hidden_e.shape
+    torch.testing.assert_close(logits_p, logits_e, atol=1e-4, rtol=1e-4)  # GEMMs of other M: fp32 noise
+    torch.testing.assert_close(hidden_p, hidden_e, atol=1e-5, rtol=1e-5)
+    assert_caches_equal(eager, padded, [s.gdn_slot for s in seqs_e])
+
+
+def test_padding_touches_only_scratch_rows(tiny_model):
+    (_, padded), (_, seqs) = prefilled_pair(tiny_model)
+    idle = seqs[3].gdn_slot
+    before_rec = [r[idle].clone() for r in padded.caches.gdn.recurrent]
+    before_kv = [k.clone() for k in padded.caches.kv.k]
+    padded.forward(seqs[:3], [[1, 2], [3], [4, 5, 6]], [1, 0, 2], logits=[2, 1, 3])    # bucket of 4 sequences
+    for r, before in zip(padded.caches.gdn.recurrent, before_rec):
+        assert torch.equal(r[idle], before)
+    used = {b for s in seqs[:3] for b in s.block_table} | {padded.caches.kv.scratch_block}
+    untouched = [b for b in range(padded.caches.kv.num_blocks + 1) if b not in used]
+    for k, before in zip(padded.caches.kv.k, before_kv):
+        assert torch.equal(k[untouched], before[untouched])
+
+
+def test_greedy_with_padded_buckets_equals_eager(tiny_model):
+    prompts = random_prompts([3, 7, 1, 12, 5], tiny_model.config.vocab_size, seed=4)
+    eager = ModelRunner(tiny_model, num_blocks=64, block_size=4, max_seqs=5)
+    padded = ModelRunner(tiny_model, num_blocks=64, block_size=4, max_seqs=5)
+    padded.use_graphs(capture=False)
+    assert greedy_generate(padded, prompts, 12) == greedy_generate(eager, prompts, 12)
+
+
+@pytest.mark.parametrize("kind", ["mtp", "all-reject"])
+def test_speculative_with_padded_buckets_equals_plain(tiny_model, kind):
+    prompts = random_prompts([3, 7, 12, 5, 9], tiny_model.config.vocab_size, seed=5)
+    params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in (14, 9, 17, 11, 6)]
+    expected = make_engine(tiny_model).generate(prompts, params)
+    drafter = make_drafter(kind, tiny_model, 3, [p + e for p, e in zip(prompts, expected)])
+    engine = make_engine(tiny_model, drafter, 3)
+    engine.runner.use_graphs(capture=False)
+    assert engine.generate(prompts, params) == expected
+    assert engine.stats.drafted > 0
+
+
+# ---- GPU: captured graphs replayed ---------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["mtp", "all-accept", "all-reject"])
+def test_gpu_graphs_speculative_equals_eager_plain(tmp_path, kind):
+    """fp32 on CUDA: spec decoding with CUDA graphs equals plain decoding with graphs off (same kernels)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from specdec.models.loader import load_model
+    from specdec.tiny import make_tiny
+    loaded = load_model(make_tiny(tmp_path, seed=0, progress=False), device="cuda")
+    prompts = random_prompts([3, 7, 12, 20, 5, 9, 30, 1, 4], loaded.config.vocab_size, seed=6)
+    params = [SamplingParams(max_tokens=24, ignore_eos=True)] * len(prompts)
+    plain = make_engine(loaded, max_running=16)
+    plain.runner.graphs = None                                  # eager reference
+    expected = plain.generate(prompts, params)
+    drafter = make_drafter(kind, loaded, 3, [p + e for p, e in zip(prompts, expected)])
+    engine = make_engine(loaded, drafter, 3, max_running=16)
+    assert engine.runner.graphs is not None and engine.runner.graphs.graphs
+    assert engine.generate(prompts, params) == expected
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next"])
+def test_gpu_fast_path_greedy_equals_cpu_torch_path(tmp_path, family):
+    """fp32: Triton kernels + CUDA graphs on the GPU give the greedy tokens of the torch path on the CPU."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from specdec.models.loader import load_model
+    from specdec.tiny import make_tiny
+    path = make_tiny(tmp_path, family=family, seed=1, progress=False)
+    prompts = random_prompts([3, 17, 1, 70, 9], 200, seed=7)   # 70: the chunked prefill path
+    cpu = ModelRunner(load_model(path), num_blocks=128, block_size=4, max_seqs=8)
+    gpu = ModelRunner(load_model(path, device="cuda"), num_blocks=128, block_size=4, max_seqs=8, device="cuda")
+    assert gpu.graphs is not None
+    assert greedy_generate(gpu, prompts, 24) == greedy_generate(cpu, prompts, 24)
+
+
+def test_enforce_eager_reaches_the_model_runner(tiny_dir, monkeypatch):
+    """`specdec serve --enforce-eager` → verifier argv → VerifierConfig → ModelRunner(enforce_eager=True)."""
+    from specdec.cli import build_parser
+    from specdec.commands.serve_cmd import stack_config
+    from verifier_service import server
+    stack = stack_config(build_parser().parse_args(["serve", "--model", str(tiny_dir), "--enforce-eager"]), 0)
+    verifier_args = build_parser().parse_args(["verifier", "--model", str(tiny_dir), *stack.verifier_args])
+    seen = {}
+    monkeypatch.setattr(server, "serve", lambda config, host, port: seen.update(config=config))
+    verifier_args.run(verifier_args)
+    assert seen["config"].enforce_eager
+    runner = server.build_engine(seen["config"]).runner
+    assert runner.graphs is None
+    plain = stack_config(build_parser().parse_args(["serve", "--model", str(tiny_dir)]), 0)
+    assert "--enforce-eager" not in plain.verifier_args

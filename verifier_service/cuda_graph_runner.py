@@ -1,0 +1,106 @@
+"""Decode / verify steps replayed from CUDA graphs, one per (batch-size bucket, tokens per sequence).
+
+A step of B sequences with at most q tokens each runs in the graph of the smallest bucket >= B captured for
+the smallest q' >= q: its batch is staged padded to that bucket (padding sequences of length 0 on the scratch
+GDN slot, padding tokens writing the scratch KV row, logit rows padded with row 0), so every tensor the graph
+reads sits at the address it was captured with. Larger batches and longer chunks (prefill) run eagerly.
+
+The captured callable is `step(batch) -> tuple of tensors`; its outputs are static buffers, overwritten by the
+next replay of any graph (they share one memory pool). Whatever the caller appends to `step` before capture
+(e.g. sampling on the device) is captured with it. Without `capture` the same padded batches run eagerly:
+the CPU tests check the padding that way, and it separates graph bugs from padding bugs on a GPU.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from specdec.models.batch_staging import BatchStaging, StepPlan
+from specdec.models.forward_batch import ForwardBatch
+
+log = logging.getLogger(__name__)
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+Step = Callable[[ForwardBatch], tuple[torch.Tensor, ...]]
+
+
+def buckets_for(max_seqs: int, candidates: tuple[int, ...] = BATCH_BUCKETS) -> tuple[int, ...]:
+    """The candidate buckets below max_seqs plus the first one that holds max_seqs (if any)."""
+    below = tuple(b for b in candidates if b < max_seqs)
+    above = [b for b in candidates if b >= max_seqs]
+    return below + tuple(above[:1])
+
+
+class CudaGraphRunner:
+    def __init__(self, step: Step, staging: BatchStaging, batch_buckets: tuple[int, ...],
+                 tokens_per_seq: tuple[int, ...], capture: bool = True):
+        self.step, self.staging, self.capture = step, staging, capture
+        self.batch_buckets, self.tokens_per_seq = tuple(sorted(batch_buckets)), tuple(sorted(tokens_per_seq))
+        if self.batch_buckets[-1] > staging.max_seqs or \
+                self.batch_buckets[-1] * self.tokens_per_seq[-1] > staging.max_tokens:
+            raise ValueError(f"graph staging area ({staging.max_seqs} sequences, {staging.max_tokens} tokens) "
+                             f"is smaller than the largest bucket")
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
+        self.pool = None
+
+    def bucket_for(self, plan: StepPlan) -> tuple[int, int] | None:
+        """(batch bucket, tokens per sequence) for this step, or None when it must run eagerly."""
+        if plan.num_seqs == 0 or plan.num_seqs > self.batch_buckets[-1]:
+            return None
+        longest = int(plan.seq_lens.max())
+        q = next((q for q in self.tokens_per_seq if q >= longest), None)
+        if q is None:
+            return None
+        return next(b for b in self.batch_buckets if b >= plan.num_seqs), q
+
+    def run(self, plan: StepPlan, bucket: tuple[int, int]) -> tuple[ForwardBatch, tuple[torch.Tensor, ...]]:
+        """Stage the padded batch and replay its graph (or run it eagerly without capture). Returns the padded
+        batch and the step's padded outputs; rows past the real tokens / logit rows are padding."""
+        batch = self.staging.stage(plan, bucket)
+        if not self.capture:
+            return batch, self.step(batch)
+        graph, outputs = self.graphs[bucket]
+        graph.replay()
+        return batch, outputs
+
+    def capture_all(self) -> None:
+        """Capture every bucket, largest first (they share one memory pool). Each is warmed up eagerly first
+        (Triton compiles) on a batch of padding only, so no sequence's cache is touched."""
+        if not self.capture:
+            return
+        self.pool = torch.cuda.graph_pool_handle()
+        keys = [(b, q) for q in reversed(self.tokens_per_seq) for b in reversed(self.batch_buckets)]
+        for key in tqdm(keys, desc="capturing CUDA graphs", unit="graph", leave=False):
+            try:
+                self.graphs[key] = self._capture(key)
+            except Exception as e:
+                raise RuntimeError(f"capturing the CUDA graph of {key[0]} sequences x {key[1]} tokens failed "
+                                   f"({type(e).__name__}: {e}); --enforce-eager runs without graphs") from e
+        log.info("captured %d CUDA graphs: batch buckets %s x tokens per sequence %s", len(self.graphs),
+                 self.batch_buckets, self.tokens_per_seq)
+
+    def _capture(self, bucket: tuple[int, int]) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]:
+        batch = self.staging.stage(padding_only_plan(self.staging.max_blocks), bucket)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self.step(batch)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            outputs = self.step(batch)
+        torch.cuda.synchronize()
+        return graph, tuple(outputs)
+
+
+def padding_only_plan(width: int) -> StepPlan:
+    """A step with no sequences: staged into a bucket it is all padding (scratch slot, scratch KV row)."""
+    empty64, empty32 = np.zeros(0, np.int64), np.zeros(0, np.int32)
+    return StepPlan(token_ids=empty64, seq_lens=empty64, start_positions=empty64,
+                    block_tables=np.zeros((0, width), np.int32), table_lens=empty64, gdn_slots=empty32,
+                    gdn_read_offsets=empty32, num_drafts=empty32, logits_per_seq=empty64)
