@@ -139,10 +139,12 @@ def prefill_rows(shape, batch, tokens, device, copy_bw) -> list[dict]:
     c = GDNCase(shape, batch, tokens, 0, device, 1)
     moved = c.state_bytes(2) + c.token_bytes()
     case, rows = f"b{batch} x {tokens} tokens", []
-    ms, mode = time_ms(lambda: gated_delta_rule_triton(*c.gdn_args), device, reps=5)
+    # Prefill runs eagerly in the engine, and fla's chunk kernel syncs with the host (a failed capture would
+    # leave torch's CUDA generator in capture mode): time both eagerly.
+    ms, mode = time_ms(lambda: gated_delta_rule_triton(*c.gdn_args), device, reps=5, graph=False)
     rows.append(row("gdn-prefill", case, "ours recurrent", ms, mode, moved, copy_bw))
     if fla_chunk_kernel() is not None and device.type == "cuda":
-        ms, mode = time_ms(lambda: chunk_gated_delta_rule_fla(*c.gdn_args), device, reps=5)
+        ms, mode = time_ms(lambda: chunk_gated_delta_rule_fla(*c.gdn_args), device, reps=5, graph=False)
         rows.append(row("gdn-prefill", case, "fla chunk", ms, mode, moved, copy_bw))
     ms, mode = time_ms(lambda: gated_delta_rule_ref(*c.gdn_args), device, reps=1, warmup=1, graph=False)
     rows.append(row("gdn-prefill", case, "torch reference", ms, mode, moved, copy_bw))

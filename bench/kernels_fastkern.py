@@ -24,9 +24,11 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from kernels.moe import moe_experts_ref
-from kernels.paged_attention import paged_attention_ref
-from kernels.rms_norm import gated_rms_norm_ref, rms_norm_ref
+# Run as a script, bench/ comes first on sys.path, where bench/kernels.py would shadow the kernels package.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from kernels.moe import moe_experts_ref  # noqa: E402
+from kernels.paged_attention import paged_attention_ref  # noqa: E402
+from kernels.rms_norm import gated_rms_norm_ref, rms_norm_ref  # noqa: E402
 
 log = logging.getLogger("bench.kernels_fastkern")
 

@@ -24,7 +24,7 @@ import triton.language as tl
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 16
-NEG_BIG = -1e30  # finite "minus infinity" of the running max (see the invariant above)
+NEG_BIG = tl.constexpr(-1e30)  # finite "minus infinity" of the running max (see the invariant above)
 
 
 @triton.jit

@@ -33,6 +33,10 @@ def export_tensor(t: torch.Tensor) -> CudaIpcExport:
 
 def import_tensor(e: CudaIpcExport, dtype: torch.dtype, shape: tuple[int, ...], device_index: int,
                   element_offset: int = 0) -> torch.Tensor:
+    # Opening a handle needs an initialised CUDA context: in a process that has not touched the GPU yet,
+    # _new_shared_cuda dereferences uninitialised state and the process dies with SIGSEGV (torch's own
+    # multiprocessing reductions initialise first, as here).
+    torch.cuda.init()
     storage = torch.UntypedStorage._new_shared_cuda(
         device_index, e.mem_handle, e.storage_size_bytes, e.storage_offset_bytes, e.ref_counter_handle,
         e.ref_counter_offset, e.event_handle or b"", False)
