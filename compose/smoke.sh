@@ -90,7 +90,7 @@ if [ "$cold" = 1 ]; then
   dc down -v --remove-orphans > /dev/null 2>&1 || true
   docker image rm -f "${IMAGES[@]}" > /dev/null 2>&1 || true
   docker images --format '{{.Repository}}:{{.Tag}}' specdec-base | xargs -r docker image rm -f > /dev/null
-  docker builder prune -af > /dev/null
+  docker builder prune -af 2> /dev/null | tail -n 1      # the CLI's note on the legacy builder goes to stderr
 fi
 
 say "base image: compose/base-image.sh"
@@ -110,8 +110,9 @@ fi
 say "build: docker compose ... build --build-arg BASE_IMAGE=$BASE_IMAGE --build-arg TORCH_FROM=$TORCH_FROM"
 timed build dc --progress plain build --build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "TORCH_FROM=$TORCH_FROM" \
   > "$STATE/build.log" 2>&1 || { tail -n 60 "$STATE/build.log" >&2; die "docker compose build failed (log: $STATE/build.log)"; }
-awk '/^#[0-9]+ \[[a-z]+ [a-z0-9-]+ [0-9]+\/[0-9]+\] RUN/ {run[$1] = 1} /^#[0-9]+ CACHED$/ {cached[$1] = 1}
-     END {for (s in run) if (s in cached) c++; else r++; printf "smoke: RUN steps: %d run, %d cached\n", r, c}' \
+awk '/^#[0-9]+ \[[a-z]+ [a-z0-9-]+ [0-9]+\/[0-9]+\] RUN/ {step[$1] = $2 " " $3 " " $4; run[step[$1]] = 1}
+     /^#[0-9]+ CACHED$/ {cached[step[$1]] = 1}
+     END {for (s in run) if (s in cached) c++; else r++; printf "smoke: RUN steps (per service): %d run, %d cached\n", r, c}' \
   "$STATE/build.log"
 for image in "$BASE_IMAGE" specdec:cpu specdec:gateway; do echo "smoke: image $image: $(mb "$image")"; done
 if docker run --rm specdec:gateway python -c "import torch" > /dev/null 2>&1; then
