@@ -337,22 +337,26 @@ def test_build_contexts_and_dockerfiles_exist():
 
 # ---- Dockerfiles ---------------------------------------------------------------------------------------------------
 def parse_dockerfile(rel: str) -> dict:
-    """The last stage of a Dockerfile: base image (ARG defaults resolved), USER, ENTRYPOINT, CMD, RUN lines."""
+    """The last stage of a Dockerfile, with what it inherits from earlier stages it is built FROM: base image
+    (ARG defaults resolved), USER, ENTRYPOINT, CMD, HEALTHCHECK, RUN lines, ARG defaults."""
     import dockerfile
-    args, stage = {}, None
+    args, stages, stage = {}, {}, None
     for c in dockerfile.parse_file(str(REPO / rel)):
-        if c.cmd == "ARG" and stage is None:
+        if c.cmd == "ARG":
             key, _, default = c.value[0].partition("=")
             args[key] = default
         elif c.cmd == "FROM":
             base = re.sub(r"\$\{?([A-Za-z_]\w*)\}?", lambda m: args.get(m.group(1), m.group(0)), c.value[0])
-            stage = {"base": base, "user": None, "entrypoint": None, "cmd": None, "run": [], "healthcheck": None}
+            stage = copy.deepcopy(stages[base]) if base in stages else {
+                "base": base, "user": None, "entrypoint": None, "cmd": None, "run": [], "healthcheck": None}
+            if len(c.value) == 3 and c.value[1].upper() == "AS":
+                stages[c.value[2]] = stage
         elif stage is not None and c.cmd in ("USER", "ENTRYPOINT", "CMD", "HEALTHCHECK"):
             stage[c.cmd.lower()] = c
         elif stage is not None and c.cmd == "RUN":
             stage["run"].append(" ".join(c.value))
     assert stage is not None, rel
-    return stage
+    return {**stage, "args": args}
 
 
 def images_of_dockerfiles() -> dict[str, set[str]]:
@@ -384,6 +388,8 @@ def test_dockerfile_pinned_nonroot_and_consistent_with_compose(rel):
     assert any("specdec" in r and "--help" in r for r in stage["run"]), f"{rel}: the build does not run specdec"
     # no image health check: compose's `specdec health 127.0.0.1:PORT` does it per service
     assert stage["healthcheck"] is None, rel
+    # no `# syntax=` directive: BuildKit would pull that frontend image from a registry before building
+    assert not re.search(r"(?im)^#\s*syntax\s*=", (REPO / rel).read_text()), rel
     services = images_of_dockerfiles()[rel]
     for name in VARIANTS:
         for svc, service in variant(name)["services"].items():
@@ -411,20 +417,62 @@ def test_gateway_image_has_no_torch_and_pins_within_pyproject():
     assert images_of_dockerfiles()["compose/Dockerfile.gateway"] == {"gateway"}
 
 
-def test_cpu_image_takes_the_cpu_torch_wheel():
+def run_torch_install(tmp_path: Path, **build_args: str) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
+    """compose/Dockerfile.cpu's torch RUN line as the build runs it (build arguments as environment), with a
+    fake `pip` that records its arguments: (the shell's result, one argument list per pip call)."""
+    stage = parse_dockerfile("compose/Dockerfile.cpu")
+    line = next(r for r in stage["run"] if "TORCH_FROM" in r)
+    bin_dir, calls = tmp_path / "bin", tmp_path / "pip-calls"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "pip").write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {calls}\n')
+    (bin_dir / "pip").chmod(0o755)
+    calls.write_text("")
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", **{k: stage["args"][k] for k in
+                                                   ("TORCH_VERSION", "TORCH_FROM", "TORCH_INDEX_URL")}, **build_args}
+    proc = subprocess.run(["sh", "-c", line], env=env, capture_output=True, text=True, timeout=30)
+    return proc, [c.split() for c in calls.read_text().splitlines()]
+
+
+def test_cpu_image_takes_torch_from_the_cpu_index_or_local_wheels_only(tmp_path):
     import tomllib
 
     from packaging.requirements import Requirement
-    runs = " ".join(parse_dockerfile("compose/Dockerfile.cpu")["run"])
-    assert "download.pytorch.org/whl/cpu" in runs
-    text = (REPO / "compose/Dockerfile.cpu").read_text()
-    version = re.search(r"ARG TORCH_VERSION=(\S+)", text).group(1)
-    assert version == "2.13.0"
+    args = parse_dockerfile("compose/Dockerfile.cpu")["args"]
+    version = args["TORCH_VERSION"]
     torch_req = next(Requirement(d) for d in tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
         "dependencies"] if Requirement(d).name == "torch")
     assert torch_req.specifier.contains(version)
+    # default: PyPI's torch is a multi-GB CUDA build, so torch and its dependencies come from the CPU index
+    proc, calls = run_torch_install(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert calls == [["install", f"torch=={version}", "--index-url", "https://download.pytorch.org/whl/cpu"]]
+    # TORCH_FROM=wheels: torch from compose/wheels (mounted at /wheels) with no index at all, then its
+    # dependencies with torch already installed
+    proc, calls = run_torch_install(tmp_path, TORCH_FROM="wheels")
+    assert proc.returncode == 0, proc.stderr
+    assert len(calls) == 2 and f"torch=={version}" in calls[0] and "--no-index" in calls[0], calls
+    assert calls[0][calls[0].index("--find-links") + 1] == "/wheels" and "--no-deps" in calls[0], calls
+    assert not any("--index-url" in c for c in calls), calls
+    # a bad value is refused by name, not read as one of the two
+    proc, calls = run_torch_install(tmp_path, TORCH_FROM="wheel")
+    assert proc.returncode != 0 and "TORCH_FROM=wheel" in proc.stderr and calls == []
+    assert (REPO / "compose" / "wheels").is_dir()        # the Dockerfile mounts it in both modes
     assert images_of_dockerfiles()["compose/Dockerfile.cpu"] == {"verifier", "drafter"}
     assert images_of_dockerfiles()["compose/Dockerfile.gpu"] == {"verifier", "drafter"}
+
+
+def test_cpu_image_installs_the_dependencies_of_pyproject_less_triton(tmp_path):
+    """The CPU image's requirement list, computed by its own snippet from pyproject.toml: all but triton."""
+    import tomllib
+    runs = " ".join(parse_dockerfile("compose/Dockerfile.cpu")["run"])
+    snippet = re.search(r'python -c "(import re, tomllib;.*?)" > /tmp/requirements.txt', runs).group(1)
+    (tmp_path / "src").symlink_to(REPO)
+    out = subprocess.run([sys.executable, "-c", snippet.replace("/src/", f"{tmp_path}/src/")],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert any(d.startswith("triton") for d in deps)
+    assert out == [d for d in deps if not d.startswith("triton")]
+    assert "pip install -r /tmp/requirements.txt" in runs and "pip install --no-deps /src" in runs
 
 
 def test_readme_documents_the_commands():
@@ -602,6 +650,15 @@ def wait_for(predicate, what: str, stack: LocalCompose, timeout: float = 60.0) -
         time.sleep(0.3)
 
 
+def smoke_client():
+    """compose/smoke_client.py (compose/ is no package), imported from its file."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("smoke_client", COMPOSE / "smoke_client.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 @pytest.mark.timeout(180)
 def test_compose_commands_serve_and_swap_the_drafter(tmp_path):
     """The CPU variant's exact commands, env and health checks as local processes; the README's drafter swap."""
@@ -620,10 +677,18 @@ def test_compose_commands_serve_and_swap_the_drafter(tmp_path):
         assert len(with_mtp) == 16
         stats = verifier_stats(verifier)
         assert stats.transport == "shm" and stats.draft_tokens > 0, stats   # the CPU variant's transport
+        client = smoke_client()                       # compose/smoke.sh's checks fail when they should
+        assert client.main(["generate", gateway, "def f():", "--max-tokens", "8", "--drafts", "required"]) == 0
+        assert client.main(["generate", gateway, "def f():", "--max-tokens", "8", "--drafts", "none"]) == 1
 
         # DRAFTER=none: the drafter scaled to 0; the verifier decodes without drafts, same output
         stack.stop("drafter")
         wait_for(lambda: not verifier_stats(verifier).drafter_connected, "drafter gone", stack)
+        assert info(gateway).drafter_kind == "none"                   # what compose/smoke.sh waits for
+        assert client.main(["wait-drafter", gateway, "none", "--timeout", "5"]) == 0
+        assert client.main(["wait-drafter", gateway, "mtp", "--timeout", "1"]) == 1
+        assert client.main(["generate", gateway, "def f():", "--max-tokens", "8", "--drafts", "none"]) == 0
+        assert client.main(["generate", gateway, "def f():", "--max-tokens", "8", "--drafts", "required"]) == 1
         assert generate(gateway) == with_mtp
 
         # DRAFTER=ngram docker compose ... up -d drafter: only the drafter restarts, the verifier re-handshakes

@@ -66,7 +66,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         info = gateway_pb2.InfoResponse()
         info.CopyFrom(self.info)
         drafter = self.loop.engine.drafter
-        info.drafter_kind = getattr(drafter, "kind", "none") if drafter is not None else "none"
+        connected = drafter is not None and getattr(drafter, "connected", True)   # a lost drafter is no drafter
+        info.drafter_kind = getattr(drafter, "kind", "none") if connected else "none"
         info.num_draft_tokens = self.loop.engine.num_drafts
         return info
 
