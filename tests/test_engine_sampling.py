@@ -73,7 +73,7 @@ class SmoothedNgram:
     def propose(self, batch):
         import torch
 
-        from drafter_service.drafter import DraftOutput
+        from specdec.drafting import DraftOutput
         out = self.inner.propose(batch)
         flat = [t for d in out.drafts for t in d]
         probs = torch.full((len(flat), self.vocab), 0.4 / (self.vocab - 1))

@@ -5,11 +5,11 @@ import math
 
 import torch
 
+from specdec.id_pool import IdPool
 from specdec.models.caches import ModelCaches
 from specdec.models.forward_batch import ForwardBatch
 from specdec.models.loader import LoadedModel
 
-from .id_pool import IdPool
 from .sequence import Sequence
 
 
