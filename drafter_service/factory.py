@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -104,8 +104,6 @@ class DrafterHolder:
 
     def attach(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> None:
         """(Re)build the MTP drafter around these embed_tokens / lm_head weights (a new verifier's, too)."""
-        from dataclasses import replace
-
         from .mtp.mtp_drafter import MTPDrafter
         config, mtp = self.mtp_parts
         c = self.config

@@ -63,7 +63,8 @@ class StreamBuffers:
         if size is None:
             return f"buffer {ref.buffer!r} was never registered on this stream"
         if ref.offset_bytes + n > size:
-            return f"region [{ref.offset_bytes}, {ref.offset_bytes + n}) is past the end of buffer {ref.buffer!r} ({size} bytes)"
+            return (f"region [{ref.offset_bytes}, {ref.offset_bytes + n}) is past the end of buffer "
+                    f"{ref.buffer!r} ({size} bytes)")
         return ""
 
     def read(self, ref: pb.TensorRef) -> torch.Tensor:

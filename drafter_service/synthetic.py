@@ -7,7 +7,6 @@ from __future__ import annotations
 import random
 
 from specdec.drafting import DraftBatch, DraftOutput, ModelFacts
-from specdec.drafting.acceptance_rate import acceptance_rate_for  # noqa: F401  (re-exported for callers)
 
 
 class SyntheticDrafter:

@@ -2,12 +2,15 @@
 accepted prefix by recompute. Greedy speculative decoding with it is token-identical to plain decoding; with
 the target as its own draft model every draft is accepted (a strict check of the rollback: one stale state
 would make some draft differ from the target's argmax)."""
+import grpc
 import pytest
 from engine_factory import make_drafter, make_engine, random_prompts
 
 from drafter_service.draft_model import DraftModelDrafter
 from specdec.drafting import DraftBatch, DraftInput
+from specdec.local_stack import LocalStack, StackConfig
 from specdec.models.loader import load_model
+from specdec.rpc.v1 import gateway_pb2, gateway_pb2_grpc
 from specdec.sampling_params import SamplingParams
 from specdec.tiny import make_tiny
 
@@ -36,22 +39,16 @@ def _check_finished_clean(engine, drafter):
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 4])
-def test_target_as_its_own_draft_model_accepts_every_draft(family_models, k):
-    target, _, prompts, params, expected = family_models
-    drafter = make_drafter("draft_model", target, k, draft_model=target)
-    engine = make_engine(target, drafter, k)
-    assert engine.generate(prompts, params) == expected
-    assert engine.stats.drafted > 0 and engine.stats.accepted == engine.stats.drafted
-    _check_finished_clean(engine, drafter)
-
-
-@pytest.mark.parametrize("k", [1, 2, 3, 4])
-def test_smaller_draft_model_is_lossless(family_models, k):
+@pytest.mark.parametrize("draft", ["the target itself", "a smaller model"])
+def test_draft_model_is_lossless(family_models, draft, k):
+    """Greedy output equals plain decoding; the target as its own draft model has every draft accepted."""
     target, small, prompts, params, expected = family_models
-    drafter = make_drafter("draft_model", target, k, draft_model=small)
+    drafter = make_drafter("draft_model", target, k, draft_model=target if draft == "the target itself" else small)
     engine = make_engine(target, drafter, k)
     assert engine.generate(prompts, params) == expected
     assert engine.stats.drafted > 0
+    if draft == "the target itself":
+        assert engine.stats.accepted == engine.stats.drafted
     _check_finished_clean(engine, drafter)
 
 
@@ -95,3 +92,27 @@ def test_unknown_sequence_past_position_zero_is_reported_missing(family_models):
     drafter = DraftModelDrafter(target, 2, num_blocks=16, block_size=4, max_seqs=2)
     out = drafter.propose(DraftBatch(1, [DraftInput(5, 10, [1, 2], 2), DraftInput(6, 0, [3, 4, 5], 2)]))
     assert out.missing == [5] and out.drafts[0] == [] and len(out.drafts[1]) == 2
+
+
+@pytest.mark.timeout(300)
+def test_draft_model_served_by_the_three_processes(tiny_dir, tmp_path):
+    """`--drafter draft_model --draft-model DIR` through the real services: the target as its own draft model
+    is accepted at the handshake and every draft it makes is accepted."""
+    prompt = [5, 17, 3, 99, 42]
+    expected = make_engine(load_model(tiny_dir)).generate([prompt], SamplingParams(max_tokens=24, ignore_eos=True))
+    stack = LocalStack(StackConfig(model=str(tiny_dir), drafter="draft_model", num_drafts=3, port=0,
+                                   drafter_args=("--draft-model", str(tiny_dir)), log_dir=str(tmp_path),
+                                   startup_timeout_s=120))
+    stack.start()
+    try:
+        with grpc.insecure_channel(stack.address) as channel:
+            stub = gateway_pb2_grpc.GatewayStub(channel)
+            assert stub.Info(gateway_pb2.InfoRequest(), timeout=10).drafter_kind == "draft_model"
+            sampling = gateway_pb2.SamplingParams(max_tokens=24, ignore_eos=True)
+            replies = list(stub.Generate(gateway_pb2.GenerateRequest(prompt_token_ids=prompt, sampling=sampling),
+                                         timeout=120))
+        assert [t for r in replies for t in r.token_ids] == expected[0]
+        usage = replies[-1].usage
+        assert usage.draft_tokens > 0 and usage.accepted_tokens == usage.draft_tokens
+    finally:
+        stack.stop()

@@ -96,9 +96,10 @@ def serve_and_generate(model_dir, kind, tmp_path):
             stub = gateway_pb2_grpc.GatewayStub(channel)
             info = stub.Info(gateway_pb2.InfoRequest(), timeout=10)
             outputs, usages = [], []
+            sampling = gateway_pb2.SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
             for ids in PROMPTS:
-                replies = list(stub.Generate(gateway_pb2.GenerateRequest(prompt_token_ids=ids, sampling=gateway_pb2.SamplingParams(
-                    max_tokens=MAX_TOKENS, ignore_eos=True)), timeout=120))
+                replies = list(stub.Generate(gateway_pb2.GenerateRequest(prompt_token_ids=ids, sampling=sampling),
+                                             timeout=120))
                 outputs.append([t for r in replies for t in r.token_ids])
                 usages.append(replies[-1].usage)
         verifier = f"127.0.0.1:{stack.ports['verifier']}"

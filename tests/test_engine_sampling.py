@@ -2,7 +2,8 @@
 import pytest
 from engine_factory import make_drafter, make_engine, random_prompts
 
-from drafter_service.synthetic import SyntheticDrafter, acceptance_rate_for
+from drafter_service.synthetic import SyntheticDrafter
+from specdec.drafting.acceptance_rate import acceptance_rate_for
 from specdec.sampling_params import SamplingParams
 from verifier_service.forced_acceptance import ForcedAcceptance
 
