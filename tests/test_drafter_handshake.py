@@ -3,6 +3,7 @@
 import json
 import logging
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -97,3 +98,34 @@ def test_mtp_of_another_model_is_refused_and_decoding_goes_on(tiny_model, tiny_d
         remote.close()
         wrong.stop(0)
         right.stop(0)
+
+
+def test_drafter_dropping_the_stream_after_the_handshake_is_retried_ever_later(tiny_model, monkeypatch):
+    """A drafter that answers Info but ends every Step stream at once (e.g. it cannot map the buffers) must
+    not make the verifier reconnect in a spin: the waits between attempts grow."""
+    import grpc
+
+    import verifier_service.drafter_client as client
+    from drafter_service.factory import DrafterHolder
+    from drafter_service.servicer import DrafterServicer
+    from specdec.rpc import serving
+    from specdec.rpc.v1 import drafter_pb2_grpc
+
+    class DropsStreams(DrafterServicer):
+        def Step(self, request_iterator, context):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "setup: cannot map the buffer")
+            yield  # pragma: no cover
+
+    waits, real_sleep = [], time.sleep
+    monkeypatch.setattr(client, "time", SimpleNamespace(perf_counter=time.perf_counter,
+                                                        sleep=lambda s: (waits.append(s), real_sleep(0.01))))
+    servicer = DropsStreams(DrafterHolder(DrafterConfig("ngram", 3)))
+    server = serving.start_server(lambda s: drafter_pb2_grpc.add_DrafterServicer_to_server(servicer, s), [],
+                                  "127.0.0.1", 0)
+    remote = _remote(tiny_model, f"127.0.0.1:{server.port}")
+    try:
+        _wait(lambda: len(waits) >= 3)
+        assert waits[:3] == [0.25, 0.5, min(1.0, remote.config.max_backoff_s)]
+    finally:
+        remote.close()
+        server.stop(0)

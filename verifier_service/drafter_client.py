@@ -88,21 +88,24 @@ class RemoteDrafter:
 
     # ---- connection ----------------------------------------------------------------------
     def _connect_loop(self) -> None:
+        """Connect, stay while connected, reconnect. The backoff starts over only after a connection that
+        answered a step: a drafter that accepts the handshake and then drops the stream is retried ever later."""
         backoff = 0.25
         while not self._closed:
-            if self.connected:
-                self._wake.wait(1.0)
-                self._wake.clear()
-                if self._answered:
-                    backoff = 0.25
-                continue
             try:
                 self._connect()
-                continue
             except Refused as e:
                 self._report(f"drafter at {self.config.address} refused: {e}; decoding without drafts")
             except (grpc.RpcError, grpc.FutureTimeoutError, OSError, RuntimeError) as e:
                 self._report(f"drafter {self.config.address} not reachable ({_short(e)})", logging.DEBUG)
+            else:
+                while self.connected and not self._closed:
+                    self._wake.wait(1.0)
+                    self._wake.clear()
+                if self._answered:
+                    backoff = 0.25
+                    continue
+                self._report(f"drafter {self.config.address} ended the stream before answering a step")
             time.sleep(backoff)
             backoff = min(backoff * 2, self.config.max_backoff_s)
 
@@ -150,7 +153,6 @@ class RemoteDrafter:
         buffers = [_message(pb.SharedBuffer, b) for b in sender.setup(shared)] if sender else []
         requests.put(pb.DraftStepRequest(setup=pb.Setup(buffers=buffers)))
         call = stub.Step(iter(requests.get, _END), timeout=None)
-        threading.Thread(target=self._read_responses, args=(call, requests), daemon=True).start()
         with self._lock:
             if self._sender is not None:
                 self._sender.close()
@@ -165,9 +167,10 @@ class RemoteDrafter:
             self._pending_release.clear()
             self._known.clear()
             self._answered = False
-        self._last_problem = ""
         log.info("drafter %s connected at %s: k=%d, transport %s, hidden states %s", info.kind,
                  self.config.address, info.max_drafts, self.transport_name, info.needs_hidden)
+        # Read only once the connection is published: a stream that fails at once must find itself current.
+        threading.Thread(target=self._read_responses, args=(call, requests), daemon=True).start()
 
     def _read_responses(self, call, requests) -> None:
         try:
@@ -215,7 +218,8 @@ class RemoteDrafter:
         if response is None or response.step != self._step or len(response.drafts) != len(sent):
             self._disconnect(requests)
             return DraftOutput.failed(len(batch.seqs), f"drafter step {self._step} got no valid answer")
-        self._answered = True
+        if not self._answered:
+            self._answered, self._last_problem = True, ""  # a working connection: report the next problem anew
         self.last_round_trip_ms = (time.perf_counter() - start) * 1e3
         self.last_drafter_ms = response.drafter_ms
         drafts: list[list[int]] = [[] for _ in batch.seqs]
