@@ -197,7 +197,7 @@ class SpecEngine:
             if seq.finish_reason is None:
                 seq.drafts, seq.draft_probs = [], None
                 item = self._draft_input(seq, old, k)
-                if item is None and seq.seq_id in self._context_lost:
+                if item is None and k > 0 and seq.seq_id in self._context_lost:
                     rebuild.append(seq)
                 elif item is not None:
                     inputs.append(item)
