@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from drafter_service.drafter import DraftBatch, DraftInput
+from specdec.drafting import DraftBatch, DraftInput
 from specdec.local_stack import free_port
 from specdec.models.loader import load_model
 from specdec.rpc.health_probe import is_serving

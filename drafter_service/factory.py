@@ -1,61 +1,95 @@
-"""Builds the drafter a `specdec drafter` process serves, from its config."""
+"""Builds the drafter a `specdec drafter` process serves, from its config: a built-in kind or a plugin
+(entry point group `specdec.drafters`, see specdec/drafting/plugins.py)."""
 from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
-from .drafter import Drafter
+from specdec.drafting import (Drafter, DrafterInfo, DrafterOptions, ModelFacts, load_plugin, plugin_entry_points,
+                              vocabulary_fingerprint)
+from specdec.drafting.acceptance_rate import acceptance_rate_for
+
 from .ngram import NgramDrafter
-from .synthetic import SyntheticDrafter, acceptance_rate_for
+from .synthetic import SyntheticDrafter
 
 log = logging.getLogger(__name__)
-KINDS = ("mtp", "ngram", "synthetic")
+BUILTIN_KINDS = ("mtp", "draft_model", "ngram", "synthetic")
+DRAFTER_ATTRIBUTES = ("kind", "needs_hidden", "max_drafts", "facts", "propose", "release", "clear")
+
+
+def available_kinds() -> list[str]:
+    """Built-in kinds, then installed plugins (a plugin cannot replace a built-in)."""
+    return list(BUILTIN_KINDS) + sorted(k for k in plugin_entry_points() if k not in BUILTIN_KINDS)
 
 
 @dataclass(frozen=True)
 class DrafterConfig:
     kind: str
     max_drafts: int = 3
-    model_dir: str | None = None       # mtp: the checkpoint with mtp.* tensors
+    model_dir: str | None = None       # the target's checkpoint (mtp: its mtp.* tensors; plugins: options)
     device: str = "cpu"
     dtype: str = "float32"
-    num_blocks: int = 4096             # mtp KV blocks
+    num_blocks: int = 4096             # mtp / draft_model KV blocks
     block_size: int = 16
     references: str | None = None      # synthetic: JSON file, a list of token-id lists (prompt + continuation)
     mean_acceptance_length: float | None = None  # synthetic: target, sets the corruption rate
     vocab_size: int = 0                # synthetic: for corrupted tokens (0: from model_dir)
     seed: int = 0
+    draft_model_dir: str | None = None  # draft_model: the smaller model's checkpoint
+    max_seqs: int = 64                 # draft_model: sequences it holds state for at once
+    options: tuple[tuple[str, str], ...] = ()  # plugins: --option KEY=VALUE
 
 
 class DrafterHolder:
-    """The served drafter. An MTP drafter on a GPU waits for the verifier's shared weights (CUDA IPC) before it
-    exists, so that it holds no second copy of embed_tokens / lm_head; anywhere else it loads them itself."""
+    """The served drafter and its handshake facts. An MTP drafter on a GPU waits for the verifier's shared
+    weights (CUDA IPC) before it exists, so that it holds no second copy of embed_tokens / lm_head; anywhere
+    else it loads them itself."""
 
     def __init__(self, config: DrafterConfig):
-        if config.kind not in KINDS:
-            raise ValueError(f"unknown drafter kind {config.kind!r}; choose one of {', '.join(KINDS)}")
+        if config.kind not in available_kinds():
+            raise ValueError(f"unknown drafter kind {config.kind!r}; choose one of {', '.join(available_kinds())}")
+        if config.max_drafts < 1:
+            raise ValueError(f"--num-drafts must be >= 1, got {config.max_drafts}")
         self.config = config
         self.drafter: Drafter | None = None
         self.mtp_parts = None
+        self.mtp_facts = ModelFacts()
         if config.kind == "mtp":
             self._load_mtp_parts()
-        else:
+        elif config.kind == "draft_model":
+            self.drafter = self._build_draft_model()
+        elif config.kind in BUILTIN_KINDS:
             self.drafter = self._build_model_free()
+        else:
+            self.drafter = self._build_plugin()
 
     @property
     def needs_hidden(self) -> bool:
-        return self.config.kind == "mtp"
+        return self.config.kind == "mtp" or (self.drafter is not None and self.drafter.needs_hidden)
 
     @property
     def wants_shared_weights(self) -> bool:
         return self.config.kind == "mtp" and self.config.device.startswith("cuda")
 
+    @property
+    def info(self) -> DrafterInfo:
+        """This drafter's own facts for the handshake."""
+        if self.drafter is None:  # mtp waiting for the verifier's weights
+            return DrafterInfo(self.config.kind, self.config.max_drafts, True, self.mtp_facts,
+                               self.wants_shared_weights)
+        d = self.drafter
+        return DrafterInfo(self.config.kind, min(self.config.max_drafts, d.max_drafts), d.needs_hidden, d.facts,
+                           self.wants_shared_weights)
+
+    # ---- mtp -----------------------------------------------------------------------------
     def _load_mtp_parts(self) -> None:
         from specdec.models.loader import load_drafter_weights
+
+        from .mtp.mtp_drafter import mtp_facts
         if not self.config.model_dir:
             raise ValueError("the mtp drafter needs --model (a checkpoint with mtp.* tensors)")
         config, mtp, shared = load_drafter_weights(self.config.model_dir, self.config.dtype, self.config.device,
@@ -63,22 +97,41 @@ class DrafterHolder:
         if not mtp:
             raise ValueError(f"{self.config.model_dir} has no mtp.* tensors: serve --kind ngram instead")
         self.mtp_parts = (config, mtp)
+        dtype = next(iter(mtp.values())).dtype
+        self.mtp_facts = mtp_facts(config, dtype, vocabulary_fingerprint(self.config.model_dir))
         if shared:
             self.attach(shared["embed_tokens.weight"], shared["lm_head.weight"])
 
     def attach(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> None:
+        """(Re)build the MTP drafter around these embed_tokens / lm_head weights (a new verifier's, too)."""
         from .mtp.mtp_drafter import MTPDrafter
         config, mtp = self.mtp_parts
         c = self.config
-        self.drafter = MTPDrafter.from_parts(config, mtp, embed_weight, lm_head_weight, c.max_drafts,
-                                             c.num_blocks, c.block_size, c.device)
-        log.info("mtp drafter ready: %d layer(s), k=%d, %s", len(self.drafter.head.layers), c.max_drafts, c.device)
+        drafter = MTPDrafter.from_parts(config, mtp, embed_weight, lm_head_weight, c.max_drafts,
+                                        c.num_blocks, c.block_size, c.device)
+        drafter.facts = replace(drafter.facts, vocab_fingerprint=self.mtp_facts.vocab_fingerprint)
+        self.drafter = drafter
+        log.info("mtp drafter ready: %d layer(s), k=%d, %s", len(drafter.head.layers), c.max_drafts, c.device)
 
     def load_shared_from_folder(self) -> None:
         """The verifier could not share weights (not the same GPU): read them from the folder after all."""
         from specdec.models.loader import load_drafter_weights
         _, _, shared = load_drafter_weights(self.config.model_dir, self.config.dtype, self.config.device)
         self.attach(shared["embed_tokens.weight"], shared["lm_head.weight"])
+
+    # ---- the others ----------------------------------------------------------------------
+    def _build_draft_model(self) -> Drafter:
+        from specdec.models.loader import load_model
+
+        from .draft_model import DraftModelDrafter
+        c = self.config
+        if not c.draft_model_dir:
+            raise ValueError("the draft_model drafter needs --draft-model DIR (a smaller model of the same tokenizer)")
+        loaded = load_model(c.draft_model_dir, dtype=c.dtype, device=c.device)
+        log.info("draft model %s: %d layers, hidden %d, vocab %d", c.draft_model_dir,
+                 loaded.config.num_hidden_layers, loaded.config.hidden_size, loaded.config.vocab_size)
+        return DraftModelDrafter(loaded, c.max_drafts, c.num_blocks, c.block_size, c.max_seqs, device=c.device,
+                                 vocab_fingerprint=vocabulary_fingerprint(c.draft_model_dir))
 
     def _build_model_free(self) -> Drafter:
         c = self.config
@@ -90,6 +143,19 @@ class DrafterHolder:
         vocab = c.vocab_size or _vocab_of(c.model_dir)
         rate = acceptance_rate_for(c.mean_acceptance_length, c.max_drafts) if c.mean_acceptance_length else 1.0
         return SyntheticDrafter(references, c.max_drafts, vocab, accept_rate=rate, seed=c.seed)
+
+    def _build_plugin(self) -> Drafter:
+        c = self.config
+        factory = load_plugin(c.kind)
+        drafter = factory(DrafterOptions(max_drafts=c.max_drafts, device=c.device, dtype=c.dtype,
+                                         model_dir=c.model_dir, options=dict(c.options)))
+        lacking = [a for a in DRAFTER_ATTRIBUTES if not hasattr(drafter, a)]
+        if lacking:
+            raise ValueError(f"drafter plugin {c.kind!r} returned {type(drafter).__name__}, which lacks "
+                             f"{', '.join(lacking)} (see specdec.drafting.Drafter)")
+        log.info("plugin drafter %s (%s): k=%d, hidden states %s", c.kind, type(drafter).__qualname__,
+                 drafter.max_drafts, drafter.needs_hidden)
+        return drafter
 
 
 def _vocab_of(model_dir: str | None) -> int:

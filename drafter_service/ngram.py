@@ -2,12 +2,13 @@
 what followed it (longest n first). Needs no model and no hidden states."""
 from __future__ import annotations
 
-from .drafter import DraftBatch, DraftOutput
+from specdec.drafting import DraftBatch, DraftOutput, ModelFacts
 
 
 class NgramDrafter:
     kind = "ngram"
     needs_hidden = False
+    facts = ModelFacts()  # no model: proposes tokens it has seen in the sequence itself
 
     def __init__(self, max_drafts: int, max_ngram: int = 4, min_ngram: int = 1):
         self.max_drafts, self.max_ngram, self.min_ngram = max_drafts, max_ngram, min_ngram

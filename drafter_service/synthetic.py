@@ -6,18 +6,7 @@ from __future__ import annotations
 
 import random
 
-from .drafter import DraftBatch, DraftOutput
-
-
-def acceptance_rate_for(mean_length: float, k: int) -> float:
-    """Per-token acceptance a with 1 + a + ... + a^k = mean_length (bisection)."""
-    if not 1.0 <= mean_length <= k + 1:
-        raise ValueError(f"mean acceptance length must be in [1, k+1] = [1, {k + 1}], got {mean_length}")
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        a = (lo + hi) / 2
-        lo, hi = (a, hi) if sum(a ** i for i in range(k + 1)) < mean_length else (lo, a)
-    return (lo + hi) / 2
+from specdec.drafting import DraftBatch, DraftOutput, ModelFacts
 
 
 class SyntheticDrafter:
@@ -31,6 +20,7 @@ class SyntheticDrafter:
             raise ValueError(f"accept_rate must be in [0, 1], got {accept_rate}")
         self.references = [list(r) for r in references]
         self.max_drafts, self.vocab_size, self.accept_rate, self.seed = max_drafts, vocab_size, accept_rate, seed
+        self.facts = ModelFacts(vocab_size=vocab_size)  # corrupted tokens are drawn from [0, vocab_size)
         self.contexts: dict[int, list[int]] = {}
         self.rngs: dict[int, random.Random] = {}
         self.bound: dict[int, list[int]] = {}  # the reference each sequence is following

@@ -24,13 +24,14 @@ def free_port() -> int:
 @dataclass(frozen=True)
 class StackConfig:
     model: str
-    drafter: str = "mtp"              # mtp | ngram | none
+    drafter: str = "mtp"              # a drafter kind (mtp | draft_model | ngram | synthetic | a plugin) or none
     num_drafts: int = 3
     device: str = "cpu"
     dtype: str = "float32"
     port: int = 50051                 # the gateway's (0: any free port)
     transport: str = "auto"
     verifier_args: tuple[str, ...] = ()
+    drafter_args: tuple[str, ...] = ()  # e.g. ("--draft-model", DIR) or ("--option", "KEY=VALUE")
     log_dir: str | None = None        # None: children log to this terminal
     startup_timeout_s: float = 600.0
 
@@ -70,7 +71,7 @@ class LocalStack:
         if c.drafter != "none":
             drafter_port = self.ports["drafter"] = free_port()
             self._spawn("drafter", ["drafter", "--kind", c.drafter, "-k", str(c.num_drafts), *common,
-                                    "--port", str(drafter_port)])
+                                    "--port", str(drafter_port), *c.drafter_args])
             verifier += ["--drafter-address", f"127.0.0.1:{drafter_port}", "-k", str(c.num_drafts),
                          "--transport", c.transport]
         self._spawn("verifier", verifier)

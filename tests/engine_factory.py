@@ -1,6 +1,7 @@
 """Builds engines over a loaded tiny model for tests."""
 import torch
 
+from drafter_service.draft_model import DraftModelDrafter
 from drafter_service.mtp.mtp_drafter import MTPDrafter
 from drafter_service.ngram import NgramDrafter
 from drafter_service.synthetic import SyntheticDrafter
@@ -20,10 +21,13 @@ def make_engine(loaded, drafter=None, k=0, num_blocks=256, max_running=8, forced
     return SpecEngine(runner, drafter, config)
 
 
-def make_drafter(kind, loaded, k, references=None):
+def make_drafter(kind, loaded, k, references=None, draft_model=None, num_blocks=256):
+    """A drafter for `loaded` (the target); draft_model: the LoadedModel that drafts for kind "draft_model"."""
     vocab = loaded.config.vocab_size
     if kind == "mtp":
-        return MTPDrafter(loaded, k, num_blocks=256, block_size=BLOCK)
+        return MTPDrafter(loaded, k, num_blocks=num_blocks, block_size=BLOCK)
+    if kind == "draft_model":
+        return DraftModelDrafter(draft_model, k, num_blocks=num_blocks, block_size=BLOCK, max_seqs=8)
     if kind == "ngram":
         return NgramDrafter(k)
     rate = {"synthetic": 0.6, "all-accept": 1.0, "all-reject": 0.0}[kind]

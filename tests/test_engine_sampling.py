@@ -2,7 +2,8 @@
 import pytest
 from engine_factory import make_drafter, make_engine, random_prompts
 
-from drafter_service.synthetic import SyntheticDrafter, acceptance_rate_for
+from drafter_service.synthetic import SyntheticDrafter
+from specdec.drafting.acceptance_rate import acceptance_rate_for
 from specdec.sampling_params import SamplingParams
 from verifier_service.forced_acceptance import ForcedAcceptance
 
@@ -73,7 +74,7 @@ class SmoothedNgram:
     def propose(self, batch):
         import torch
 
-        from drafter_service.drafter import DraftOutput
+        from specdec.drafting import DraftOutput
         out = self.inner.propose(batch)
         flat = [t for d in out.drafts for t in d]
         probs = torch.full((len(flat), self.vocab), 0.4 / (self.vocab - 1))

@@ -5,8 +5,8 @@ the MTP output after mtp.norm. Every RMSNorm here is zero-centred: x̂ · (1 + w
 import torch
 import torch.nn.functional as F
 
-from drafter_service.drafter import DraftBatch, DraftInput
 from drafter_service.mtp.mtp_drafter import MTPDrafter
+from specdec.drafting import DraftBatch, DraftInput
 from specdec.models.caches import ModelCaches
 from specdec.models.forward_batch import ForwardBatch
 

@@ -4,7 +4,7 @@ fallback; penalties and logprobs are exact under speculation."""
 import pytest
 from engine_factory import make_drafter, make_engine, random_prompts
 
-from drafter_service.drafter import DraftOutput
+from specdec.drafting import DraftOutput
 from specdec.sampling_params import SamplingParams
 
 LENGTHS = [3, 7, 12, 5, 9, 1, 14, 6]

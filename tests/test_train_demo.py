@@ -229,7 +229,7 @@ def test_loads_and_generates_like_transformers(trained):
 
 def test_drafter_reads_the_trained_mtp_head(trained):
     """The serving MTP drafter, given the exported mtp.* tensors, computes what training computed."""
-    from drafter_service.drafter import DraftBatch, DraftInput
+    from specdec.drafting import DraftBatch, DraftInput
     from drafter_service.mtp.mtp_drafter import MTPDrafter
     from specdec.models.loader import load_model
     loaded = load_model(trained, dtype="float32")

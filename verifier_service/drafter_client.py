@@ -1,8 +1,11 @@
 """The verifier's side of the drafter link: a Drafter over one long-lived bidirectional gRPC stream.
 
-Failures never fail a request: while the drafter is unreachable, slow or broken, propose() returns no drafts
-(the engine decodes with k = 0) and a background thread reconnects with exponential backoff. Each successful
-(re)connection is a new `generation`: the engine re-sends context where it can (see SpecEngine._draft).
+Failures never fail a request: while the drafter is unreachable, refused, slow or broken, propose() returns
+no drafts (the engine decodes with k = 0) and a background thread reconnects with exponential backoff.
+Handshake: each side reports its own facts; a drafter that does not fit the target is refused (logged, with
+the reason) and the address is retried, so a fitting drafter started there later is used without a restart.
+A new connection holds no context: sequences it has not seen from position 0 come back in
+DraftOutput.missing, and the engine re-sends (or recomputes) them.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from dataclasses import dataclass
 import grpc
 import torch
 
-from drafter_service.drafter import DraftBatch, DraftOutput
+from specdec.drafting import DraftBatch, DrafterInfo, DraftOutput, ModelFacts, refusal_reason
 from specdec.rpc.serving import channel_options
 from specdec.rpc.v1 import drafter_pb2 as pb
 from specdec.rpc.v1 import drafter_pb2_grpc
@@ -29,9 +32,20 @@ _END = object()
 TRANSPORTS = {"inline": pb.INLINE, "shm": pb.SHM, "cuda_ipc": pb.CUDA_IPC}
 
 
+class Refused(RuntimeError):
+    """The drafter answered the handshake but does not fit the target."""
+
+
 def _message(cls, fields: dict):
     """A drafter.proto message from HiddenSender's plain fields (transport names become the enum)."""
     return cls(**{k: TRANSPORTS[v] if k == "transport" else v for k, v in fields.items()})
+
+
+def drafter_info(response: pb.DrafterInfoResponse) -> DrafterInfo:
+    facts = ModelFacts(response.hidden_size, response.vocab_size, response.dtype, response.model_type,
+                       response.vocab_fingerprint)
+    return DrafterInfo(response.kind, response.max_drafts, response.needs_hidden_states, facts,
+                       response.needs_shared_weights)
 
 
 @dataclass(frozen=True)
@@ -45,11 +59,14 @@ class DrafterLinkConfig:
 
 class RemoteDrafter:
     def __init__(self, config: DrafterLinkConfig, hidden_size: int, vocab_size: int, dtype: torch.dtype,
-                 device: torch.device, max_rows: int, shared_weights: dict[str, torch.Tensor], model_type: str):
-        self.config, self.hidden_size, self.vocab_size, self.dtype = config, hidden_size, vocab_size, dtype
-        self.device, self.max_rows, self.shared_weights, self.model_type = device, max_rows, shared_weights, model_type
-        self.kind, self.needs_hidden, self.max_drafts, self.generation = "none", False, 0, 0
-        self.transport_name, self.fallbacks, self.last_round_trip_ms, self.last_drafter_ms = "none", 0, 0.0, 0.0
+                 device: torch.device, max_rows: int, shared_weights: dict[str, torch.Tensor], model_type: str,
+                 vocab_fingerprint: str = ""):
+        self.config, self.device, self.max_rows, self.shared_weights = config, device, max_rows, shared_weights
+        self.dtype = dtype
+        self.target = ModelFacts(hidden_size, vocab_size, tensor_bytes.DTYPE_NAMES[dtype], model_type,
+                                 vocab_fingerprint)
+        self.kind, self.needs_hidden, self.max_drafts, self.facts = "none", False, 0, ModelFacts()
+        self.transport_name, self.last_round_trip_ms, self.last_drafter_ms = "none", 0.0, 0.0
         self._lock = threading.Lock()
         self._requests: queue.Queue | None = None
         self._responses: queue.Queue = queue.Queue()
@@ -57,6 +74,9 @@ class RemoteDrafter:
         self._channel: grpc.Channel | None = None
         self._sender: HiddenSender | None = None
         self._pending_release: list[int] = []
+        self._known: set[int] = set()   # seq ids this connection has seen from position 0
+        self._answered = False          # this connection answered a step: the next outage starts a fresh backoff
+        self._last_problem = ""
         self._wake = threading.Event()
         self._closed = False
         self._step = 0
@@ -68,19 +88,31 @@ class RemoteDrafter:
 
     # ---- connection ----------------------------------------------------------------------
     def _connect_loop(self) -> None:
+        """Connect, stay while connected, reconnect. The backoff starts over only after a connection that
+        answered a step: a drafter that accepts the handshake and then drops the stream is retried ever later."""
         backoff = 0.25
         while not self._closed:
-            if self.connected:
-                self._wake.wait(1.0)
-                self._wake.clear()
-                continue
             try:
                 self._connect()
-                backoff = 0.25
+            except Refused as e:
+                self._report(f"drafter at {self.config.address} refused: {e}; decoding without drafts")
             except (grpc.RpcError, grpc.FutureTimeoutError, OSError, RuntimeError) as e:
-                log.debug("drafter %s not reachable (%s); retrying in %.2fs", self.config.address, e, backoff)
-                time.sleep(backoff)
-                backoff = min(backoff * 2, self.config.max_backoff_s)
+                self._report(f"drafter {self.config.address} not reachable ({_short(e)})", logging.DEBUG)
+            else:
+                while self.connected and not self._closed:
+                    self._wake.wait(1.0)
+                    self._wake.clear()
+                if self._answered:
+                    backoff = 0.25
+                    continue
+                self._report(f"drafter {self.config.address} ended the stream before answering a step")
+            time.sleep(backoff)
+            backoff = min(backoff * 2, self.config.max_backoff_s)
+
+    def _report(self, problem: str, level: int = logging.WARNING) -> None:
+        """Log a connection problem once (then at DEBUG while it repeats)."""
+        log.log(level if problem != self._last_problem else logging.DEBUG, "%s", problem)
+        self._last_problem = problem
 
     def _connect(self) -> None:
         channel = grpc.insecure_channel(self.config.address, options=channel_options())
@@ -90,32 +122,37 @@ class RemoteDrafter:
             channel.close()
             raise
 
-    def _handshake(self, channel: grpc.Channel) -> None:
-        grpc.channel_ready_future(channel).result(timeout=2.0)
-        stub = drafter_pb2_grpc.DrafterStub(channel)
-        offer = offered_transports(self.device, self.config.transport)
+    def _ask_info(self, stub, offer: list[str]) -> pb.DrafterInfoResponse:
         uuid = ""
         if self.device.type == "cuda":
             from specdec.transport.cuda_ipc import gpu_uuid
             uuid = gpu_uuid(self.device)
-        info = stub.Info(pb.DrafterInfoRequest(
-            max_drafts=self.config.max_drafts, hidden_size=self.hidden_size, dtype=tensor_bytes.DTYPE_NAMES[self.dtype],
-            vocab_size=self.vocab_size, transports=[TRANSPORTS[t] for t in offer], host_id=host_id(), gpu_uuid=uuid,
-            model_type=self.model_type), timeout=5.0)
-        if info.needs_hidden_states and info.hidden_size != self.hidden_size:
-            raise RuntimeError(f"drafter hidden size {info.hidden_size} != target {self.hidden_size}")
-        transport = next((t for t in offer if TRANSPORTS[t] in info.transports), None)
+        t = self.target
+        return stub.Info(pb.DrafterInfoRequest(
+            max_drafts=self.config.max_drafts, hidden_size=t.hidden_size, dtype=t.dtype, vocab_size=t.vocab_size,
+            transports=[TRANSPORTS[x] for x in offer], host_id=host_id(), gpu_uuid=uuid, model_type=t.model_type,
+            vocab_fingerprint=t.vocab_fingerprint), timeout=5.0)
+
+    def _handshake(self, channel: grpc.Channel) -> None:
+        grpc.channel_ready_future(channel).result(timeout=2.0)
+        stub = drafter_pb2_grpc.DrafterStub(channel)
+        offer = offered_transports(self.device, self.config.transport)
+        response = self._ask_info(stub, offer)
+        info = drafter_info(response)
+        reason = refusal_reason(self.target, info)
+        if reason:
+            raise Refused(reason)
+        transport = next((t for t in offer if TRANSPORTS[t] in response.transports), None)
         if transport is None:
-            raise RuntimeError(f"no common transport (offered {offer}, drafter accepts {list(info.transports)})")
+            raise Refused(f"no common transport (offered {offer}, drafter accepts {list(response.transports)})")
         stub.ClearCache(pb.ClearCacheRequest(), timeout=5.0)
-        sender = HiddenSender(transport, self.max_rows, self.hidden_size, self.dtype, self.device) \
-            if info.needs_hidden_states else None
+        sender = HiddenSender(transport, self.max_rows, self.target.hidden_size, self.dtype, self.device) \
+            if info.needs_hidden else None
         requests: queue.Queue = queue.Queue()
         shared = self.shared_weights if info.needs_shared_weights else {}
         buffers = [_message(pb.SharedBuffer, b) for b in sender.setup(shared)] if sender else []
         requests.put(pb.DraftStepRequest(setup=pb.Setup(buffers=buffers)))
         call = stub.Step(iter(requests.get, _END), timeout=None)
-        threading.Thread(target=self._read_responses, args=(call, requests), daemon=True).start()
         with self._lock:
             if self._sender is not None:
                 self._sender.close()
@@ -124,13 +161,16 @@ class RemoteDrafter:
             self._sender = sender
             self._call, self._requests, self._channel = call, requests, channel
             self._responses = queue.Queue()
-            self.kind, self.needs_hidden = info.kind, info.needs_hidden_states
+            self.kind, self.needs_hidden, self.facts = info.kind, info.needs_hidden, info.facts
             self.max_drafts = info.max_drafts
             self.transport_name = transport if sender else "none"
-            self.generation += 1
             self._pending_release.clear()
+            self._known.clear()
+            self._answered = False
         log.info("drafter %s connected at %s: k=%d, transport %s, hidden states %s", info.kind,
-                 self.config.address, info.max_drafts, self.transport_name, info.needs_hidden_states)
+                 self.config.address, info.max_drafts, self.transport_name, info.needs_hidden)
+        # Read only once the connection is published: a stream that fails at once must find itself current.
+        threading.Thread(target=self._read_responses, args=(call, requests), daemon=True).start()
 
     def _read_responses(self, call, requests) -> None:
         try:
@@ -138,7 +178,7 @@ class RemoteDrafter:
                 self._responses.put(response)
         except grpc.RpcError as e:
             if self._requests is requests:
-                log.warning("drafter stream ended: %s", e.details() if hasattr(e, "details") else e)
+                log.warning("drafter stream ended: %s", _short(e))
         self._disconnect(requests)
 
     def _disconnect(self, requests) -> None:
@@ -156,17 +196,18 @@ class RemoteDrafter:
     # ---- Drafter protocol ------------------------------------------------------------------
     def propose(self, batch: DraftBatch) -> DraftOutput:
         requests, responses = self._requests, self._responses
-        empty = DraftOutput(drafts=[[] for _ in batch.seqs])
         if requests is None:
-            self.fallbacks += 1
-            return empty
+            return DraftOutput.failed(len(batch.seqs), "the drafter is not connected")
+        sent, missing, hidden = self._known_part(batch)
+        if not sent:
+            return DraftOutput(drafts=[[] for _ in batch.seqs], missing=missing)
         self._step += 1
         release, self._pending_release = self._pending_release, []
         message = pb.StepInput(step=self._step, release_seq_ids=release, seqs=[
             pb.SeqInput(seq_id=s.seq_id, start_pos=s.start_pos, token_ids=s.token_ids, num_drafts=s.num_drafts)
-            for s in batch.seqs])
-        if batch.hidden is not None and self._sender is not None:
-            message.hidden.CopyFrom(_message(pb.TensorRef, self._sender.send(batch.hidden)))
+            for s in (batch.seqs[i] for i in sent)])
+        if hidden is not None and self._sender is not None:
+            message.hidden.CopyFrom(_message(pb.TensorRef, self._sender.send(hidden)))
         start = time.perf_counter()
         requests.put(pb.DraftStepRequest(step=message))
         try:
@@ -174,15 +215,37 @@ class RemoteDrafter:
         except queue.Empty:
             response = None
             log.warning("drafter step %d timed out after %.1fs", self._step, self.config.step_timeout_s)
-        if response is None or response.step != self._step or len(response.drafts) != len(batch.seqs):
+        if response is None or response.step != self._step or len(response.drafts) != len(sent):
             self._disconnect(requests)
-            self.fallbacks += 1
-            return empty
+            return DraftOutput.failed(len(batch.seqs), f"drafter step {self._step} got no valid answer")
+        if not self._answered:
+            self._answered, self._last_problem = True, ""  # a working connection: report the next problem anew
         self.last_round_trip_ms = (time.perf_counter() - start) * 1e3
         self.last_drafter_ms = response.drafter_ms
-        return DraftOutput(drafts=[list(d.token_ids) for d in response.drafts])
+        drafts: list[list[int]] = [[] for _ in batch.seqs]
+        for i, d in zip(sent, response.drafts):
+            drafts[i] = list(d.token_ids)
+        lost = [i for i in response.missing_seq_ids if i in self._known]
+        self._known.difference_update(lost)
+        return DraftOutput(drafts=drafts, missing=missing + lost)
+
+    def _known_part(self, batch: DraftBatch) -> tuple[list[int], list[int], torch.Tensor | None]:
+        """(indices of the sequences this connection can take, seq ids it lacks the context of, their hidden
+        rows). A sequence is known once it was sent from position 0 on this connection."""
+        for s in batch.seqs:
+            if s.start_pos == 0:
+                self._known.add(s.seq_id)
+        sent = [i for i, s in enumerate(batch.seqs) if s.seq_id in self._known]
+        missing = [s.seq_id for s in batch.seqs if s.seq_id not in self._known]
+        hidden = batch.hidden
+        if missing and hidden is not None:
+            ends = torch.tensor([len(s.token_ids) - 1 for s in batch.seqs]).cumsum(0).tolist()
+            rows = [r for i in sent for r in range(ends[i] - len(batch.seqs[i].token_ids) + 1, ends[i])]
+            hidden = hidden[torch.tensor(rows, dtype=torch.long, device=hidden.device)]  # [Σ n_i (sent), H]
+        return sent, missing, hidden
 
     def release(self, seq_ids: list[int]) -> None:
+        self._known.difference_update(seq_ids)
         self._pending_release.extend(seq_ids)  # travels with the next step: no extra round trip
 
     def clear(self) -> None:
@@ -193,3 +256,7 @@ class RemoteDrafter:
         self._disconnect(self._requests)
         if self._sender is not None:
             self._sender.close()
+
+
+def _short(e: BaseException) -> str:
+    return e.details() if isinstance(e, grpc.RpcError) and hasattr(e, "details") else str(e)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from drafter_service.drafter import DraftBatch, DraftInput, Drafter
+from specdec.drafting import DraftBatch, DraftInput, DraftOutput, Drafter, proposal_problem
 from specdec.sampling_params import SamplingParams
 
 from .acceptance_stats import AcceptanceStats
@@ -52,6 +52,8 @@ class SpecEngine:
         self.step_count = 0
         self.last_step_seconds: dict[str, float] = {}
         self.drafter_fallback_steps = 0
+        self._last_drafter_failure = ""
+        self._context_lost: set[int] = set()  # seq ids whose context the drafter reported missing
         self._ids = itertools.count()
         self._seeds = random.Random()
         self.by_request: dict[str, Sequence] = {}
@@ -182,62 +184,99 @@ class SpecEngine:
     def _draft(self, committed: list[tuple[ScheduledSeq, int]], hidden: torch.Tensor) -> None:
         """Send the drafter what each live sequence committed this step; keep its proposals for the next.
 
-        A drafter that (re)connected since a sequence started (a new `generation`) has none of its context:
-        a token-only drafter gets the whole context again; one that needs hidden states cannot rebuild its
-        cache, so that sequence finishes without drafts."""
+        A drafter that lacks a sequence's earlier context (it reconnected, or is a new process after a swap)
+        says so in DraftOutput.missing; the next step re-sends that context: all its tokens to a token-only
+        drafter, and for one that needs hidden states the sequence is recomputed (preempted), so that the
+        drafter receives every hidden state again as the prefill runs. Either way it drafts again soon."""
         drafter, k = self.drafter, self.num_drafts
         if drafter is not None and k == 0 and self.config.num_drafts > 0:
-            self.drafter_fallback_steps += 1  # the drafter is away: this step decodes without drafts
-        generation = getattr(drafter, "generation", 0)
-        inputs, live, rows, first_row = [], [], [], 0
+            self._drafter_failed("the drafter is not connected")  # this step decodes without drafts
+        inputs, live, rows, first_row, rebuild = [], [], [], 0, []
         for p, old in committed:
             seq = p.seq
             if seq.finish_reason is None:
                 seq.drafts, seq.draft_probs = [], None
-                item = self._draft_input(seq, old, generation, k)
-                if item is not None:
+                item = self._draft_input(seq, old, k)
+                if item is None and k > 0 and seq.seq_id in self._context_lost:
+                    rebuild.append(seq)
+                elif item is not None:
                     inputs.append(item)
                     live.append(seq)
                     if item.start_pos == old:
                         rows.extend(range(first_row, first_row + seq.num_cached - old))  # committed tokens' hidden
             first_row += len(p.chunk)
+        self._recompute_for_drafter(rebuild)
         if drafter is None or k == 0 or not live:
             return
         needs_hidden = drafter.needs_hidden
         rows_t = torch.tensor(rows, dtype=torch.long, device=hidden.device)
-        out = drafter.propose(DraftBatch(self.step_count, inputs, hidden[rows_t] if needs_hidden else None))
+        out = self._propose(DraftBatch(self.step_count, inputs, hidden[rows_t] if needs_hidden else None))
+        self._context_lost.update(out.missing)
+        if self._context_lost:
+            self._context_lost &= {s.seq_id for s in self.scheduler.running}
         start = 0
-        for seq, drafts, item in zip(live, out.drafts, inputs):
-            seq.drafts = list(drafts[:item.num_drafts])
+        for seq, drafts in zip(live, out.drafts):
+            seq.drafts = list(drafts)
             if out.probs is not None:
                 seq.draft_probs = out.probs[start:start + len(seq.drafts)]
             start += len(drafts)
 
-    def _draft_input(self, seq: Sequence, old: int, generation: int, k: int) -> DraftInput | None:
+    def _propose(self, batch: DraftBatch) -> DraftOutput:
+        """The drafter's answer, checked: a failed, broken or malformed answer is a drafter failure for this
+        step (no drafts for anyone: k = 0), logged, never an error for a request."""
+        try:
+            out = self.drafter.propose(batch)
+        except Exception as e:  # a drafter's bug must not take the verifier down
+            log.exception("drafter %s raised; this step decodes without drafts", self.drafter.kind)
+            out = DraftOutput.failed(len(batch.seqs), f"{type(e).__name__}: {e}")
+        problem = out.failure or proposal_problem(out, batch.seqs, self.runner.config.vocab_size)
+        if problem:
+            self._drafter_failed(problem)
+            return DraftOutput.failed(len(batch.seqs), problem)
+        return out
+
+    def _drafter_failed(self, reason: str) -> None:
+        self.drafter_fallback_steps += 1
+        if reason != self._last_drafter_failure or self.drafter_fallback_steps % 100 == 0:
+            log.warning("drafter failure (%d steps so far without drafts): %s", self.drafter_fallback_steps, reason)
+            self._last_drafter_failure = reason
+
+    def _recompute_for_drafter(self, seqs: list[Sequence]) -> None:
+        """Preempt `seqs` by recompute: they prefill again, and the drafter sees all their hidden states."""
+        for seq in reversed(seqs):
+            log.info("recomputing sequence %s (%d tokens): the drafter lost its hidden states",
+                     seq.request_id or seq.seq_id, len(seq.token_ids))
+            self._context_lost.discard(seq.seq_id)
+            self.scheduler.running.remove(seq)
+            self.runner.release(seq)
+            seq.drafts, seq.draft_probs = [], None
+            self.scheduler.waiting.appendleft(seq)
+
+    def _draft_input(self, seq: Sequence, old: int, k: int) -> DraftInput | None:
+        """What the drafter gets for `seq` this step: the tokens committed since `old` (the whole context if the
+        drafter lost it and can take tokens alone), or None (no drafter, or a recompute is needed first)."""
         if self.drafter is None or k == 0:
             return None
         want = max(0, min(k, seq.remaining - 1)) if seq.is_decoding else 0
-        if seq.drafter_generation != generation:
-            if old == 0:
-                seq.drafter_generation = generation
-            elif not self.drafter.needs_hidden:
-                seq.drafter_generation = generation
-                return DraftInput(seq.seq_id, 0, seq.token_ids[:seq.num_cached + 1], want)
-            else:
+        if seq.seq_id in self._context_lost and old > 0:
+            if self.drafter.needs_hidden:
                 return None
+            self._context_lost.discard(seq.seq_id)
+            return DraftInput(seq.seq_id, 0, seq.token_ids[:seq.num_cached + 1], want)
+        self._context_lost.discard(seq.seq_id)
         return DraftInput(seq.seq_id, old, seq.token_ids[old:seq.num_cached + 1], want)
 
     @property
     def fallback_steps(self) -> int:
         """Steps decoded with k = 0 although a drafter is configured: it was away, or its step failed."""
-        return self.drafter_fallback_steps + getattr(self.drafter, "fallbacks", 0)
+        return self.drafter_fallback_steps
 
     @property
     def num_drafts(self) -> int:
         """k for this step: the configured k, capped by what the drafter can do (0 while it is away)."""
         if self.drafter is None:
             return 0
-        return min(self.config.num_drafts, getattr(self.drafter, "max_drafts", self.config.num_drafts))
+        return min(self.config.num_drafts, self.drafter.max_drafts)
 
     # ---- convenience -------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[list[int]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 
-from drafter_service.synthetic import acceptance_rate_for
+from specdec.drafting.acceptance_rate import acceptance_rate_for
 
 
 class ForcedAcceptance:

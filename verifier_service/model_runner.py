@@ -14,13 +14,13 @@ from typing import Callable
 import numpy as np
 import torch
 
+from specdec.id_pool import IdPool
 from specdec.models.batch_staging import BatchStaging, StepPlan, logit_rows_per_seq
 from specdec.models.caches import ModelCaches
 from specdec.models.forward_batch import ForwardBatch, as_array
 from specdec.models.loader import LoadedModel
 
 from .cuda_graph_runner import BATCH_BUCKETS, CudaGraphRunner, buckets_for
-from .id_pool import IdPool
 from .sequence import Sequence
 
 log = logging.getLogger(__name__)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from specdec.drafting import vocabulary_fingerprint
 from specdec.models.loader import load_model
 from specdec.rpc import serving
 from specdec.rpc.v1 import gateway_pb2, verifier_pb2, verifier_pb2_grpc
@@ -61,7 +62,8 @@ def build_engine(config: VerifierConfig) -> SpecEngine:
             DrafterLinkConfig(config.drafter_address, config.num_drafts, config.transport, config.drafter_timeout_s),
             loaded.config.hidden_size, loaded.config.vocab_size, model.embed_tokens.weight.dtype,
             torch.device(config.device), config.max_batched_tokens,
-            {"embed_tokens": model.embed_tokens.weight, "lm_head": model.lm_head.weight}, loaded.config.model_type)
+            {"embed_tokens": model.embed_tokens.weight, "lm_head": model.lm_head.weight}, loaded.config.model_type,
+            vocabulary_fingerprint(config.model_dir))
     forced = None
     if config.forced_acceptance_length:
         forced = ForcedAcceptance(config.forced_acceptance_length, config.num_drafts,

@@ -8,12 +8,13 @@ import math
 import torch
 from torch import nn
 
-from drafter_service.drafter import DraftBatch, DraftOutput
+from specdec.drafting import DraftBatch, DraftOutput, ModelFacts
+from specdec.id_pool import IdPool, PoolExhausted
 from specdec.models.caches import GDNCache, KVCache, ModelCaches
 from specdec.models.forward_batch import ForwardBatch
 from specdec.models.loader import LoadedModel
 from specdec.models.model_config import ModelConfig
-from verifier_service.id_pool import IdPool, PoolExhausted
+from specdec.transport.tensor_bytes import DTYPE_NAMES
 
 from .mtp_head import MTPHead
 
@@ -26,6 +27,12 @@ def _linear_around(weight: torch.Tensor) -> nn.Linear:
         linear = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
     linear.weight = nn.Parameter(weight, requires_grad=False)
     return linear
+
+
+def mtp_facts(config: ModelConfig, dtype: torch.dtype, vocab_fingerprint: str = "") -> ModelFacts:
+    """An MTP head belongs to its target: same hidden size, vocabulary and model type."""
+    return ModelFacts(hidden_size=config.hidden_size, vocab_size=config.vocab_size, dtype=DTYPE_NAMES[dtype],
+                      model_type=config.model_type, vocab_fingerprint=vocab_fingerprint)
 
 
 class MTPDrafter:
@@ -53,6 +60,7 @@ class MTPDrafter:
         self.head = MTPHead.from_weights(config, mtp_weights, nn.Embedding.from_pretrained(embed_weight),
                                          _linear_around(lm_head_weight))
         self.max_drafts, self.block_size, self.device = max_drafts, block_size, torch.device(device)
+        self.facts = mtp_facts(config, embed_weight.dtype)
         num_layers = len(self.head.layers)
         shape = (num_blocks, block_size, config.num_key_value_heads, config.head_dim)
         dtype = embed_weight.dtype
@@ -71,12 +79,15 @@ class MTPDrafter:
 
     def propose(self, batch: DraftBatch) -> DraftOutput:
         """Sequences this drafter cannot hold (its KV blocks ran out) are dropped: they get no drafts from then
-        on, and the verifier decodes them without; nothing fails."""
+        on, and the verifier decodes them without; nothing fails. A sequence first seen past position 0 has
+        KV this drafter never built: it is reported missing (the verifier recomputes it)."""
         drafts: list[list[int]] = [[] for _ in batch.seqs]
-        served, rows, row = [], [], 0
+        served, rows, row, missing = [], [], 0, []
         for i, s in enumerate(batch.seqs):
             n = len(s.token_ids) - 1
-            if s.seq_id not in self.dropped and self._try_reserve(s):
+            if s.start_pos > 0 and s.seq_id not in self.tables and s.seq_id not in self.dropped:
+                missing.append(s.seq_id)
+            elif s.seq_id not in self.dropped and self._try_reserve(s):
                 served.append(i)
                 rows.extend(range(row, row + n))
             row += n
@@ -84,7 +95,7 @@ class MTPDrafter:
             hidden = batch.hidden[torch.tensor(rows, dtype=torch.long, device=batch.hidden.device)]
             for i, d in zip(served, self._draft([batch.seqs[i] for i in served], hidden)):
                 drafts[i] = d
-        return DraftOutput(drafts=drafts)
+        return DraftOutput(drafts=drafts, missing=missing)
 
     def _try_reserve(self, s) -> bool:
         k = min(s.num_drafts, self.max_drafts)

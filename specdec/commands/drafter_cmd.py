@@ -1,33 +1,62 @@
-"""`specdec drafter`: serve a drafter (mtp | ngram | synthetic) over gRPC."""
+"""`specdec drafter`: serve a drafter (mtp | draft_model | ngram | synthetic | an installed plugin) over gRPC."""
 import argparse
 
 from .cli_args import add_listen_args, add_model_args, resolve
 
+KINDS_HELP = ("mtp (the target's MTP head; needs --model), draft_model (a smaller model; needs --draft-model), "
+              "ngram (prompt lookup), synthetic (benchmarks), or the name of an installed plugin "
+              "(entry point group specdec.drafters; see docs/drafters.md)")
+
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("drafter", help="serve a drafter (mtp, ngram, synthetic) over gRPC",
+    p = sub.add_parser("drafter", help="serve a drafter (mtp, draft_model, ngram, synthetic, plugins) over gRPC",
                        description="Serve one drafter. The verifier connects to it; stopping this process and "
                                    "starting another kind on the same address swaps the drafter without "
-                                   "restarting the verifier.")
-    p.add_argument("--kind", default="mtp", choices=["mtp", "ngram", "synthetic"])
+                                   "restarting the verifier, and running requests draft again within a step or two.")
+    p.add_argument("--kind", default="mtp", help=KINDS_HELP)
     p.add_argument("-k", "--num-drafts", type=int, default=3, help="most draft tokens per step")
     add_model_args(p)
     add_listen_args(p, 50053)
-    p.add_argument("--kv-blocks", type=int, default=4096, help="MTP KV cache blocks (of 16 tokens)")
+    p.add_argument("--kv-blocks", type=int, default=4096, help="mtp / draft_model KV cache blocks (of 16 tokens)")
+    p.add_argument("--draft-model", default=None, metavar="DIR",
+                   help="draft_model: a smaller checkpoint of a supported family with the target's tokenizer")
+    p.add_argument("--max-seqs", type=int, default=64, help="draft_model: sequences it keeps state for at once")
     p.add_argument("--references", default=None, help="synthetic: JSON list of token-id lists")
     p.add_argument("--mean-acceptance-length", type=float, default=None, help="synthetic: target length")
     p.add_argument("--vocab-size", type=int, default=0, help="synthetic: vocabulary (default: from --model)")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="plugins: an option passed to the plugin's factory (repeatable)")
+    p.add_argument("--list-kinds", action="store_true", help="print the kinds this install can serve and exit")
     p.set_defaults(run=run)
 
 
+def parse_options(pairs: list[str]) -> tuple[tuple[str, str], ...]:
+    out = []
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--option {pair!r}: expected KEY=VALUE")
+        out.append((key, value))
+    return tuple(out)
+
+
 def run(args: argparse.Namespace) -> int:
-    from drafter_service.factory import DrafterConfig
+    from drafter_service.factory import DrafterConfig, available_kinds
     from drafter_service.server import serve
-    model, device, dtype = resolve(args) if args.kind == "mtp" or args.model else (None, "cpu", "float32")
-    if args.kind != "mtp" and args.device != "auto":
-        device = args.device
+    kinds = available_kinds()
+    if args.list_kinds:
+        print("\n".join(kinds))
+        return 0
+    if args.kind not in kinds:
+        raise ValueError(f"--kind {args.kind!r} is not a drafter this install knows; choose one of {', '.join(kinds)}")
+    model, device, dtype = resolve(args)  # mtp: --model defaults to the demo model; the others take it as given
+    model = model if args.kind == "mtp" else args.model
+    if args.kind in ("ngram", "synthetic") and args.device == "auto":
+        device, dtype = "cpu", "float32"  # model-free: no reason to touch a GPU
     config = DrafterConfig(kind=args.kind, max_drafts=args.num_drafts, model_dir=model, device=device, dtype=dtype,
                            num_blocks=args.kv_blocks, references=args.references,
-                           mean_acceptance_length=args.mean_acceptance_length, vocab_size=args.vocab_size)
+                           mean_acceptance_length=args.mean_acceptance_length, vocab_size=args.vocab_size,
+                           draft_model_dir=args.draft_model, max_seqs=args.max_seqs,
+                           options=parse_options(args.option))
     serve(config, args.host, args.port)
     return 0

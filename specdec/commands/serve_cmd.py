@@ -17,8 +17,11 @@ def add_parser(sub) -> None:
 
 
 def add_stack_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--drafter", default=None, choices=["mtp", "ngram", "none"],
-                   help="default: mtp when the checkpoint has mtp.* weights, else ngram")
+    p.add_argument("--drafter", default=None,
+                   help="mtp | draft_model | ngram | none | an installed plugin's kind "
+                        "(default: mtp when the checkpoint has mtp.* weights, else ngram)")
+    p.add_argument("--draft-model", default=None, metavar="DIR",
+                   help="with --drafter draft_model: the smaller model that drafts (same tokenizer as --model)")
     p.add_argument("-k", "--num-drafts", type=int, default=3)
     p.add_argument("--transport", default="auto", choices=["auto", "cuda_ipc", "shm", "inline"])
     add_enforce_eager_arg(p)
@@ -29,8 +32,15 @@ def stack_config(args: argparse.Namespace, port: int, log_dir: str | None = None
     from specdec.models.loader import has_mtp_weights
     model, device, dtype = resolve(args)
     drafter = args.drafter or ("mtp" if has_mtp_weights(model) else "ngram")
+    if drafter != "none":
+        from drafter_service.factory import available_kinds
+        if drafter not in available_kinds():
+            raise ValueError(f"--drafter {drafter!r}: choose none or one of {', '.join(available_kinds())}")
+    if (drafter == "draft_model") != bool(args.draft_model):
+        raise ValueError("--drafter draft_model and --draft-model DIR go together")
+    drafter_args = ("--draft-model", args.draft_model) if args.draft_model else ()
     return StackConfig(model=model, drafter=drafter, num_drafts=args.num_drafts, device=device, dtype=dtype,
-                       port=port, transport=args.transport, log_dir=log_dir,
+                       port=port, transport=args.transport, log_dir=log_dir, drafter_args=drafter_args,
                        verifier_args=("--enforce-eager",) if args.enforce_eager else ())
 
 

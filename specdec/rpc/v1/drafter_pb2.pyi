@@ -19,7 +19,7 @@ SHM: Transport
 CUDA_IPC: Transport
 
 class DrafterInfoRequest(_message.Message):
-    __slots__ = ("max_drafts", "hidden_size", "dtype", "vocab_size", "transports", "host_id", "gpu_uuid", "model_type")
+    __slots__ = ("max_drafts", "hidden_size", "dtype", "vocab_size", "transports", "host_id", "gpu_uuid", "model_type", "vocab_fingerprint")
     MAX_DRAFTS_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -28,6 +28,7 @@ class DrafterInfoRequest(_message.Message):
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     GPU_UUID_FIELD_NUMBER: _ClassVar[int]
     MODEL_TYPE_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     max_drafts: int
     hidden_size: int
     dtype: str
@@ -36,10 +37,11 @@ class DrafterInfoRequest(_message.Message):
     host_id: str
     gpu_uuid: str
     model_type: str
-    def __init__(self, max_drafts: _Optional[int] = ..., hidden_size: _Optional[int] = ..., dtype: _Optional[str] = ..., vocab_size: _Optional[int] = ..., transports: _Optional[_Iterable[_Union[Transport, str]]] = ..., host_id: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., model_type: _Optional[str] = ...) -> None: ...
+    vocab_fingerprint: str
+    def __init__(self, max_drafts: _Optional[int] = ..., hidden_size: _Optional[int] = ..., dtype: _Optional[str] = ..., vocab_size: _Optional[int] = ..., transports: _Optional[_Iterable[_Union[Transport, str]]] = ..., host_id: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., model_type: _Optional[str] = ..., vocab_fingerprint: _Optional[str] = ...) -> None: ...
 
 class DrafterInfoResponse(_message.Message):
-    __slots__ = ("kind", "max_drafts", "hidden_size", "dtype", "vocab_size", "needs_hidden_states", "needs_shared_weights", "transports", "host_id", "gpu_uuid")
+    __slots__ = ("kind", "max_drafts", "hidden_size", "dtype", "vocab_size", "needs_hidden_states", "needs_shared_weights", "transports", "host_id", "gpu_uuid", "model_type", "vocab_fingerprint")
     KIND_FIELD_NUMBER: _ClassVar[int]
     MAX_DRAFTS_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +52,8 @@ class DrafterInfoResponse(_message.Message):
     TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     GPU_UUID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_TYPE_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     kind: str
     max_drafts: int
     hidden_size: int
@@ -60,7 +64,9 @@ class DrafterInfoResponse(_message.Message):
     transports: _containers.RepeatedScalarFieldContainer[Transport]
     host_id: str
     gpu_uuid: str
-    def __init__(self, kind: _Optional[str] = ..., max_drafts: _Optional[int] = ..., hidden_size: _Optional[int] = ..., dtype: _Optional[str] = ..., vocab_size: _Optional[int] = ..., needs_hidden_states: _Optional[bool] = ..., needs_shared_weights: _Optional[bool] = ..., transports: _Optional[_Iterable[_Union[Transport, str]]] = ..., host_id: _Optional[str] = ..., gpu_uuid: _Optional[str] = ...) -> None: ...
+    model_type: str
+    vocab_fingerprint: str
+    def __init__(self, kind: _Optional[str] = ..., max_drafts: _Optional[int] = ..., hidden_size: _Optional[int] = ..., dtype: _Optional[str] = ..., vocab_size: _Optional[int] = ..., needs_hidden_states: _Optional[bool] = ..., needs_shared_weights: _Optional[bool] = ..., transports: _Optional[_Iterable[_Union[Transport, str]]] = ..., host_id: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., model_type: _Optional[str] = ..., vocab_fingerprint: _Optional[str] = ...) -> None: ...
 
 class TensorRef(_message.Message):
     __slots__ = ("transport", "shape", "dtype", "data", "buffer", "offset_bytes")
@@ -153,14 +159,16 @@ class SeqDrafts(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DraftStepResponse(_message.Message):
-    __slots__ = ("step", "drafts", "drafter_ms")
+    __slots__ = ("step", "drafts", "drafter_ms", "missing_seq_ids")
     STEP_FIELD_NUMBER: _ClassVar[int]
     DRAFTS_FIELD_NUMBER: _ClassVar[int]
     DRAFTER_MS_FIELD_NUMBER: _ClassVar[int]
+    MISSING_SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
     step: int
     drafts: _containers.RepeatedCompositeFieldContainer[SeqDrafts]
     drafter_ms: float
-    def __init__(self, step: _Optional[int] = ..., drafts: _Optional[_Iterable[_Union[SeqDrafts, _Mapping]]] = ..., drafter_ms: _Optional[float] = ...) -> None: ...
+    missing_seq_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, step: _Optional[int] = ..., drafts: _Optional[_Iterable[_Union[SeqDrafts, _Mapping]]] = ..., drafter_ms: _Optional[float] = ..., missing_seq_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("seq_ids",)

@@ -60,7 +60,8 @@ class DrafterServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Info(self, request, context):
-        """Handshake: the verifier offers, the drafter answers with what it needs.
+        """Handshake: each side reports its OWN facts (never an echo of the other's); the verifier refuses a drafter
+        that does not fit its target, decodes without drafts and keeps retrying the address.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

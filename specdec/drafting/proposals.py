@@ -1,0 +1,22 @@
+"""Checks a drafter's answer before the verifier uses any of it: a drafter is another process (or another
+package), so its proposals are input. A bad answer is a drafter failure for that step, never a crash."""
+from __future__ import annotations
+
+from .interface import DraftInput, DraftOutput
+
+
+def proposal_problem(out: DraftOutput, inputs: list[DraftInput], vocab_size: int) -> str:
+    """What is wrong with `out` as the answer to `inputs` for a target of `vocab_size` ids ("" if nothing)."""
+    if len(out.drafts) != len(inputs):
+        return f"answered for {len(out.drafts)} sequences, asked about {len(inputs)}"
+    for drafts, item in zip(out.drafts, inputs):  # one pass per sequence; min / max scan its few tokens
+        if len(drafts) > item.num_drafts:
+            return f"sequence {item.seq_id}: {len(drafts)} drafts, asked for at most {item.num_drafts}"
+        if drafts and not (0 <= min(drafts) and max(drafts) < vocab_size):
+            bad = next(t for t in drafts if not 0 <= t < vocab_size)
+            return f"sequence {item.seq_id}: draft id {bad} is outside the target's vocabulary [0, {vocab_size})"
+    if out.probs is not None:
+        rows = sum(len(d) for d in out.drafts)
+        if tuple(out.probs.shape) != (rows, vocab_size):
+            return f"probs have shape {tuple(out.probs.shape)}, expected ({rows}, {vocab_size})"
+    return ""

@@ -1,0 +1,78 @@
+"""GPU checks of the drafters (run on the GPU machine: `pytest -m gpu tests/test_drafter_gpu.py`)."""
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from engine_factory import make_drafter, make_engine, random_prompts
+
+from specdec.drafting import DraftBatch, DraftInput
+from specdec.sampling_params import SamplingParams
+
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    if not torch.cuda.is_available():
+        pytest.fail("GPU tests need CUDA: run them on the GPU machine (CI deselects -m gpu)")
+    from specdec.tiny import make_tiny
+    return str(make_tiny(tmp_path_factory.mktemp("gpu"), overrides={"vocab_size": 400}, progress=False))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_draft_model_on_cuda_accepts_every_draft_of_itself(model_dir, dtype):
+    from specdec.models.loader import load_model
+    target = load_model(model_dir, dtype=dtype, device="cuda")
+    prompts = random_prompts([3, 7, 12, 20, 5, 9, 30, 1], target.config.vocab_size)
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    expected = make_engine(target).generate(prompts, params)
+    drafter = make_drafter("draft_model", target, 3, draft_model=target)
+    engine = make_engine(target, drafter, 3)
+    assert engine.generate(prompts, params) == expected
+    assert engine.stats.drafted > 0
+    if dtype == "float32":  # bf16: near-ties may flip between a 1-token and a (k+1)-token forward
+        assert engine.stats.accepted == engine.stats.drafted
+
+
+def test_mtp_drafter_maps_a_new_verifiers_weights(model_dir):
+    """A verifier restarted on the same GPU sends new CUDA-IPC weight handles: the drafter drafts with those
+    (the old ones may point at freed memory), not with the first verifier's."""
+    from drafter_service.mtp.mtp_drafter import MTPDrafter
+    from specdec.local_stack import free_port
+    from specdec.models.loader import load_drafter_weights, load_model
+    from specdec.rpc.health_probe import is_serving
+    from verifier_service.drafter_client import DrafterLinkConfig, RemoteDrafter
+
+    loaded = load_model(model_dir, dtype="float32", device="cuda")
+    cfg, port = loaded.config, free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "specdec", "drafter", "--kind", "mtp", "--model", model_dir,
+                             "--device", "cuda", "--dtype", "float32", "--port", str(port), "-k", "3"])
+    prompt = [5, 17, 3, 99, 42, 8, 1, 250]
+    hidden = torch.randn(len(prompt) - 1, cfg.hidden_size, device="cuda",
+                         generator=torch.Generator("cuda").manual_seed(0))  # [n, H]
+    batch = DraftBatch(1, [DraftInput(1, 0, prompt, 3)], hidden)
+    embed = loaded.model.embed_tokens.weight
+    permuted_head = loaded.model.lm_head.weight[torch.randperm(cfg.vocab_size, device="cuda")].contiguous()
+    try:
+        deadline = time.monotonic() + 300
+        while not is_serving(f"127.0.0.1:{port}"):
+            assert proc.poll() is None and time.monotonic() < deadline, "drafter did not start"
+            time.sleep(0.2)
+        drafts = []
+        for lm_head in (loaded.model.lm_head.weight, permuted_head):  # two verifiers, one after the other
+            link = RemoteDrafter(DrafterLinkConfig(f"127.0.0.1:{port}", 3, "cuda_ipc"), cfg.hidden_size,
+                                 cfg.vocab_size, torch.float32, torch.device("cuda"), 64,
+                                 {"embed_tokens": embed, "lm_head": lm_head}, cfg.model_type)
+            while not link.connected:
+                time.sleep(0.05)
+            assert link.transport_name == "cuda_ipc"
+            drafts.append(link.propose(batch).drafts[0])
+            link.close()
+        _, mtp, _ = load_drafter_weights(model_dir, "float32", "cuda", shared=False)
+        reference = MTPDrafter.from_parts(cfg, mtp, embed, permuted_head, 3, 64, 16, "cuda").propose(batch).drafts[0]
+        assert len(drafts[1]) == 3 and drafts[1] == reference and drafts[1] != drafts[0]
+    finally:
+        proc.terminate()
+        proc.wait(30)
