@@ -6,6 +6,7 @@ GDN slots free and nothing in flight, process memory must stay within a bound, a
     python bench/load_test.py                                  # starts the CPU stack on the demo model
     python bench/load_test.py --requests 2048 --concurrency 64 --max-tokens 32
     python bench/load_test.py --address HOST:PORT --verifier-address HOST:PORT   # a running stack
+    python bench/load_test.py --device cuda --requests 2048 --max-tokens 64      # the GPU stack
 
 References: without --address, each distinct prompt is first generated alone (one request at a time), so
 the check is "the same output under load as unloaded"; the tests pass plain-decoding references instead.
@@ -188,15 +189,17 @@ def sequential_references(address: str, prompts: list[list[int]], max_tokens: in
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--address", default=None, help="gateway HOST:PORT (default: start the local CPU stack)")
+    p.add_argument("--address", default=None, help="gateway HOST:PORT (default: start a local stack)")
     p.add_argument("--verifier-address", default=None, help="verifier HOST:PORT, for the leak check")
     p.add_argument("--model", default=None, help="model folder for the started stack (default: the demo model)")
     p.add_argument("--drafter", default="mtp", help="drafter of the started stack (mtp | ngram | none)")
-    p.add_argument("--requests", type=int, default=512)
-    p.add_argument("--concurrency", type=int, default=64)
-    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="device of the started stack")
+    p.add_argument("--dtype", default=None, help="dtype of the started stack (default: float32 on cpu, bfloat16 on cuda)")
+    p.add_argument("--requests", type=int, default=512, help="requests in all (each client takes the next one)")
+    p.add_argument("--concurrency", type=int, default=64, help="streaming clients at once")
+    p.add_argument("--max-tokens", type=int, default=32, help="tokens per request (greedy, ignore_eos)")
     p.add_argument("--prompts", type=int, default=32, help="distinct prompts (requests cycle over them)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
     p.add_argument("--rss-growth-mb", type=float, default=300.0,
                    help="largest RSS growth allowed per service from after the reference pass to the end")
     args = p.parse_args(argv)
@@ -205,8 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     from specdec.demo import demo_model_dir
     from specdec.local_stack import LocalStack, StackConfig
     with tempfile.TemporaryDirectory(prefix="specdec-load-") as logs:
+        dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
         stack = LocalStack(StackConfig(model=args.model or demo_model_dir(), drafter=args.drafter, port=0,
-                                       log_dir=logs))
+                                       device=args.device, dtype=dtype, log_dir=logs))
         print(f"starting the local stack ({args.drafter} drafter; logs in {logs}) ...", file=sys.stderr, flush=True)
         stack.start()
         try:

@@ -49,5 +49,5 @@ def test_64_clients_small(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_64_clients_demo_model_1024_requests(tmp_path):
-    load_round(demo_model_dir(), tmp_path, "mtp", num_prompts=32, num_requests=1024, max_tokens=32, vocab=4096)
+def test_64_clients_demo_model_256_requests(tmp_path):
+    load_round(demo_model_dir(), tmp_path, "mtp", num_prompts=32, num_requests=256, max_tokens=16, vocab=4096)

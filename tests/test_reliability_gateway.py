@@ -169,3 +169,10 @@ def test_dead_engine_fails_requests_with_internal_and_health_goes_not_serving(ti
         engine_loop.stop()
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
+
+
+def test_generate_against_a_dead_address_is_one_line(capsys):
+    from specdec.cli import main
+    assert main(["generate", "--address", f"127.0.0.1:{free_port()}", "hello"]) == 1
+    err = capsys.readouterr().err
+    assert "UNAVAILABLE" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

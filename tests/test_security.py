@@ -161,6 +161,7 @@ def test_tls_gateway_with_api_key(stack, model_dir, expected, tmp_path, certs):
         ok = subprocess.run(cli + ["--api-key-file", str(certs["api.key"])], capture_output=True, text=True,
                             timeout=120)
         assert ok.returncode == 0 and "finish: length" in ok.stderr and "8 completion tokens" in ok.stderr, ok.stderr
+        assert main(["health", address, "--tls-ca", str(certs["ca"])]) == 0  # the CLI probe speaks TLS too
         refused = subprocess.run(cli, capture_output=True, text=True, timeout=120)
         assert refused.returncode == 1 and "UNAUTHENTICATED" in refused.stderr
         assert "Traceback" not in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
