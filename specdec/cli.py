@@ -16,6 +16,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdec", description=(
         "Speculative-decoding serving for Qwen3.5 / Qwen3-Next hybrid models."))
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument("--parent-pid", type=int, default=None,
+                        help="exit (SIGTERM) when the process PARENT_PID exits; `specdec serve` sets it for the "
+                             "services it starts, so none outlives it")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
         command.add_parser(sub)
@@ -24,6 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.parent_pid is not None:
+        from .process_guard import die_with_parent
+        die_with_parent(args.parent_pid)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     try:

@@ -1,4 +1,5 @@
-"""A terminal client of the Gateway: streams text (or token ids) as it arrives, then usage and acceptance."""
+"""A terminal client of the Gateway: streams text (or token ids) as it arrives, then usage and acceptance.
+Errors are one line on stderr (exit code 1), never a traceback."""
 from __future__ import annotations
 
 import argparse
@@ -7,6 +8,7 @@ import time
 
 import grpc
 
+from specdec.rpc.security import ClientSecurity
 from specdec.rpc.v1 import gateway_pb2, gateway_pb2_grpc
 
 
@@ -22,22 +24,30 @@ def request_from_args(args: argparse.Namespace, ids: list[int] | None) -> gatewa
     return gateway_pb2.GenerateRequest(prompt=args.prompt, sampling=sampling)
 
 
-def stream_completion(address: str, args: argparse.Namespace, ids: list[int] | None) -> int:
-    with grpc.insecure_channel(address) as channel:
-        stub = gateway_pb2_grpc.GatewayStub(channel)
-        info = stub.Info(gateway_pb2.InfoRequest(), timeout=10)
-        start, first, last = time.perf_counter(), None, None
-        if args.prompt is not None and ids is None:
-            sys.stdout.write(args.prompt)
-        try:
-            for reply in stub.Generate(request_from_args(args, ids)):
-                first = first or time.perf_counter()
-                sys.stdout.write(reply.text if info.has_tokenizer else "".join(f" {t}" for t in reply.token_ids))
-                sys.stdout.flush()
-                last = reply
-        except grpc.RpcError as e:
-            print(f"\nerror: {e.code().name}: {e.details()}", file=sys.stderr)
-            return 1
+def stream_completion(address: str, args: argparse.Namespace, ids: list[int] | None,
+                      security: ClientSecurity = ClientSecurity()) -> int:
+    written: list[bool] = []  # whether anything went to stdout (then the error starts on a new line)
+    try:
+        with security.channel(address) as channel:
+            return _stream(gateway_pb2_grpc.GatewayStub(channel), args, ids, security.metadata(), written)
+    except grpc.RpcError as e:
+        print(f"{chr(10) if written else ''}specdec generate: error from {address}: {e.code().name}: "
+              f"{e.details()}", file=sys.stderr)
+        return 1
+
+
+def _stream(stub: gateway_pb2_grpc.GatewayStub, args: argparse.Namespace, ids: list[int] | None, metadata,
+            written: list[bool]) -> int:
+    info = stub.Info(gateway_pb2.InfoRequest(), timeout=10, metadata=metadata)
+    start, first, last = time.perf_counter(), None, None
+    if args.prompt is not None and ids is None:
+        sys.stdout.write(args.prompt)
+        written.append(True)
+    for reply in stub.Generate(request_from_args(args, ids), metadata=metadata):
+        first = first or time.perf_counter()
+        sys.stdout.write(reply.text if info.has_tokenizer else "".join(f" {t}" for t in reply.token_ids))
+        sys.stdout.flush()
+        last = reply
     elapsed = time.perf_counter() - start
     u = last.usage
     rate = u.accepted_tokens / u.draft_tokens if u.draft_tokens else 0.0

@@ -1,7 +1,14 @@
-"""The three services as separate local processes on 127.0.0.1 (what `specdec serve` runs)."""
+"""The three services as separate local processes on 127.0.0.1 (what `specdec serve` runs).
+
+No child outlives the stack: each is started with `--parent-pid` (it gets SIGTERM when this process exits,
+even by SIGKILL; see specdec.process_guard), a failed or interrupted start stops what was started, and
+``run_stack`` turns SIGTERM and SIGHUP into the same clean stop as Ctrl-C. Start a stack from a thread that
+lives as long as it (the main thread): on Linux the children follow the thread that started them.
+"""
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -9,10 +16,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from specdec.rpc.health_probe import is_serving
 
 log = logging.getLogger(__name__)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def free_port() -> int:
@@ -41,18 +50,22 @@ class LocalStack:
     config: StackConfig
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
+    commands: dict[str, list[str]] = field(default_factory=dict)
     address: str = ""
 
     def _spawn(self, name: str, args: list[str]) -> None:
         out = None
         if self.config.log_dir:
-            out = open(Path(self.config.log_dir) / f"{name}.log", "w")
-        cmd = [sys.executable, "-m", "specdec", *args]
-        (log.debug if self.config.log_dir else log.info)("starting %s: %s", name, " ".join(cmd))
+            out = open(Path(self.config.log_dir) / f"{name}.log", "a")
+        cmd = [sys.executable, "-m", "specdec", "--parent-pid", str(os.getpid()), *args]
+        self.commands[name] = args
         self.procs[name] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if out else None,
-                                            start_new_session=True)
+                                            start_new_session=True)  # Ctrl-C reaches us; we stop them in order
+        (log.debug if self.config.log_dir else log.info)("started %s (pid %d): %s", name, self.procs[name].pid,
+                                                          " ".join(cmd))
 
-    def _wait_healthy(self, name: str, address: str) -> None:
+    def _wait_healthy(self, name: str) -> None:
+        address = f"127.0.0.1:{self.ports[name]}"
         deadline = time.monotonic() + self.config.startup_timeout_s
         while not is_serving(address, timeout=1.0):
             if self.procs[name].poll() is not None:
@@ -65,28 +78,40 @@ class LocalStack:
     def start(self) -> str:
         c = self.config
         common = ["--model", c.model, "--device", c.device, "--dtype", c.dtype]
-        verifier_port, gateway_port = free_port(), c.port or free_port()
-        self.ports = {"verifier": verifier_port, "gateway": gateway_port}
-        verifier = ["verifier", *common, "--port", str(verifier_port), *c.verifier_args]
-        if c.drafter != "none":
-            drafter_port = self.ports["drafter"] = free_port()
-            self._spawn("drafter", ["drafter", "--kind", c.drafter, "-k", str(c.num_drafts), *common,
-                                    "--port", str(drafter_port), *c.drafter_args])
-            verifier += ["--drafter-address", f"127.0.0.1:{drafter_port}", "-k", str(c.num_drafts),
-                         "--transport", c.transport]
-        self._spawn("verifier", verifier)
-        self._spawn("gateway", ["gateway", "--model", c.model, "--verifier-address", f"127.0.0.1:{verifier_port}",
-                                "--port", str(gateway_port)])
+        self.ports = {"verifier": free_port(), "gateway": c.port or free_port()}
+        verifier = ["verifier", *common, "--port", str(self.ports["verifier"]), *c.verifier_args]
+        names = ["verifier", "gateway"]
         try:
             if c.drafter != "none":
-                self._wait_healthy("drafter", f"127.0.0.1:{drafter_port}")
-            self._wait_healthy("verifier", f"127.0.0.1:{verifier_port}")
-            self._wait_healthy("gateway", f"127.0.0.1:{gateway_port}")
-        except Exception:
+                self.ports["drafter"] = free_port()
+                names.insert(0, "drafter")
+                self._spawn("drafter", ["drafter", "--kind", c.drafter, "-k", str(c.num_drafts), *common,
+                                        "--port", str(self.ports["drafter"]), *c.drafter_args])
+                verifier += ["--drafter-address", f"127.0.0.1:{self.ports['drafter']}", "-k", str(c.num_drafts),
+                             "--transport", c.transport]
+            self._spawn("verifier", verifier)
+            self._spawn("gateway", ["gateway", "--model", c.model, "--verifier-address",
+                                    f"127.0.0.1:{self.ports['verifier']}", "--port", str(self.ports["gateway"])])
+            for name in names:
+                self._wait_healthy(name)
+        except BaseException:  # Ctrl-C while loading included: nothing started may outlive us
             self.stop()
             raise
-        self.address = f"127.0.0.1:{gateway_port}"
+        self.address = f"127.0.0.1:{self.ports['gateway']}"
         return self.address
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one service (fault tests)."""
+        self.procs[name].kill()
+        self.procs[name].wait()
+
+    def restart(self, name: str, wait: bool = True) -> None:
+        """Start `name` again with the same command and port (after it died or was killed)."""
+        if self.procs[name].poll() is None:
+            raise RuntimeError(f"{name} is still running (pid {self.procs[name].pid})")
+        self._spawn(name, self.commands[name])
+        if wait:
+            self._wait_healthy(name)
 
     def stop(self, grace_s: float = 10.0) -> None:
         for name in ("gateway", "verifier", "drafter"):  # front first: nothing new reaches the back
@@ -102,3 +127,30 @@ class LocalStack:
                 p.kill()
                 p.wait()
         self.procs.clear()
+
+
+def run_stack(stack: LocalStack, body: Callable[[str], int]) -> int:
+    """Start `stack`, return body(gateway address), and stop the stack whatever happens.
+
+    SIGTERM and SIGHUP interrupt like Ctrl-C (KeyboardInterrupt: exit code 130), so the cleanup runs for them
+    too; once it has begun, further signals are ignored until the children are gone."""
+    stopping = False
+
+    def interrupt(signum, frame):
+        if not stopping:
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+    previous = {s: signal.signal(s, interrupt) for s in STOP_SIGNALS}
+    try:
+        return body(stack.start())
+    except KeyboardInterrupt as e:
+        print(f"stopping ({e or 'SIGINT'}) ...", file=sys.stderr, flush=True)
+        return 130
+    finally:
+        stopping = True
+        for s in STOP_SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
+        try:
+            stack.stop()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)

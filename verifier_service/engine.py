@@ -70,8 +70,10 @@ class SpecEngine:
         if any(not 0 <= t < vocab for t in prompt_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         if request_id in self.by_request:
-            raise ValueError(f"request id {request_id!r} is already running")
-        if len(prompt_ids) + params.max_tokens + self.config.num_drafts > self.max_len:
+            raise ValueError(f"request_id {request_id!r} is already running: request ids must be unique")
+        # Drafts never reach past prompt + max_tokens (a sequence asks for at most remaining - 1 of them), so
+        # the limit is the same as the gateway's: no request passes there and fails here.
+        if len(prompt_ids) + params.max_tokens > self.max_len:
             raise OverflowError(f"prompt ({len(prompt_ids)}) + max_tokens ({params.max_tokens}) exceeds the "
                                 f"maximum context of {self.max_len} tokens")
         seed = params.seed if params.seed is not None else self._seeds.getrandbits(62)

@@ -1,34 +1,74 @@
-"""Runs the engine on its own thread; gRPC handler threads talk to it only through queues.
+"""Runs the engine on its own thread; request handlers talk to it only through commands and callbacks.
 
-submit() returns a queue of RequestOutputs for that request; abort() may come from any thread (a cancelled
-client). The loop applies adds and aborts between steps, steps while there is work, and sleeps otherwise.
+``submit()`` hands over one request with a ``deliver`` callback that receives its RequestOutputs (and, if it
+fails, one ``Failed``) on the engine thread; it returns a ``Ticket``: the handle of that one call. Requests are
+keyed per call: ``cancel(ticket)`` ends that call's request only, so a second call that reuses a running
+request id (refused) can never abort the first. ``abort(request_id)`` (the Abort RPC) ends whichever call
+runs under that id. Every request that ends is told so: a last output with a finish_reason ("abort"
+included) or a ``Failed``.
+
+Admission is bounded: at most ``max_running + max_queued`` requests are in the verifier; ``submit`` beyond that
+raises ``QueueFull``. Any exception that escapes the loop (a step, a stats hook, the loop's own code) is fatal:
+it is logged, every request in flight gets ``Failed(INTERNAL)``, ``on_fatal`` runs (the server flips health
+to NOT_SERVING) and later submits raise ``EngineStopped``.
 """
 from __future__ import annotations
 
+import enum
 import logging
-import queue
 import threading
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
 
 from specdec.sampling_params import SamplingParams
 
 from .engine import RequestOutput, SpecEngine
 
 log = logging.getLogger(__name__)
+DEFAULT_MAX_QUEUED = 256
+
+
+class FailureKind(enum.Enum):
+    INVALID = "invalid"          # the request is malformed (INVALID_ARGUMENT)
+    TOO_LONG = "too_long"        # prompt + max_tokens exceed the context (RESOURCE_EXHAUSTED)
+    INTERNAL = "internal"        # our bug: the engine stopped (INTERNAL)
 
 
 @dataclass
 class Failed:
-    """Put on a request's queue when its request could not be added (the message says why)."""
-    error: Exception
+    """The last thing a request's callback receives when it could not be added or the engine died."""
+    kind: FailureKind
+    message: str
+
+
+class QueueFull(Exception):
+    """More requests than max_running + max_queued (RESOURCE_EXHAUSTED)."""
+
+
+class EngineStopped(Exception):
+    """The engine died earlier; nothing is accepted any more (UNAVAILABLE)."""
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One call's request: its engine request id and where its outputs go."""
+    request_id: str
+    deliver: Callable[[RequestOutput | Failed], None]
+    ended: bool = field(default=False)
 
 
 class EngineLoop:
-    def __init__(self, engine: SpecEngine, on_step=None):
-        self.engine, self.on_step = engine, on_step
-        self._commands: queue.Queue = queue.Queue()
-        self._outputs: dict[str, queue.Queue] = {}
+    def __init__(self, engine: SpecEngine, on_step=None, on_fatal: Callable[[BaseException], None] | None = None,
+                 max_queued: int = DEFAULT_MAX_QUEUED):
+        self.engine, self.on_step, self.on_fatal = engine, on_step, on_fatal
+        self.capacity = engine.scheduler.config.max_running + max_queued
+        self.error: BaseException | None = None    # set once the loop died
+        self._lock = threading.Lock()              # guards _commands, _in_flight, error
+        self._commands: deque = deque()
+        self._in_flight = 0                        # tickets submitted and not ended
+        self._tickets: dict[str, Ticket] = {}      # admitted to the engine, by request id
         self._wake = threading.Event()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
@@ -42,65 +82,146 @@ class EngineLoop:
         self._wake.set()
         self._thread.join(timeout=10)
 
-    def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> queue.Queue:
-        out: queue.Queue = queue.Queue()
-        self._commands.put(("add", request_id, prompt_ids, params, out))
+    # ---- any thread ----------------------------------------------------------------------
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+               deliver: Callable[[RequestOutput | Failed], None]) -> Ticket:
+        """Queue a request; raises QueueFull or EngineStopped (then nothing was queued)."""
+        ticket = Ticket(request_id, deliver)
+        with self._lock:
+            if self.error is not None:
+                raise EngineStopped(f"the engine stopped after an internal error ({_describe(self.error)}); "
+                                    "restart the verifier")
+            if self._in_flight >= self.capacity:
+                raise QueueFull(f"the verifier is full: {self._in_flight} requests running or waiting "
+                                f"(--max-running + --max-queued = {self.capacity}); retry later")
+            self._in_flight += 1
+            self._commands.append(("add", ticket, prompt_ids, params))
         self._wake.set()
-        return out
+        return ticket
+
+    def cancel(self, ticket: Ticket) -> None:
+        """The caller of this ticket went away (or is done: then a no-op)."""
+        self._command(("cancel", ticket))
 
     def abort(self, request_id: str) -> None:
-        self._commands.put(("abort", request_id))
+        """End the request running under `request_id`, whichever call it came from."""
+        self._command(("abort", request_id))
+
+    def is_running(self, request_id: str) -> bool:
+        return request_id in self._tickets
+
+    def _command(self, command: tuple) -> None:
+        with self._lock:
+            self._commands.append(command)
         self._wake.set()
+
+    # ---- the engine thread ---------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._stop:
+                self._apply()
+                if not self.engine.has_work:
+                    self._wake.wait(0.5)
+                    self._wake.clear()
+                    continue
+                start = time.perf_counter()
+                outputs = self.engine.step()
+                if self.on_step:
+                    self.on_step(self.engine, outputs, time.perf_counter() - start)
+                for o in outputs:
+                    self._deliver(o)
+        except BaseException as e:  # noqa: BLE001 - whatever it is, the requests must hear of it
+            self._die(e)
 
     def _apply(self) -> None:
         while True:
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                return
+            with self._lock:
+                if not self._commands:
+                    return
+                command = self._commands.popleft()
             if command[0] == "add":
-                _, rid, prompt, params, out = command
-                try:
-                    self.engine.add_request(rid, prompt, params)
-                    self._outputs[rid] = out
-                except (ValueError, OverflowError) as e:
-                    out.put(Failed(e))
+                self._add(*command[1:])
+            elif command[0] == "cancel":
+                ticket = command[1]
+                if self._tickets.get(ticket.request_id) is ticket:
+                    self._abort(ticket)
             else:
-                rid = command[1]
-                if self.engine.abort(rid):
-                    log.info("request %s aborted; its KV blocks and GDN slot are free", rid)
-                    out = self._outputs.pop(rid, None)
-                    if out is not None:
-                        out.put(None)
+                ticket = self._tickets.get(command[1])
+                if ticket is not None:
+                    self._abort(ticket)
 
-    def _run(self) -> None:
-        while not self._stop:
-            self._apply()
-            if not self.engine.has_work:
-                self._wake.wait(0.5)
-                self._wake.clear()
-                continue
-            start = time.perf_counter()
-            try:
-                outputs = self.engine.step()
-            except Exception as e:  # our bug: fail what is running, keep serving the rest
-                log.exception("engine step failed")
-                self._fail_all(e)
-                continue
-            if self.on_step:
-                self.on_step(self.engine, outputs, time.perf_counter() - start)
-            for o in outputs:
-                self._deliver(o)
+    def _add(self, ticket: Ticket, prompt_ids: list[int], params: SamplingParams) -> None:
+        try:
+            self.engine.add_request(ticket.request_id, prompt_ids, params)
+        except OverflowError as e:
+            self._end(ticket, Failed(FailureKind.TOO_LONG, str(e)))
+            return
+        except ValueError as e:
+            self._end(ticket, Failed(FailureKind.INVALID, str(e)))
+            return
+        self._tickets[ticket.request_id] = ticket
+
+    def _abort(self, ticket: Ticket, notify: bool = True) -> None:
+        """Remove the request from the engine; its caller gets a last output with finish_reason "abort"."""
+        seq = self.engine.by_request.get(ticket.request_id)
+        del self._tickets[ticket.request_id]
+        if seq is None or not self.engine.abort(ticket.request_id):
+            self._end(ticket, None)
+            return
+        log.info("request %s aborted; its KV blocks and GDN slot are free", ticket.request_id)
+        last = RequestOutput(ticket.request_id, [], "abort", seq.stats, seq.num_prompt)
+        self._end(ticket, last if notify else None)
 
     def _deliver(self, output: RequestOutput) -> None:
-        out = self._outputs.get(output.request_id)
-        if out is None:
+        ticket = self._tickets.get(output.request_id)
+        if ticket is None:
             return
-        out.put(output)
         if output.finish_reason is not None:
-            self._outputs.pop(output.request_id, None)
+            del self._tickets[output.request_id]
+            self._end(ticket, output)
+        elif not self._send(ticket, output):
+            self._abort(ticket, notify=False)  # nobody reads this request any more
 
-    def _fail_all(self, error: Exception) -> None:
-        for rid in list(self._outputs):
-            self.engine.abort(rid)
-            self._outputs.pop(rid).put(Failed(error))
+    def _end(self, ticket: Ticket, last: RequestOutput | Failed | None) -> None:
+        """The ticket's last message (None: nothing to say); frees its place in the admission bound."""
+        if ticket.ended:
+            return
+        ticket.ended = True
+        with self._lock:
+            self._in_flight -= 1
+        if last is not None:
+            self._send(ticket, last)
+
+    def _send(self, ticket: Ticket, item: RequestOutput | Failed) -> bool:
+        try:
+            ticket.deliver(item)
+            return True
+        except Exception as e:  # the handler's side is gone (e.g. its event loop closed): drop this request only
+            log.warning("request %s: cannot deliver its output (%s); ending it", ticket.request_id, _describe(e))
+            return False
+
+    def _die(self, error: BaseException) -> None:
+        with self._lock:
+            self.error = error
+            pending = [c[1] for c in self._commands if c[0] == "add"]
+            self._commands.clear()
+        tickets = list(self._tickets.values()) + pending
+        self._tickets.clear()
+        log.critical("engine loop stopped by an internal error; failing %d requests in flight, reporting "
+                     "NOT_SERVING", len(tickets), exc_info=error)
+        failure = Failed(FailureKind.INTERNAL, f"internal error in the verifier's engine: {_describe(error)}")
+        for ticket in tickets:
+            self._end(ticket, failure)
+        if self.on_fatal is not None:
+            try:
+                self.on_fatal(error)
+            except Exception:
+                log.exception("on_fatal hook failed")
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"

@@ -24,6 +24,8 @@ class VerifierMetrics:
         self.kv_used = Gauge("specdec_kv_blocks_used", "KV cache blocks in use", registry=r)
         self.gdn_used = Gauge("specdec_gdn_slots_used", "GDN state slot groups in use", registry=r)
         self.fallbacks = Gauge("specdec_drafter_fallbacks", "Steps decoded without drafts (drafter away)", registry=r)
+        self.engine_failures = Counter("specdec_engine_failures", "Times the engine loop stopped on an internal "
+                                       "error (the verifier then reports NOT_SERVING)", registry=r)
         self._seen = (0, 0, 0, 0)
 
     def serve(self, port: int) -> None:

@@ -1,6 +1,7 @@
 """`specdec verifier`: load the target, connect to the drafter, serve verifier.proto until SIGINT / SIGTERM."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from specdec.sampling_params import SamplingParams
 
 from .drafter_client import DrafterLinkConfig, RemoteDrafter
 from .engine import EngineConfig, SpecEngine
-from .engine_loop import EngineLoop
+from .engine_loop import DEFAULT_MAX_QUEUED, EngineLoop
 from .forced_acceptance import ForcedAcceptance
 from .metrics import VerifierMetrics
 from .model_runner import ModelRunner
@@ -38,6 +39,7 @@ class VerifierConfig:
     drafter_timeout_s: float = 10.0
     max_context: int = 4096
     max_running: int = 16
+    max_queued: int = DEFAULT_MAX_QUEUED   # requests waiting beyond max_running; more: RESOURCE_EXHAUSTED
     max_batched_tokens: int = 512
     prefill_chunk: int = 256
     block_size: int = 16
@@ -79,31 +81,47 @@ def warm_up(engine: SpecEngine) -> None:
     engine.generate([[0, 1, 2]], SamplingParams(max_tokens=3, ignore_eos=True))
 
 
-def start(config: VerifierConfig, host: str, port: int) -> tuple[serving.RunningServer, EngineLoop]:
-    engine = build_engine(config)
-    warm_up(engine)
+async def start(engine: SpecEngine, config: VerifierConfig, host: str,
+                port: int) -> tuple[serving.AioServer, EngineLoop]:
+    """Serve a loaded, warmed-up engine (grpc.aio). If the engine dies, health turns NOT_SERVING."""
     metrics = VerifierMetrics()
     if config.metrics_port:
         metrics.serve(config.metrics_port)
-    loop = EngineLoop(engine, on_step=metrics.observe).start()
+    event_loop = asyncio.get_running_loop()
+    running: serving.AioServer | None = None
+
+    def on_fatal(error: BaseException) -> None:  # the engine thread: hand the health flip to the event loop
+        metrics.engine_failures.inc()
+        if running is not None:
+            asyncio.run_coroutine_threadsafe(running.set_serving(False), event_loop)
+    loop = EngineLoop(engine, on_step=metrics.observe, on_fatal=on_fatal, max_queued=config.max_queued).start()
     cfg = engine.runner.config
     has_tokenizer = (Path(config.model_dir) / "tokenizer.json").is_file()
     info = gateway_pb2.InfoResponse(model=Path(config.model_dir).name, model_type=cfg.model_type,
                                     max_context=engine.max_len, vocab_size=cfg.vocab_size, has_tokenizer=has_tokenizer)
     servicer = VerifierServicer(loop, info)
-    running = serving.start_server(lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(servicer, s),
-                                   [SERVICE], host, port)
-    running.set_serving(True)
-    log.info("verifier %s on %s (%s, k=%d, drafter %s) listening on %s:%d", cfg.model_type, config.device,
-             config.dtype, config.num_drafts, config.drafter_address or "none", host, running.port)
+    running = await serving.start_aio_server(
+        lambda s: verifier_pb2_grpc.add_VerifierServicer_to_server(servicer, s), [SERVICE], host, port,
+        max_request_bytes=serving.VERIFIER_MAX_REQUEST_BYTES)
+    serving.warn_if_exposed("the verifier", host, secured=False)
+    await running.set_serving(loop.error is None)
+    log.info("verifier %s on %s (%s, k=%d, drafter %s) listening on %s:%d; at most %d requests in flight",
+             cfg.model_type, config.device, config.dtype, config.num_drafts, config.drafter_address or "none", host,
+             running.port, loop.capacity)
     return running, loop
 
 
-def serve(config: VerifierConfig, host: str, port: int) -> None:
-    running, loop = start(config, host, port)
+async def _serve(engine: SpecEngine, config: VerifierConfig, host: str, port: int) -> None:
+    running, loop = await start(engine, config, host, port)
+    await serving.until_signal("verifier")
+    await running.stop()
+    loop.stop()
+    if loop.engine.drafter is not None:
+        loop.engine.drafter.close()
+    log.info("verifier: stopped")
 
-    def on_stop():
-        loop.stop()
-        if loop.engine.drafter is not None:
-            loop.engine.drafter.close()
-    serving.wait_for_termination(running, "verifier", on_stop)
+
+def serve(config: VerifierConfig, host: str, port: int) -> None:
+    engine = build_engine(config)  # before the event loop: Ctrl-C / SIGTERM while loading stop the process at once
+    warm_up(engine)
+    asyncio.run(_serve(engine, config, host, port))

@@ -1,6 +1,11 @@
-"""The Verifier gRPC service over the engine loop. Protobuf stops here."""
+"""The Verifier gRPC service (grpc.aio) over the engine loop. Protobuf and status codes stop here.
+
+Handlers never block the event loop: a Generate call hands its request to the engine thread and awaits its
+outputs on an asyncio queue, so health, Info, Stats and Abort answer whatever the number of open streams.
+"""
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 
@@ -11,9 +16,12 @@ from specdec.rpc.v1 import gateway_pb2, verifier_pb2, verifier_pb2_grpc
 from specdec.sampling_params import SamplingError
 
 from .engine import RequestOutput
-from .engine_loop import EngineLoop, Failed
+from .engine_loop import EngineLoop, EngineStopped, Failed, FailureKind, QueueFull
 
 log = logging.getLogger(__name__)
+STATUS = {FailureKind.INVALID: grpc.StatusCode.INVALID_ARGUMENT,
+          FailureKind.TOO_LONG: grpc.StatusCode.RESOURCE_EXHAUSTED,
+          FailureKind.INTERNAL: grpc.StatusCode.INTERNAL}
 
 
 def usage_of(o: RequestOutput, completion_tokens: int) -> gateway_pb2.Usage:
@@ -31,38 +39,43 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     def __init__(self, loop: EngineLoop, info: gateway_pb2.InfoResponse):
         self.loop, self.info = loop, info
 
-    def Generate(self, request, context):
+    async def Generate(self, request, context):
         rid = request.request_id or uuid.uuid4().hex
         try:
-            params = params_from_proto(request.sampling)
+            params = params_from_proto(request.sampling).validate(self.info.vocab_size)
         except SamplingError as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        outputs = self.loop.submit(rid, list(request.prompt_token_ids), params)
-        context.add_callback(lambda: self.loop.abort(rid))  # client gone (or done: then a no-op)
-        completion = 0
-        while True:
-            item = outputs.get()
-            if item is None:
-                return
-            if isinstance(item, Failed):
-                code = (grpc.StatusCode.RESOURCE_EXHAUSTED if isinstance(item.error, OverflowError)
-                        else grpc.StatusCode.INVALID_ARGUMENT if isinstance(item.error, ValueError)
-                        else grpc.StatusCode.INTERNAL)
-                context.abort(code, str(item.error))
-            completion += len(item.new_token_ids)
-            yield verifier_pb2.TokenResponse(token_ids=item.new_token_ids, finish_reason=item.finish_reason or "",
-                                             usage=usage_of(item, completion),
-                                             forced_acceptance=item.forced_acceptance,
-                                             logprobs=logprobs_to_proto(item.logprobs))
-            if item.finish_reason:
-                return
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        outputs: asyncio.Queue = asyncio.Queue()
+        event_loop = asyncio.get_running_loop()
+        try:
+            ticket = self.loop.submit(rid, list(request.prompt_token_ids), params,
+                                      lambda item: event_loop.call_soon_threadsafe(outputs.put_nowait, item))
+        except QueueFull as e:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        except EngineStopped as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        try:
+            completion = 0
+            while True:
+                item = await outputs.get()
+                if isinstance(item, Failed):
+                    await context.abort(STATUS[item.kind], item.message)
+                completion += len(item.new_token_ids)
+                yield verifier_pb2.TokenResponse(token_ids=item.new_token_ids, finish_reason=item.finish_reason or "",
+                                                 usage=usage_of(item, completion),
+                                                 forced_acceptance=item.forced_acceptance,
+                                                 logprobs=logprobs_to_proto(item.logprobs))
+                if item.finish_reason:
+                    return
+        finally:
+            self.loop.cancel(ticket)  # the client went away (or the request ended: then a no-op)
 
-    def Abort(self, request, context):
-        found = request.request_id in self.loop.engine.by_request
+    async def Abort(self, request, context):
+        found = self.loop.is_running(request.request_id)
         self.loop.abort(request.request_id)
         return verifier_pb2.AbortResponse(found=found)
 
-    def Info(self, request, context):
+    async def Info(self, request, context):
         info = gateway_pb2.InfoResponse()
         info.CopyFrom(self.info)
         drafter = self.loop.engine.drafter
@@ -71,7 +84,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         info.num_draft_tokens = self.loop.engine.num_drafts
         return info
 
-    def Stats(self, request, context):
+    async def Stats(self, request, context):
         engine = self.loop.engine
         runner, s, drafter = engine.runner, engine.stats, engine.drafter
         return verifier_pb2.StatsResponse(
@@ -82,4 +95,5 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             drafter_kind=getattr(drafter, "kind", "none") if drafter is not None else "none",
             drafter_fallbacks=engine.fallback_steps, mean_acceptance_length=s.mean_acceptance_length,
             verify_steps=s.verify_steps, draft_tokens=s.drafted, accepted_tokens=s.accepted,
-            transport=getattr(drafter, "transport_name", "in-process" if drafter is not None else "none"))
+            transport=getattr(drafter, "transport_name", "in-process" if drafter is not None else "none"),
+            in_flight=self.loop.in_flight, engine_alive=self.loop.error is None)

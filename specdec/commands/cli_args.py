@@ -29,3 +29,20 @@ def resolve(args: argparse.Namespace) -> tuple[str, str, str]:
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
     return model, device, dtype
+
+
+def add_client_security_args(p: argparse.ArgumentParser) -> None:
+    """How a client reaches a gateway served with TLS and/or an API key."""
+    g = p.add_argument_group("gateway security (for a gateway started with --tls-* / --api-key-file)")
+    g.add_argument("--tls", action="store_true", help="connect with TLS, trusting the system's root certificates")
+    g.add_argument("--tls-ca", default=None, help="PEM CA bundle that signed the gateway's certificate (implies --tls)")
+    g.add_argument("--tls-cert", default=None, help="PEM client certificate (when the gateway requires one)")
+    g.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+    g.add_argument("--api-key-file", default=None,
+                   help="file whose first line is the API key (default: $SPECDEC_API_KEY if set)")
+
+
+def client_security(args: argparse.Namespace):
+    from specdec.rpc.security import ClientSecurity, read_api_key
+    return ClientSecurity.from_files(args.tls, args.tls_ca, args.tls_cert, args.tls_key,
+                                     read_api_key(args.api_key_file, os.environ.get("SPECDEC_API_KEY")))

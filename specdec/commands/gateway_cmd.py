@@ -2,21 +2,41 @@
 import argparse
 import os
 
+from .cli_args import add_listen_args
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("gateway", help="serve the public API (specdec.rpc.v1.Gateway)",
-                       description="Tokenize, forward to the verifier, stream tokens and text back.")
+                       description="Tokenize, forward to the verifier, stream tokens and text back. Health follows "
+                                   "the verifier's. Without TLS and an API key, keep it on 127.0.0.1 (SECURITY.md).")
     p.add_argument("--model", default=os.environ.get("SPECDEC_MODEL") or None,
                    help="model folder, for its tokenizer files (default: $SPECDEC_MODEL, else the demo model)")
     p.add_argument("--verifier-address", default="127.0.0.1:50052")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=50051)
+    add_listen_args(p, 50051)
+    p.add_argument("--tls-cert", default=None, help="PEM certificate chain: serve TLS (with --tls-key)")
+    p.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+    p.add_argument("--tls-client-ca", default=None,
+                   help="PEM CA bundle: require client certificates signed by it (mutual TLS)")
+    p.add_argument("--api-key-file", default=None,
+                   help="file whose first line is the API key; calls must send 'authorization: Bearer <key>' "
+                        "(default: $SPECDEC_API_KEY if set, else no key)")
+    p.add_argument("--max-request-bytes", type=int, default=None,
+                   help="largest request accepted, in bytes (default 4 MiB); bigger ones get RESOURCE_EXHAUSTED")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from gateway.server import serve
+    from gateway.server import GatewayConfig, serve
     from specdec.demo import DEMO_DIR
+    from specdec.rpc import serving
+    from specdec.rpc.security import ServerTls, read_api_key
     model = args.model or (str(DEMO_DIR) if (DEMO_DIR / "config.json").is_file() else None)
-    serve(model, args.verifier_address, args.host, args.port)
+    max_bytes = args.max_request_bytes or serving.PUBLIC_MAX_REQUEST_BYTES
+    if max_bytes < 1024:
+        raise ValueError(f"--max-request-bytes {max_bytes}: too small for any request (at least 1024)")
+    config = GatewayConfig(model, args.verifier_address, args.host, args.port,
+                           tls=ServerTls.from_files(args.tls_cert, args.tls_key, args.tls_client_ca),
+                           api_key=read_api_key(args.api_key_file, os.environ.get("SPECDEC_API_KEY")),
+                           max_request_bytes=max_bytes)
+    serve(config)
     return 0

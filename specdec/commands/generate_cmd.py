@@ -4,7 +4,7 @@ import sys
 import tempfile
 
 from .serve_cmd import add_stack_args, stack_config
-from .cli_args import add_model_args
+from .cli_args import add_client_security_args, add_model_args, client_security
 
 
 def add_parser(sub) -> None:
@@ -27,6 +27,7 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=None, help="reproducible sampling (same tokens with or without drafts)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true")
+    add_client_security_args(p)
     p.set_defaults(run=run)
 
 
@@ -34,16 +35,16 @@ def run(args: argparse.Namespace) -> int:
     from specdec.client import stream_completion
     if args.prompt is None and not args.prompt_token_ids:
         raise ValueError("give a prompt or --prompt-token-ids")
-    ids = [int(t) for t in args.prompt_token_ids.split(",")] if args.prompt_token_ids else None
+    try:
+        ids = [int(t) for t in args.prompt_token_ids.split(",")] if args.prompt_token_ids else None
+    except ValueError as e:
+        raise ValueError(f"--prompt-token-ids: expected comma-separated integers ({e})") from e
+    security = client_security(args)
     if args.address:
-        return stream_completion(args.address, args, ids)
-    from specdec.local_stack import LocalStack
+        return stream_completion(args.address, args, ids, security)
+    from specdec.local_stack import LocalStack, run_stack
     with tempfile.TemporaryDirectory(prefix="specdec-logs-") as logs:
         stack = LocalStack(stack_config(args, port=0, log_dir=logs))
         print(f"starting the local stack ({stack.config.drafter} drafter, k={stack.config.num_drafts}, "
               f"{stack.config.device}) ...", file=sys.stderr, flush=True)
-        stack.start()
-        try:
-            return stream_completion(stack.address, args, ids)
-        finally:
-            stack.stop()
+        return run_stack(stack, lambda address: stream_completion(address, args, ids))

@@ -9,7 +9,8 @@ from .cli_args import add_enforce_eager_arg, add_model_args, resolve
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="start gateway, verifier and drafter locally (one command)",
                        description="Start the three services as separate processes on 127.0.0.1, wait until "
-                                   "all are healthy, print the gateway address, stop them all on Ctrl-C.")
+                                   "all are healthy, print the gateway address, stop them all on Ctrl-C, SIGTERM "
+                                   "or SIGHUP. The services also exit if this process is killed.")
     add_model_args(p)
     add_stack_args(p)
     p.add_argument("--port", type=int, default=50051, help="gateway port (0: any free port)")
@@ -45,16 +46,14 @@ def stack_config(args: argparse.Namespace, port: int, log_dir: str | None = None
 
 
 def run(args: argparse.Namespace) -> int:
-    from specdec.local_stack import LocalStack
+    from specdec.local_stack import LocalStack, run_stack
     stack = LocalStack(stack_config(args, args.port))
-    address = stack.start()
     c = stack.config
-    print(f"specdec serving {c.model} on {address} (drafter {c.drafter}, k={c.num_drafts}, {c.device}); "
-          f"Ctrl-C to stop", file=sys.stderr, flush=True)
-    try:
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        print("stopping ...", file=sys.stderr)
-    finally:
-        stack.stop()
-    return 0
+
+    def until_stopped(address: str) -> int:
+        print(f"specdec serving {c.model} on {address} (drafter {c.drafter}, k={c.num_drafts}, {c.device}); "
+              f"Ctrl-C to stop", file=sys.stderr, flush=True)
+        threading.Event().wait()  # until a signal interrupts it
+        return 0
+    code = run_stack(stack, until_stopped)
+    return 0 if code == 130 else code  # stopping on a signal is how `serve` is meant to end

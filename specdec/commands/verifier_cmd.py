@@ -17,6 +17,8 @@ def add_parser(sub) -> None:
     p.add_argument("--drafter-timeout", type=float, default=10.0, help="seconds before a drafter step counts as failed")
     p.add_argument("--max-context", type=int, default=4096)
     p.add_argument("--max-running", type=int, default=16, help="sequences decoded together")
+    p.add_argument("--max-queued", type=int, default=256,
+                   help="requests waiting beyond --max-running; more get RESOURCE_EXHAUSTED at once")
     p.add_argument("--max-batched-tokens", type=int, default=512, help="tokens per target forward")
     p.add_argument("--prefill-chunk", type=int, default=256)
     p.add_argument("--kv-blocks", type=int, default=0, help="KV blocks of 16 tokens (0: max-running × max-context)")
@@ -30,11 +32,17 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from verifier_service.server import VerifierConfig, serve
+    for name in ("max_running", "max_batched_tokens", "prefill_chunk"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.max_queued < 0:
+        raise ValueError(f"--max-queued must be >= 0, got {args.max_queued}")
     model, device, dtype = resolve(args)
     config = VerifierConfig(
         model_dir=model, device=device, dtype=dtype, num_drafts=args.num_drafts if args.drafter_address else 0,
         drafter_address=args.drafter_address, transport=args.transport, drafter_timeout_s=args.drafter_timeout,
-        max_context=args.max_context, max_running=args.max_running, max_batched_tokens=args.max_batched_tokens,
+        max_context=args.max_context, max_running=args.max_running, max_queued=args.max_queued,
+        max_batched_tokens=args.max_batched_tokens,
         prefill_chunk=args.prefill_chunk, kv_blocks=args.kv_blocks, metrics_port=args.metrics_port,
         forced_acceptance_length=args.forced_acceptance_length, unsafe_forced_acceptance=args.unsafe_forced_acceptance,
         enforce_eager=args.enforce_eager)

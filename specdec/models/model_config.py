@@ -8,6 +8,7 @@ Three families share one implementation; `family` says which parts differ:
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,7 +125,11 @@ class ModelConfig:
             cfg = json.loads(path.read_text())
         except json.JSONDecodeError as e:
             raise CheckpointError(f"{path}: not valid JSON ({e})") from e
-        return cls.from_dict(cfg)
+        config = cls.from_dict(cfg)
+        extra = _generation_eos(Path(folder) / "generation_config.json")
+        if extra:  # generate() stops on generation_config's ids (Qwen lists more there); stop on both lists
+            config = dataclasses.replace(config, eos_token_id=tuple(dict.fromkeys(config.eos_token_id + extra)))
+        return config
 
 
 def _require(text: dict, key: str):
@@ -154,6 +159,20 @@ def _rope(text: dict) -> tuple[float, float]:
     theta = rope.get("rope_theta", text.get("rope_theta", 10000.0))
     factor = rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25))
     return float(theta), float(factor)
+
+
+def _generation_eos(path: Path) -> tuple[int, ...]:
+    """eos_token_id of generation_config.json (absent file or field: none)."""
+    if not path.is_file():
+        return ()
+    try:
+        value = json.loads(path.read_text()).get("eos_token_id")
+    except (json.JSONDecodeError, AttributeError) as e:
+        raise CheckpointError(f"{path}: not a valid JSON object ({e})") from e
+    try:
+        return _eos(value)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{path}: eos_token_id must be an integer or a list of integers, got {value!r}") from e
 
 
 def _eos(value) -> tuple[int, ...]:

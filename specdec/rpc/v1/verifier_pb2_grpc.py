@@ -61,7 +61,10 @@ class VerifierServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Generate(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Errors: INVALID_ARGUMENT (bad request), RESOURCE_EXHAUSTED (too long, or more than --max-running +
+        --max-queued requests in the verifier), UNAVAILABLE (the engine stopped), INTERNAL (the engine failed while
+        this request ran). An aborted request (Abort) ends with a last message whose finish_reason is "abort".
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
