@@ -42,13 +42,15 @@ class DraftModelDrafter:
     needs_hidden = False
 
     def __init__(self, loaded: LoadedModel, max_drafts: int, num_blocks: int = 4096, block_size: int = 16,
-                 max_seqs: int = 64, prefill_chunk: int = 512, device: str | torch.device = "cpu",
+                 max_seqs: int = 64, prefill_chunk: int = 512, device: str | torch.device | None = None,
                  vocab_fingerprint: str = ""):
         if max_drafts < 1:
             raise ValueError(f"max_drafts must be >= 1, got {max_drafts}")
         self.config, self.model = loaded.config, loaded.model
         self.max_drafts, self.block_size, self.max_seqs = max_drafts, block_size, max_seqs
-        self.prefill_chunk, self.device = prefill_chunk, torch.device(device)
+        # the draft model's own device unless told (a CPU default beside CUDA weights fails at the first step)
+        self.prefill_chunk = prefill_chunk
+        self.device = torch.device(device) if device is not None else self.model.embed_tokens.weight.device
         dtype = self.model.embed_tokens.weight.dtype
         self.facts = ModelFacts(hidden_size=self.config.hidden_size, vocab_size=self.config.vocab_size,
                                 dtype=DTYPE_NAMES[dtype], model_type=self.config.model_type,

@@ -40,10 +40,11 @@ class MTPDrafter:
     needs_hidden = True
 
     def __init__(self, loaded: LoadedModel, max_drafts: int, num_blocks: int, block_size: int = 16,
-                 device: str | torch.device = "cpu"):
-        """In-process: share the loaded target's embed_tokens / lm_head."""
+                 device: str | torch.device | None = None):
+        """In-process: share the loaded target's embed_tokens / lm_head (on their device unless told)."""
         self.setup(loaded.config, loaded.mtp_weights, loaded.model.embed_tokens.weight,
-                   loaded.model.lm_head.weight, max_drafts, num_blocks, block_size, device)
+                   loaded.model.lm_head.weight, max_drafts, num_blocks, block_size,
+                   device if device is not None else loaded.model.embed_tokens.weight.device)
 
     @classmethod
     def from_parts(cls, config: ModelConfig, mtp_weights: dict[str, torch.Tensor], embed_weight: torch.Tensor,
