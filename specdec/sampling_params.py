@@ -22,6 +22,7 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_LEN = 256
 GREEDY_BELOW = 1e-5                   # temperatures under this sample as greedy (logits / T would overflow)
 SEED_LIMIT = 2 ** 63
+TOP_K_LIMIT = 2 ** 31 - 1             # the wire's int32; any larger value would overflow the device tensors
 PENALTY_LIMIT = 2.0                   # presence / frequency penalties in [-2, 2], as the OpenAI API
 
 
@@ -75,7 +76,7 @@ class SamplingParams:
         _integer("max_tokens", self.max_tokens, low=1)
         _number("temperature", self.temperature, low=0.0)
         _number("top_p", self.top_p, low=0.0, high=1.0, low_open=True)
-        _integer("top_k", self.top_k, low=0)
+        _integer("top_k", self.top_k, low=0, high=TOP_K_LIMIT)
         _number("min_p", self.min_p, low=0.0, high=1.0)
         _number("repetition_penalty", self.repetition_penalty, low=0.0, low_open=True)
         _number("presence_penalty", self.presence_penalty, low=-PENALTY_LIMIT, high=PENALTY_LIMIT)

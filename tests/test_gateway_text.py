@@ -243,6 +243,7 @@ def test_validation_fills_defaults_and_keeps_what_was_set():
     (dict(top_p=0.0), "top_p"),
     (dict(temperature=math.inf), "temperature"),
     (dict(top_k=2.5), "top_k"),
+    (dict(top_k=2 ** 63), "top_k"),
     (dict(min_p=1.5), "min_p"),
     (dict(min_p=math.nan), "min_p"),
     (dict(repetition_penalty=0.0), "repetition_penalty"),

@@ -75,3 +75,34 @@ def test_same_seed_same_tokens_whatever_the_batch_and_row():
     many.seeds[37] = make_batch(1).seeds[0]
     together = rejection_sample(logits.repeat(64, 1), drafts.expand(64, 3), torch.full((64,), 3), many)
     assert together.tokens[37] == alone.tokens[0]
+
+
+def test_greedy_rows_ignore_the_drafters_q_in_a_mixed_batch():
+    """A greedy request whose drafter sent q, batched with a sampled one: it still accepts exactly while the
+    draft is the argmax and emits the argmax (never a min(1, p/q) draw)."""
+    logits = torch.zeros(4, 6)
+    logits[:2, 0], logits[:2, 1] = 3.0, 2.9                     # sequence 0 (greedy): argmax 0, draft 1
+    q = torch.zeros(4, 6)
+    q[0, 1] = 1.0                                               # its drafter is sure of token 1
+    batch = make_batch(2, uses_q=True)
+    batch.greedy[0] = True
+    for seed in range(50):
+        batch.seeds[0] = seed
+        verdict = rejection_sample(logits, torch.tensor([[1], [2]]), torch.tensor([1, 1]), batch, q)
+        assert verdict.tokens[0] == [0] and verdict.num_accepted[0] == 0
+
+
+def test_an_invalid_q_falls_back_to_the_coupled_draw():
+    """q(d) = 0 (or NaN, or not a distribution) must not turn into an always-accept: the row is decided by the
+    coupled draw, which is exact for any proposal."""
+    from sampling_stats import P_VALUE_FLOOR, chi_square_p_value
+    p = torch.tensor([0.7, 0.1, 0.1, 0.1])
+    n = 4000
+    logits = torch.stack([p.log(), p.log()]).repeat(n, 1)      # one draft row + bonus row per trial
+    for bad in (torch.tensor([0.5, 0.0, 0.25, 0.25]), torch.tensor([float("nan"), 1.0, 0.0, 0.0]),
+                torch.tensor([0.2, 0.2, 0.2, 0.2])):
+        q = torch.stack([bad, torch.zeros(4)]).repeat(n, 1)
+        verdict = rejection_sample(logits, torch.ones(n, 1, dtype=torch.long), torch.ones(n, dtype=torch.long),
+                                   make_batch(n, uses_q=True), q)
+        first = torch.tensor([t[0] for t in verdict.tokens])
+        assert chi_square_p_value(first, p)[1] > P_VALUE_FLOOR, bad

@@ -130,7 +130,7 @@ class SpecEngine:
 
     def _verify(self, sampled: list[ScheduledSeq], logits: torch.Tensor):
         device, vocab = logits.device, logits.shape[-1]
-        uses_q = [p.seq.draft_probs is not None and p.num_drafts > 0 for p in sampled]
+        uses_q = [p.seq.draft_probs is not None and p.num_drafts > 0 and not p.seq.params.greedy for p in sampled]
         sampling = SamplingBatch.of([p.seq for p in sampled], uses_q, vocab, device)
         width = max(p.num_drafts for p in sampled)
         host = torch.tensor([[p.num_drafts] + p.chunk[len(p.chunk) - p.num_drafts:] + [-1] * (width - p.num_drafts)

@@ -29,13 +29,13 @@ from .race import exponential_race
 
 def speculative_sample_ref(
     logits: torch.Tensor | None,      # [R, V] fp32 processed logits, cut tokens −inf (None: every row is greedy)
-    greedy_tokens: torch.Tensor,      # [R] int64 argmax of the processed logits (used on greedy rows)
+    greedy_tokens: torch.Tensor,      # [R] int64 argmax of the penalised logits (used on greedy rows)
     draft_probs: torch.Tensor | None, # [R, V] fp32 q on the draft rows of sequences with uses_q (else ignored)
     drafts: torch.Tensor,             # [B, K] int64 proposals, padded with -1 beyond num_drafts
     num_drafts: torch.Tensor,         # [B] int64 k_b <= K
     cu_rows: torch.Tensor,            # [B + 1] int64 row offsets: cu_rows[b+1] - cu_rows[b] = k_b + 1
     greedy: torch.Tensor,             # [B] bool
-    uses_q: torch.Tensor,             # [B] bool (never together with greedy)
+    uses_q: torch.Tensor,             # [B] bool: the drafter sent q (ignored on greedy rows and invalid q rows)
     seeds: torch.Tensor,              # [B] int64 in [0, 2^63)
     offsets: torch.Tensor,            # [B] int64 output tokens emitted before this step (position of row 0)
     forced_accepts: torch.Tensor | None = None,  # [B] int64 benchmarks only: accepted count imposed
@@ -59,11 +59,16 @@ def speculative_sample_ref(
         random_rows = ~greedy[seq_of_row]
         target = torch.where(random_rows, exponential_race(logits, seeds_r, positions, DRAW), target)
         emit, accept = target.clone(), draft == target
-        q_rows = uses_q[seq_of_row] & is_draft
         if draft_probs is not None:
             probs = logits.softmax(-1)
             d = draft.clamp(min=0)[:, None]
             p_d, q_d = probs.gather(-1, d)[:, 0], draft_probs.gather(-1, d)[:, 0]
+            # min(1, p/q) is the rule only for a distribution q with q(d) > 0: a row whose q is not one (NaN,
+            # negative, not summing to 1, q(d) = 0) falls back to the coupled draw, exact for any proposal.
+            # Greedy rows never use q: they accept while the draft is the argmax.
+            q_ok = (torch.isfinite(draft_probs).all(-1) & (draft_probs >= 0).all(-1) & (q_d > 0)
+                    & ((draft_probs.sum(-1) - 1).abs() < 1e-3))
+            q_rows = uses_q[seq_of_row] & ~greedy[seq_of_row] & is_draft & q_ok
             u = uniforms(seeds_r, positions, ACCEPT, torch.zeros(1, dtype=torch.long, device=device))[:, 0]
             residual = (probs - draft_probs).clamp_min(0)
             residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, probs)
