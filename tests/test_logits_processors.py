@@ -67,3 +67,12 @@ def test_presence_and_frequency_penalties_follow_the_openai_formula():
     want[0, 5] -= 3 * 0.25 + 0.5
     want[0, 8] -= 1 * 0.25 + 0.5
     torch.testing.assert_close(ours, want)
+
+
+@pytest.mark.parametrize("min_p", [0.0, 0.05, 0.3])
+def test_min_p_without_the_sort_equals_the_sorted_path(min_p):
+    logits = torch.randn(5, VOCAB, generator=torch.Generator().manual_seed(6)) * 3
+    r = rows(5, temperature=0.7, min_p=min_p)
+    fast, full = processed_logits(logits, r, sort=False), processed_logits(logits, r)
+    assert torch.equal(torch.isinf(fast), torch.isinf(full))
+    torch.testing.assert_close(fast.softmax(-1), full.softmax(-1))

@@ -31,7 +31,7 @@ def make_batch(n, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, greedy=False, 
         seeds=torch.arange(n, dtype=torch.long) * 7919 + seed0, offsets=torch.full((n,), 5, dtype=torch.long),
         uses_q=full(uses_q, torch.bool), repetition=full(1.0, torch.float32), presence=full(0.0, torch.float32),
         frequency=full(0.0, torch.float32), output_counts=None, prompt_mask=None, all_greedy=greedy,
-        penalised=False, logprobs=[None] * n, max_logprobs=None)
+        penalised=False, truncates=top_k > 0 or top_p < 1.0, logprobs=[None] * n, max_logprobs=None)
 
 
 def target(logits, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0):

@@ -43,11 +43,15 @@ def apply_penalties(logits: torch.Tensor, pen: Penalties) -> torch.Tensor:
     return logits - pen.presence[:, None] * (counts > 0).float() - pen.frequency[:, None] * counts
 
 
-def processed_logits(logits: torch.Tensor, rows: RowParams) -> torch.Tensor:
+def processed_logits(logits: torch.Tensor, rows: RowParams, sort: bool = True) -> torch.Tensor:
     """Penalised logits [R, V] fp32 → logits after temperature, top-k, top-p and min-p, cut tokens at −inf; their
     softmax is the distribution to sample from. Greedy rows are processed at temperature 1 (their logprobs);
-    they emit the argmax."""
+    they emit the argmax. `sort=False` (the caller knows no row uses top-k or top-p) skips the vocabulary sort:
+    min-p needs only the row maximum."""
     logits = logits / rows.temperature[:, None]
+    if not sort:
+        keep = logits >= logits.max(-1, keepdim=True).values + torch.log(rows.min_p)[:, None]  # p >= min_p · p_max
+        return logits.masked_fill(~keep, float("-inf"))
     vocab = logits.shape[-1]
     sorted_logits, order = logits.sort(dim=-1, descending=True)                 # [R, V]
     rank = torch.arange(vocab, device=logits.device)[None, :]

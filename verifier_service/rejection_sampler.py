@@ -67,7 +67,7 @@ def rejection_sample(logits: torch.Tensor, drafts: torch.Tensor, num_drafts: tor
         rows = RowParams(greedy=sampling.greedy[seq_of_row], temperature=sampling.temperature[seq_of_row],
                          top_k=sampling.top_k[seq_of_row], top_p=sampling.top_p[seq_of_row],
                          min_p=sampling.min_p[seq_of_row])
-        processed = processed_logits(logits, rows)                                             # [R, V]
+        processed = processed_logits(logits, rows, sort=sampling.truncates)                   # [R, V]
     tokens, num_accepted, row_tokens = speculative_sample(
         processed, logits.argmax(-1), draft_probs, drafts, num_drafts, cu_rows, sampling.greedy, sampling.uses_q,
         sampling.seeds, sampling.offsets, forced_accepts)

@@ -26,6 +26,7 @@ class SamplingBatch:
     prompt_mask: torch.Tensor | None    # [B, V] bool when penalised
     all_greedy: bool                  # host facts, known without a sync
     penalised: bool
+    truncates: bool                   # some row uses top-k or top-p (the processing sorts the vocabulary)
     logprobs: list[int | None]        # [B] top-n wanted per sequence
     max_logprobs: int | None
 
@@ -45,7 +46,8 @@ class SamplingBatch:
             repetition=floats[:, 3], presence=floats[:, 4], frequency=floats[:, 5],
             output_counts=_stack_counts(seqs, vocab, device) if penalised else None,
             prompt_mask=_stack_prompt_masks(seqs, vocab, device) if penalised else None,
-            all_greedy=all(p.greedy for p in params), penalised=penalised, logprobs=wanted,
+            all_greedy=all(p.greedy for p in params), penalised=penalised,
+            truncates=any(p.top_k > 0 or p.top_p < 1.0 for p in params), logprobs=wanted,
             max_logprobs=max((n for n in wanted if n is not None), default=None))
 
 
