@@ -74,7 +74,7 @@ class StreamBuffers:
             return tensor_bytes.from_bytes(ref.data, dtype, shape)
         if ref.transport == pb.SHM:
             return self.shm[ref.buffer].view(ref.offset_bytes, dtype, shape)
-        if ref.buffer in self.events:
-            torch.cuda.current_stream().wait_event(self.events[ref.buffer])
+        if ref.buffer in self.events:  # on the buffer's device: this gRPC thread's current device may be another
+            torch.cuda.current_stream(self.cuda[ref.buffer].device).wait_event(self.events[ref.buffer])
         n = _nbytes(dtype, shape)
         return self.cuda[ref.buffer][ref.offset_bytes:ref.offset_bytes + n].view(dtype).view(shape)

@@ -124,3 +124,13 @@ def test_ngram_gets_whole_context_after_a_swap(tiny_model, baseline):
     engine = make_engine(tiny_model, drafter, 3)
     assert engine.generate(prompts, params) == expected
     assert drafter.inner.seen_restarts > 0  # decoding sequences were re-sent from position 0
+
+
+def test_missing_context_for_a_sequence_sent_whole_is_a_bad_answer():
+    """A drafter given a sequence from position 0 cannot lack its context: believing it would re-prefill that
+    sequence every other step."""
+    from specdec.drafting import DraftInput
+    from specdec.drafting.proposals import proposal_problem
+    inputs = [DraftInput(1, 0, [5, 6, 7], 2), DraftInput(2, 9, [8, 9], 2)]
+    assert proposal_problem(DraftOutput(drafts=[[], []], missing=[2]), inputs, 100) == ""
+    assert "sent from position 0" in proposal_problem(DraftOutput(drafts=[[], []], missing=[1]), inputs, 100)

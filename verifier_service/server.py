@@ -15,6 +15,7 @@ from specdec.rpc import serving
 from specdec.rpc.v1 import gateway_pb2, verifier_pb2, verifier_pb2_grpc
 from specdec.sampling_params import SamplingParams
 
+from .acceptance_stats import AcceptanceStats
 from .drafter_client import DrafterLinkConfig, RemoteDrafter
 from .engine import EngineConfig, SpecEngine
 from .engine_loop import DEFAULT_MAX_QUEUED, EngineLoop
@@ -77,8 +78,18 @@ def build_engine(config: VerifierConfig) -> SpecEngine:
 
 
 def warm_up(engine: SpecEngine) -> None:
-    """One short generation through every path (prefill, decode, sampling) before reporting SERVING."""
-    engine.generate([[0, 1, 2]], SamplingParams(max_tokens=3, ignore_eos=True))
+    """Short generations through every path before reporting SERVING, so that no client request waits for a
+    kernel to compile: prefills of several shape classes (the longest one takes the chunked GDN path), decode
+    and verify, greedy and sampled rows (the race kernel), penalties and logprobs. The counters start afresh."""
+    vocab, room = engine.runner.config.vocab_size, engine.max_len - 8
+    lengths = sorted({min(n, room) for n in (3, 17, 70)})
+    prompts = [[(7 * i + j) % vocab for j in range(n)] for i, n in enumerate(lengths)]
+    params = [SamplingParams(max_tokens=4, ignore_eos=True),
+              SamplingParams(max_tokens=4, temperature=0.8, top_p=0.9, seed=1, ignore_eos=True),
+              SamplingParams(max_tokens=4, temperature=0.7, min_p=0.05, repetition_penalty=1.1, logprobs=2, seed=2,
+                             ignore_eos=True)]
+    engine.generate(prompts, params[:len(prompts)])
+    engine.stats = AcceptanceStats()
 
 
 async def start(engine: SpecEngine, config: VerifierConfig, host: str,

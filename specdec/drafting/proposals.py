@@ -15,6 +15,9 @@ def proposal_problem(out: DraftOutput, inputs: list[DraftInput], vocab_size: int
         if drafts and not (0 <= min(drafts) and max(drafts) < vocab_size):
             bad = next(t for t in drafts if not 0 <= t < vocab_size)
             return f"sequence {item.seq_id}: draft id {bad} is outside the target's vocabulary [0, {vocab_size})"
+    sent_whole = {item.seq_id for item in inputs if item.start_pos == 0}
+    if sent_whole & set(out.missing):  # it got all of that context this very step: recomputing would loop
+        return f"sequence {min(sent_whole & set(out.missing))}: reported missing although sent from position 0"
     if out.probs is not None:
         rows = sum(len(d) for d in out.drafts)
         if tuple(out.probs.shape) != (rows, vocab_size):
