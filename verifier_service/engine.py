@@ -246,13 +246,8 @@ class SpecEngine:
     def _recompute_for_drafter(self, seqs: list[Sequence]) -> None:
         """Preempt `seqs` by recompute: they prefill again, and the drafter sees all their hidden states."""
         for seq in reversed(seqs):
-            log.info("recomputing sequence %s (%d tokens): the drafter lost its hidden states",
-                     seq.request_id or seq.seq_id, len(seq.token_ids))
             self._context_lost.discard(seq.seq_id)
-            self.scheduler.running.remove(seq)
-            self.runner.release(seq)
-            seq.drafts, seq.draft_probs = [], None
-            self.scheduler.waiting.appendleft(seq)
+            self.scheduler.preempt(seq, "the drafter lost its hidden states")
 
     def _draft_input(self, seq: Sequence, old: int, k: int) -> DraftInput | None:
         """What the drafter gets for `seq` this step: the tokens committed since `old` (the whole context if the

@@ -68,13 +68,17 @@ class Scheduler:
     def _fits(self, seq: Sequence, length: int) -> bool:
         return self.runner.blocks_needed(seq, length) <= self.runner.blocks.num_free
 
-    def _preempt(self, victim: Sequence) -> None:
-        log.info("preempting sequence %s (%d tokens) by recompute: KV blocks ran out",
-                 victim.request_id or victim.seq_id, len(victim.token_ids))
+    def preempt(self, victim: Sequence, reason: str) -> None:
+        """Preempt by recompute: free the caches; the sequence prefills prompt + output again, first in line."""
+        log.info("preempting sequence %s (%d tokens) by recompute: %s", victim.request_id or victim.seq_id,
+                 len(victim.token_ids), reason)
         self.running.remove(victim)
         self.runner.release(victim)
         victim.drafts, victim.draft_probs = [], None
         self.waiting.appendleft(victim)
+
+    def _preempt_for_blocks(self, victim: Sequence) -> None:
+        self.preempt(victim, "KV blocks ran out")
         self.preempted.append(victim)
         self.num_preemptions += 1
 
@@ -87,7 +91,7 @@ class Scheduler:
                 continue
             chunk, d = self._chunk(seq, budget)
             while not self._fits(seq, seq.num_cached + len(chunk)) and seq in self.running:
-                self._preempt(self.running[-1])
+                self._preempt_for_blocks(self.running[-1])
             if seq not in self.running:
                 continue
             self.runner.reserve(seq, seq.num_cached + len(chunk))
