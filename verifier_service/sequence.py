@@ -33,7 +33,6 @@ class Sequence:
     draft_probs: torch.Tensor | None = None  # [len(drafts), V] the drafter's q, None: argmax (one-hot)
     stats: AcceptanceStats = field(default_factory=AcceptanceStats)
     finish_reason: str | None = None     # "stop" | "length" | "abort" | "error"
-    drafter_generation: int = -1         # which drafter connection holds this sequence's context
     penalty: PenaltyState | None = None  # built on first use by a penalised request
 
     def penalty_state(self, vocab: int, device: torch.device) -> PenaltyState:
