@@ -178,3 +178,13 @@ def test_weight_chain_on_cpu():
     out = weight_chain(shapes, torch.float32, torch.device("cpu"), tokens=(1, 4), reps=2)
     assert out["weight_bytes"] == 4 * sum(math.prod(s) for s in shapes)
     assert out["ms_1_token"] > 0 and set(out["by_tokens"]) == {"1", "4"} and not out["cuda_graph"]
+
+
+def test_step_split_parts_add_up_without_a_drafter():
+    """With no drafter the engine's drafter phase still takes host time (its bookkeeping over the batch): the
+    parts must still add up to the step (it was dropped once, and the H100 run's self-check caught 0.5 ms)."""
+    from specdec.bench.inprocess import step_split
+    steps = [(1.0 + i, 0.012, {"target": 0.009, "verify": 0.0004, "drafter": 0.0005}) for i in range(5)]
+    split = step_split(steps, {i: 0.0092 for i in range(5)}, {}, False, 0.0)
+    parts = split["target_forward"] + split["sampling"] + split["host"]
+    assert abs(parts - split["total"]) < 1e-3 and split["drafter_round_trip"] is None

@@ -180,7 +180,8 @@ def step_split(steps, target_gpu: dict[int, float], drafter_gpu: dict[int, float
     if not rows:
         return {"decode_steps": 0}
     out = {key: round(sum(r[key] for r in rows) / len(rows) * 1e3, 4) for key in rows[0]}
-    if not has_drafter:
+    if not has_drafter:  # the engine's drafter phase is then bookkeeping on the host: count it as host time
+        out["host"] = round(out["host"] + out["drafter_round_trip"], 4)
         out["drafter_round_trip"] = out["drafter_compute"] = None
     return {"decode_steps": len(rows), **out}
 
