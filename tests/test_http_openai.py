@@ -4,6 +4,7 @@ error per status code, and client disconnects that free the verifier's slots. Th
 the same tokens: both APIs run one code path."""
 import json
 import socket
+import ssl
 import subprocess
 import sys
 import urllib.error
@@ -100,10 +101,13 @@ def test_chat_streamed_and_not_equals_grpc_messages(client, stub):
     assert full.usage.prompt_tokens == last.usage.prompt_tokens > 10   # the template's text, not just the words
 
 
-def test_chat_without_max_tokens_may_use_the_whole_context(client):
-    answer = client.chat.completions.create(model="demo_model", messages=CHAT, temperature=0,
-                                            stop=["\n"], extra_body={"ignore_eos": True})
-    assert answer.choices[0].finish_reason == "stop"    # unbounded by a default max_tokens: it ran to the stop
+def test_chat_without_max_tokens_runs_to_the_end_of_the_context(client):
+    """OpenAI's chat default: no max_tokens means all the context leaves (4096 here), not a fixed number."""
+    answer = client.chat.completions.create(model="demo_model", messages=[{"role": "user", "content": " x" * 4050}],
+                                            temperature=0, extra_body={"ignore_eos": True})
+    usage = answer.usage
+    assert answer.choices[0].finish_reason == "length" and 4000 < usage.prompt_tokens < 4096
+    assert usage.prompt_tokens + usage.completion_tokens == 4096
 
 
 def test_logprobs(client):
@@ -219,24 +223,36 @@ def test_429_when_the_verifier_is_full_and_disconnects_free_the_slots(stack, cli
 
 
 def test_401_without_the_api_key_and_503_without_a_verifier(stack, tmp_path):
+    """A gateway with TLS, client certificates and an API key: HTTPS, refused without a client certificate, 401
+    without the key or with a wrong one. A gateway whose verifier is away: 503."""
+    certs = make_certs(tmp_path)
     keyed_port, keyed_http = free_port(), free_port()
     dead_port, dead_http = free_port(), free_port()
-    env = {"SPECDEC_API_KEY": API_KEY}
     keyed = spawn_gateway(f"127.0.0.1:{stack.ports['verifier']}", keyed_port, tmp_path / "keyed.log",
-                          "--http-port", str(keyed_http), env=env)
+                          "--http-port", str(keyed_http), "--tls-cert", str(certs["server.crt"]),
+                          "--tls-key", str(certs["server.key"]), "--tls-client-ca", str(certs["ca"]),
+                          env={"SPECDEC_API_KEY": API_KEY})
     dead = spawn_gateway(f"127.0.0.1:{free_port()}", dead_port, tmp_path / "dead.log", "--http-port", str(dead_http))
     try:
-        keyed_url, dead_url = f"http://127.0.0.1:{keyed_http}", f"http://127.0.0.1:{dead_http}"
-        wait_for(lambda: http(keyed_url + "/health")[0] == 200, 60, "keyed gateway serving")
+        keyed_url, dead_url = f"https://127.0.0.1:{keyed_http}", f"http://127.0.0.1:{dead_http}"
+        tls = ssl.create_default_context(cafile=certs["ca"])
+        tls.load_cert_chain(certs["client.crt"], certs["client.key"])
+        wait_for(lambda: http(keyed_url + "/health", tls=tls)[0] == 200, 60, "keyed gateway serving")
         wait_for(lambda: http(dead_url + "/health")[0] == 503, 60, "gateway without a verifier up")
-        status, body = http(keyed_url + "/v1/completions", {"prompt": PROMPT, "max_tokens": 4})   # no key
+        no_client_cert = ssl.create_default_context(cafile=certs["ca"])
+        assert http(keyed_url + "/health", tls=no_client_cert) == (None, None)     # the handshake fails
+        status, body = http(keyed_url + "/v1/completions", {"prompt": PROMPT, "max_tokens": 4}, tls=tls)  # no key
         assert status == 401 and body["error"]["type"] == "authentication_error"
-        client = openai.OpenAI(base_url=keyed_url + "/v1", api_key="wrong-" + API_KEY, max_retries=0)
-        with pytest.raises(openai.AuthenticationError) as error:
-            client.completions.create(model="demo_model", prompt=PROMPT, max_tokens=4)
-        assert error.value.status_code == 401 and "API key" in error.value.message
-        keyed_client = openai.OpenAI(base_url=keyed_url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
-        assert keyed_client.completions.create(model="demo_model", prompt=PROMPT, max_tokens=4).usage.completion_tokens == 4
+        for key, works in (("wrong-" + API_KEY, False), (API_KEY, True)):
+            client = openai.OpenAI(base_url=keyed_url + "/v1", api_key=key, max_retries=0, timeout=60,
+                                   http_client=openai.DefaultHttpxClient(verify=tls))
+            if works:
+                assert client.completions.create(model="demo_model", prompt=PROMPT, max_tokens=4).usage \
+                    .completion_tokens == 4
+                continue
+            with pytest.raises(openai.AuthenticationError) as error:
+                client.completions.create(model="demo_model", prompt=PROMPT, max_tokens=4)
+            assert error.value.status_code == 401 and "API key" in error.value.message
         dead_client = openai.OpenAI(base_url=dead_url + "/v1", api_key="none", max_retries=0, timeout=60)
         with pytest.raises(openai.InternalServerError) as error:
             dead_client.completions.create(model="demo_model", prompt=PROMPT, max_tokens=4)
@@ -246,12 +262,25 @@ def test_401_without_the_api_key_and_503_without_a_verifier(stack, tmp_path):
         stop(dead)
 
 
-def http(url: str, payload: dict | None = None) -> tuple[int | None, dict | None]:
+def make_certs(folder: Path) -> dict[str, Path]:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate, as PEM files in `folder`."""
+    from cryptography.hazmat.primitives import serialization
+    from test_security import issue, make_ca
+    ca = make_ca("specdec HTTP test CA")
+    files = {"ca": ca[1].public_bytes(serialization.Encoding.PEM)}
+    files["server.key"], files["server.crt"] = issue(ca, "gateway", server=True)
+    files["client.key"], files["client.crt"] = issue(ca, "client", server=False)
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    return {name: folder / name for name in files}
+
+
+def http(url: str, payload: dict | None = None, tls: ssl.SSLContext | None = None) -> tuple[int | None, dict | None]:
     """(status, JSON body) of a GET (or a POST of `payload`); (None, None) when nothing answers."""
     data = json.dumps(payload).encode() if payload is not None else None
     request = urllib.request.Request(url, data, {"Content-Type": "application/json"} if data else {})
     try:
-        with urllib.request.urlopen(request, timeout=10) as answer:
+        with urllib.request.urlopen(request, timeout=10, context=tls) as answer:
             return answer.status, json.loads(answer.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())

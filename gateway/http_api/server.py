@@ -118,6 +118,7 @@ class HttpServer:
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
+        logging.getLogger("uvicorn.error").setLevel(logging.WARNING)   # our own log line says where it listens
         self._task = asyncio.create_task(self._server.serve(sockets=[self.socket]))
         self._task.add_done_callback(_log_failure)
 
