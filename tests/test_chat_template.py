@@ -120,3 +120,20 @@ def test_reserved_kwargs_and_messages_checks(chatml_dir):
     tokenizer = TextTokenizer.from_folder(chatml_dir)
     with pytest.raises(InvalidRequest, match="no chat template"):
         Generator(None, tokenizer, None)._encode(PromptRequest(messages=CONVERSATIONS[0]))
+
+
+def test_grpc_messages_with_invalid_utf8_name_the_field():
+    """The gRPC `messages` form: a message whose bytes are not UTF-8 is refused naming messages[i].role/content."""
+    from gateway.wire import MalformedRequest, decode_generate_request
+    from specdec.rpc.v1 import gateway_pb2
+    good = gateway_pb2.GenerateRequest(messages=[gateway_pb2.ChatMessage(role="user", content="hi")] * 2)
+    assert list(decode_generate_request(good.SerializeToString()).messages) == list(good.messages)
+    for field, number in (("role", 1), ("content", 2)):
+        bad = good.SerializeToString() + _field(5, _field(number, b"\xff\xfe"))    # a third message
+        decoded = decode_generate_request(bad)
+        assert isinstance(decoded, MalformedRequest) and decoded.message.startswith(f"messages[2].{field}:")
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field (payloads under 128 bytes)."""
+    return bytes([number << 3 | 2, len(payload)]) + payload

@@ -2,40 +2,33 @@
 events ending in ``data: [DONE]``), GET /v1/models, GET /health.
 
 Requests run through the gateway's ``Generator``, the path gRPC's Generate takes: the same validation, chat
-template, tokenizer, stop strings and metrics. A streamed response starts once the first tokens are there, so
-refusals that come from the verifier (a full queue: 429) still get their own status. When the client goes away
-(streaming or not) the request is cancelled at once and the verifier frees its slots.
+template, tokenizer, stop strings and metrics (``responder.respond`` turns its messages into the HTTP response).
 """
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 import time
 import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException
 
 from specdec.sampling_params import SamplingError, SamplingParams
 
-from ..generator import NOT_READY, Generator, PromptRequest, Refused
+from ..generator import NOT_READY, Generator, PromptRequest
 from . import errors
 from .chat import ChatFormat
 from .completions import CompletionFormat
 from .logprobs import TokenText
+from .responder import ClientGone, respond
 from .schemas import ChatRequest, CompletionRequest
 
 log = logging.getLogger(__name__)
 GENERATE_PATHS = ("/v1/completions", "/v1/chat/completions")
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16      # the OpenAI API's (and vLLM's) default for /v1/completions
 CLIENT_GONE = 499                        # nginx's "client closed request": nobody reads it
-
-
-class ClientGone(Exception):
-    """The client disconnected before its response was ready."""
 
 
 def build_app(generator: Generator) -> FastAPI:
@@ -76,7 +69,7 @@ def build_app(generator: Generator) -> FastAPI:
         prompt = PromptRequest(prompt=text, prompt_token_ids=ids, sampling=_sampling(fields))
         rid = f"cmpl-{uuid.uuid4().hex}"
         fmt = CompletionFormat(rid, model, token_text, body.logprobs is not None, _include_usage(body))
-        return await _respond(generator, request, prompt, fmt, rid, bool(body.stream), COMPLETION_NAMES)
+        return await respond(generator, request, prompt, fmt, rid, bool(body.stream), COMPLETION_NAMES)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
@@ -95,7 +88,7 @@ def build_app(generator: Generator) -> FastAPI:
                                chat_template_kwargs=body.chat_template_kwargs or {})
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         fmt = ChatFormat(rid, model, token_text, bool(body.logprobs), _include_usage(body))
-        return await _respond(generator, request, prompt, fmt, rid, bool(body.stream), CHAT_NAMES)
+        return await respond(generator, request, prompt, fmt, rid, bool(body.stream), CHAT_NAMES)
 
     _add_error_handlers(app, generator)
     return app
@@ -130,90 +123,6 @@ def _sampling(fields: dict) -> SamplingParams:
         return SamplingParams.from_fields(fields)
     except SamplingError as e:
         raise errors.HttpError(400, str(e), errors.field_of(str(e), COMMON_NAMES)) from None
-
-
-async def _respond(generator: Generator, request: Request, prompt: PromptRequest, fmt, rid: str, stream: bool,
-                   names: dict[str, str]) -> Response:
-    try:
-        prepared = await generator.prepare(prompt, "http")
-        responses = generator.stream(rid, prepared)
-        try:
-            if not stream:
-                return JSONResponse(fmt.full(await _until_disconnect(request, _collect(responses))))
-            first = await _until_disconnect(request, anext(responses))
-        except BaseException:
-            await responses.aclose()   # cancels the verifier call if it still runs
-            raise
-    except Refused as e:
-        return errors.response(errors.from_refused(e, names))
-    return EventStream(_events(fmt, first, responses), responses)
-
-
-async def _collect(responses) -> list:
-    return [r async for r in responses]
-
-
-async def _until_disconnect(request: Request, awaitable):
-    """Await `awaitable`; if the client disconnects first, cancel it and raise ClientGone."""
-    work = asyncio.ensure_future(awaitable)
-    watcher = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait((work, watcher), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not work.done():
-            work.cancel()
-            await asyncio.wait((work,))   # its cleanup (the verifier call cancelled) has run
-    if work.cancelled():
-        raise ClientGone()
-    return work.result()
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _events(fmt, first, responses):
-    """SSE events: the opening chunk(s), one chunk per message, the usage chunk if asked, then [DONE]."""
-    for event in fmt.opening():
-        yield _sse(event)
-    response = first
-    try:
-        while True:
-            event = fmt.chunk(response)
-            if event is not None:
-                yield _sse(event)
-            if response.finish_reason:
-                if fmt.include_usage:
-                    yield _sse(fmt.usage_chunk(response.usage))
-                break
-            response = await anext(responses)
-    except Refused as e:  # the stream has begun (status 200): the error goes in an event of its own
-        error = errors.from_refused(e, {})
-        yield _sse(errors.body(error.status, error.message, error.param, error.code))
-    yield "data: [DONE]\n\n"
-
-
-def _sse(event: dict) -> str:
-    return f"data: {json.dumps(event, ensure_ascii=False, separators=(',', ':'))}\n\n"
-
-
-class EventStream(StreamingResponse):
-    """text/event-stream; however the response ends (done, client gone, server stopping) the generation is closed,
-    which cancels its verifier call."""
-
-    def __init__(self, events, generation):
-        super().__init__(events, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self._generation = generation
-
-    async def __call__(self, scope, receive, send):
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self.body_iterator.aclose()
-            await self._generation.aclose()
 
 
 def _add_error_handlers(app: FastAPI, generator: Generator) -> None:
