@@ -3,6 +3,7 @@ few requests over both APIs (finished, refused, cancelled) the Prometheus endpoi
 counter moved by exactly what those requests did."""
 import json
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import openai
@@ -24,7 +25,7 @@ PER_FINISHED = ("specdec_e2e_request_latency_seconds", "specdec_request_queue_ti
 def gateway(tmp_path_factory):
     logs = tmp_path_factory.mktemp("metrics")
     stack = LocalStack(StackConfig(model=str(DEMO_DIR), drafter="mtp", port=0, log_dir=str(logs),
-                                   startup_timeout_s=180))
+                                   verifier_args=("--max-running", "1"), startup_timeout_s=180))   # one at a time
     stack.start()
     ports = {name: free_port() for name in ("grpc", "http", "metrics")}
     proc = spawn_gateway(f"127.0.0.1:{stack.ports['verifier']}", ports["grpc"], logs / "gateway.log",
@@ -113,3 +114,18 @@ def _spec(usage) -> dict:
         return {"draft_tokens": usage.draft_tokens, "accepted_tokens": usage.accepted_tokens,
                 "verify_steps": usage.verify_steps}
     return json.loads(json.dumps(usage.model_extra["spec_decode"]))
+
+
+def test_queue_time_is_the_wait_for_the_running_request(gateway):
+    """With one request at a time in the verifier, of two sent together the second waits for the whole first:
+    its reported queue time is longer than the first's (which was admitted at once)."""
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{gateway['http']}/v1", api_key="none", max_retries=0,
+                           timeout=120)
+
+    def queued(_) -> float:
+        usage = client.completions.create(model="demo_model", prompt=PROMPT, max_tokens=64, temperature=0,
+                                          extra_body={"ignore_eos": True}).usage
+        return usage.model_extra["spec_decode"]["queue_seconds"]
+    with ThreadPoolExecutor(2) as pool:
+        first, second = sorted(pool.map(queued, range(2)))
+    assert 0 <= first < second
