@@ -98,9 +98,7 @@ async def start(config: GatewayConfig, tokenizer: TextTokenizer | None,
     serving.warn_if_exposed("the gateway", config.host, secured)
     if http is not None:
         http.start()
-        serving.warn_if_exposed("the gateway's HTTP API", config.http.host,
-                                config.http.tls_cert_file is not None and bool(config.http.api_key
-                                                                               or config.http.tls_client_ca_file))
+        serving.warn_if_exposed("the gateway's HTTP API", config.http.host, config.http.secured)
     metrics_port = metrics.serve(config.metrics_port, config.host) if config.metrics_port is not None else None
     log.info("gateway listening on %s:%d (%s%s, tokenizer %s, chat template %s, requests up to %d bytes)%s%s; "
              "waiting for the verifier at %s", config.host, running.port, "TLS" if config.tls else "plaintext",

@@ -36,6 +36,11 @@ class HttpConfig:
     tls_client_ca_file: str | None = None  # set: require client certificates signed by it
     grace_s: float = 5.0
 
+    @property
+    def secured(self) -> bool:
+        """HTTPS with an API key or client certificates: fit to listen beyond this host."""
+        return self.tls_cert_file is not None and bool(self.api_key or self.tls_client_ca_file)
+
 
 class BodyTooLarge(Exception):
     pass
