@@ -14,7 +14,7 @@
 # Options: --cold         first remove this script's images, base image and build cache (a from-scratch run)
 #          --keep-engine  leave dockerd running if this script started it (default: stop it at the end)
 #          --no-gpu-check skip building compose/Dockerfile.gpu over the CPU torch stage
-# Environment: COMPOSE_PROJECT_NAME (default specdec-smoke), GATEWAY_PORT (default: a free port),
+# Environment: COMPOSE_PROJECT_NAME (default specdec-smoke), GATEWAY_PORT and HTTP_PORT (default: free ports),
 #   TORCH_WHEELS_DIR (default /opt/wheels: where to look for the CPU torch wheel; none: torch from
 #   download.pytorch.org), SMOKE_MAX_TOKENS (default 48); those of compose/engine.sh and compose/base-image.sh.
 set -euo pipefail
@@ -123,6 +123,7 @@ echo "smoke: the gateway image has no torch"
 say "up: docker compose -f compose/compose.yaml -f compose/compose.cpu.yaml --profile cpu up -d --wait"
 dc down -v --remove-orphans > /dev/null 2>&1      # leftovers of an interrupted run
 export GATEWAY_PORT=${GATEWAY_PORT:-$(python3 -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')}
+export HTTP_PORT=${HTTP_PORT:-$(python3 -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')}
 timed up dc up -d --wait --wait-timeout 600
 dc ps --format 'table {{.Service}}\t{{.ID}}\t{{.Status}}\t{{.Ports}}'
 verifier=$(cid verifier) gateway=$(cid gateway)
@@ -150,6 +151,16 @@ phase() {   # phase NAME DRAFTER_KIND DRAFTS: wait for the drafter, stream twice
 
 say "phase mtp: the drafter from compose.yaml's default"
 phase mtp mtp required
+say "HTTP: the OpenAI-compatible API on the published HTTP port"
+python3 - "$HTTP_PORT" "$PROMPT" <<'PY' || die "the HTTP API on port $HTTP_PORT did not answer a completion"
+import json, sys, urllib.request
+body = json.dumps({"prompt": sys.argv[2], "max_tokens": 8, "temperature": 0, "ignore_eos": True}).encode()
+request = urllib.request.Request(f"http://127.0.0.1:{sys.argv[1]}/v1/completions", body,
+                                 {"Content-Type": "application/json"})
+answer = json.load(urllib.request.urlopen(request, timeout=120))
+assert answer["usage"]["completion_tokens"] == 8, answer
+print("smoke: HTTP /v1/completions:", json.dumps(answer["choices"][0]["text"]))
+PY
 say "phase ngram: DRAFTER=ngram docker compose ... up -d --wait drafter"
 timed swap env DRAFTER=ngram docker compose -f compose/compose.yaml -f compose/compose.cpu.yaml --profile cpu \
   up -d --wait --wait-timeout 300 drafter

@@ -1,9 +1,11 @@
-"""API-key check on the public service: calls to specdec.rpc.v1.Gateway without ``authorization: Bearer <key>``
-get UNAUTHENTICATED. Health and reflection stay open (probes and service discovery carry no key)."""
+"""API-key check on the public APIs: gRPC calls to specdec.rpc.v1.Gateway, and HTTP requests under /v1, without
+``authorization: Bearer <key>`` are refused (UNAUTHENTICATED / 401). Health and reflection stay open (probes and
+service discovery carry no key)."""
 from __future__ import annotations
 
 import hmac
 import logging
+from typing import Callable
 
 import grpc
 
@@ -13,16 +15,30 @@ log = logging.getLogger(__name__)
 REFUSAL = f"missing or wrong API key: send the metadata '{API_KEY_HEADER}: {API_KEY_SCHEME}<key>'"
 
 
-class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, api_key: str, protected_service: str):
+class ApiKey:
+    """The one comparison both APIs make."""
+
+    def __init__(self, api_key: str):
         self._expected = (API_KEY_SCHEME + api_key).encode()
+
+    def matches(self, header_value: str | bytes | None) -> bool:
+        """Is `header_value` (the authorization header or metadata) 'Bearer <the key>'?"""
+        if header_value is None:
+            return False
+        given = header_value.encode() if isinstance(header_value, str) else bytes(header_value)
+        return hmac.compare_digest(given, self._expected)  # constant time: no key guessing by timing
+
+
+class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, api_key: ApiKey, protected_service: str, on_refusal: Callable[[str], None] | None = None):
+        self._key = api_key
         self._prefix = f"/{protected_service}/"
+        self._on_refusal = on_refusal  # called with the method's full name
 
     def authorized(self, metadata) -> bool:
         for key, value in metadata or ():
             if key == API_KEY_HEADER:
-                given = value.encode() if isinstance(value, str) else bytes(value)
-                return hmac.compare_digest(given, self._expected)  # constant time: no key guessing by timing
+                return self._key.matches(value)
         return False
 
     async def intercept_service(self, continuation, details):
@@ -32,6 +48,8 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
         if self.authorized(details.invocation_metadata):
             return handler
         log.info("refused %s: missing or wrong API key", details.method)
+        if self._on_refusal is not None:
+            self._on_refusal(details.method)
         return _refusing(handler)
 
 

@@ -58,7 +58,9 @@ class TextTokenizer:
         self._tok.no_padding()
         self.bos_token = _token_content(config.get("bos_token"))
         self.eos_token = _token_content(config.get("eos_token"))
-        special = [c for c in (_token_content(config.get(k)) for k in _NAMED_SPECIAL) if c is not None]
+        # the named ones, as transformers' `special_tokens_map` (what chat templates see as bos_token, eos_token ...)
+        self.special_tokens_map = {k: c for k in _NAMED_SPECIAL if (c := _token_content(config.get(k))) is not None}
+        special = list(self.special_tokens_map.values())
         special += [c for c in _extra_special(config) if c not in special]
         known = self._tok.get_added_tokens_decoder()
         to_add = []

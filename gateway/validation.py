@@ -43,26 +43,34 @@ def validate_sampling(sampling: SamplingParams | dict | None, vocab_size: int,
 
 def validate_request(prompt: str, prompt_token_ids: list[int], sampling: SamplingParams | dict | None,
                      has_tokenizer: bool, vocab_size: int, max_context: int, *,
-                     prompt_len: int | None = None) -> SamplingParams:
+                     prompt_len: int | None = None, messages: list | None = None) -> SamplingParams:
     """Validate a Generate request; return its SamplingParams.
 
-    Exactly one of ``prompt`` (text) / ``prompt_token_ids`` must be non-empty. The context check
-    uses ``len(prompt_token_ids)``, or for a text prompt ``prompt_len`` (its token count, once
+    Exactly one of ``prompt`` (text) / ``prompt_token_ids`` / ``messages`` must be non-empty. The context check
+    uses ``len(prompt_token_ids)``, or for a text prompt or messages ``prompt_len`` (its token count, once
     encoded; the check is skipped while it is None).
     """
     prompt = prompt or ""
     ids = list(prompt_token_ids or [])
-    if prompt and ids:
-        raise InvalidRequest("prompt and prompt_token_ids are both set: send exactly one")
-    if not prompt and not ids:
-        raise InvalidRequest("neither prompt nor prompt_token_ids is set: send exactly one")
-    if prompt and not has_tokenizer:
-        raise InvalidRequest(f"prompt: {NO_TOKENIZER}")
+    given = [name for name, value in (("prompt", prompt), ("prompt_token_ids", ids), ("messages", messages))
+             if value]
+    if len(given) > 1:
+        raise InvalidRequest(f"{' and '.join(given)} are both set: send exactly one of prompt, prompt_token_ids, "
+                             "messages")
+    if not given:
+        raise InvalidRequest("neither prompt, prompt_token_ids nor messages is set: send exactly one")
+    if (prompt or messages) and not has_tokenizer:
+        raise InvalidRequest(f"{given[0]}: {NO_TOKENIZER}")
     if ids:
         _token_ids("prompt_token_ids", ids, vocab_size)
         prompt_len = len(ids)
     params = validate_sampling(sampling, vocab_size, has_tokenizer)
-    if prompt_len is not None and prompt_len + params.max_tokens > max_context:
-        raise TooLong(f"prompt ({prompt_len} tokens) + max_tokens ({params.max_tokens}) = "
-                      f"{prompt_len + params.max_tokens} exceeds the model context of {max_context} tokens")
+    check_context(prompt_len, params.max_tokens, max_context)
     return params
+
+
+def check_context(prompt_len: int | None, max_tokens: int, max_context: int) -> None:
+    """TooLong when prompt + completion exceed the context (nothing to check while prompt_len is None)."""
+    if prompt_len is not None and prompt_len + max_tokens > max_context:
+        raise TooLong(f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) = "
+                      f"{prompt_len + max_tokens} exceeds the model context of {max_context} tokens")

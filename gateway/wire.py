@@ -16,7 +16,9 @@ from specdec.rpc.v1 import gateway_pb2
 SERVICE = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name
 # String fields of GenerateRequest by field number ("[]": repeated; a dict: a nested message's string fields).
 _SAMPLING_STRINGS = {6: "stop[]"}
-_REQUEST_STRINGS = {1: "request_id", 2: "prompt", 4: ("sampling", _SAMPLING_STRINGS)}
+_MESSAGE_STRINGS = {1: "role", 2: "content"}
+_REQUEST_STRINGS = {1: "request_id", 2: "prompt", 4: ("sampling", _SAMPLING_STRINGS),
+                    5: ("messages[]", _MESSAGE_STRINGS)}
 _LENGTH_DELIMITED = 2
 
 
@@ -55,16 +57,18 @@ def _bad_utf8_field(data: bytes, strings: dict, prefix: str = "") -> str | None:
             spec = strings.get(number)
             if spec is None or wire_type != _LENGTH_DELIMITED:
                 continue
-            if isinstance(spec, tuple):
-                nested = _bad_utf8_field(value, spec[1], f"{prefix}{spec[0]}.")
+            index = counts[number] = counts.get(number, -1) + 1
+            name, nested_strings = spec if isinstance(spec, tuple) else (spec, None)
+            name = prefix + (name.replace("[]", f"[{index}]") if name.endswith("[]") else name)
+            if nested_strings is not None:
+                nested = _bad_utf8_field(value, nested_strings, f"{name}.")
                 if nested is not None:
                     return nested
                 continue
-            index = counts[number] = counts.get(number, -1) + 1
             try:
                 value.decode("utf-8")
             except UnicodeDecodeError:
-                return prefix + (spec.replace("[]", f"[{index}]") if spec.endswith("[]") else spec)
+                return name
     except ValueError:
         return None
     return None

@@ -38,6 +38,7 @@ class StackConfig:
     device: str = "cpu"
     dtype: str = "float32"
     port: int = 50051                 # the gateway's (0: any free port)
+    http_port: int | None = None      # the gateway's OpenAI-compatible HTTP API (None: off, 0: any free port)
     transport: str = "auto"
     verifier_args: tuple[str, ...] = ()
     drafter_args: tuple[str, ...] = ()  # e.g. ("--draft-model", DIR) or ("--option", "KEY=VALUE")
@@ -90,8 +91,12 @@ class LocalStack:
                 verifier += ["--drafter-address", f"127.0.0.1:{self.ports['drafter']}", "-k", str(c.num_drafts),
                              "--transport", c.transport]
             self._spawn("verifier", verifier)
-            self._spawn("gateway", ["gateway", "--model", c.model, "--verifier-address",
-                                    f"127.0.0.1:{self.ports['verifier']}", "--port", str(self.ports["gateway"])])
+            gateway = ["gateway", "--model", c.model, "--verifier-address", f"127.0.0.1:{self.ports['verifier']}",
+                       "--port", str(self.ports["gateway"])]
+            if c.http_port is not None:
+                self.ports["http"] = c.http_port or free_port()
+                gateway += ["--http-port", str(self.ports["http"])]
+            self._spawn("gateway", gateway)
             for name in names:
                 self._wait_healthy(name)
         except BaseException:  # Ctrl-C while loading included: nothing started may outlive us
@@ -99,6 +104,11 @@ class LocalStack:
             raise
         self.address = f"127.0.0.1:{self.ports['gateway']}"
         return self.address
+
+    @property
+    def http_url(self) -> str | None:
+        """The OpenAI-compatible API's base URL (…/v1), when the stack serves it."""
+        return f"http://127.0.0.1:{self.ports['http']}/v1" if "http" in self.ports else None
 
     def kill(self, name: str) -> None:
         """SIGKILL one service (fault tests)."""

@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -36,7 +37,7 @@ VARIANTS = {  # name: (files, in the order given to `docker compose -f`, profile
     "cpu": (["compose.yaml", "compose.cpu.yaml"], "cpu"),
 }
 DOCKERFILES = {"compose/Dockerfile.gpu", "compose/Dockerfile.cpu", "compose/Dockerfile.gateway"}
-ENV_VARS = {"MODEL_DIR", "SPECDEC_MODEL", "DRAFTER", "K", "GPU", "GATEWAY_PORT"}
+ENV_VARS = {"MODEL_DIR", "SPECDEC_MODEL", "DRAFTER", "K", "GPU", "GATEWAY_PORT", "HTTP_PORT"}
 
 
 # ---- loading and merging compose files as docker compose does ---------------------------------------------------
@@ -261,8 +262,9 @@ def test_services_are_wired_as_the_issue_says(name):
         assert service["environment"]["SPECDEC_MODEL"] == ""   # empty: the demo model
         assert "/models/model" in service["volumes"][0] and service["volumes"][0].endswith(":ro")
         assert service.get("restart") == "unless-stopped"
-    # only the gateway is published, on its container port; verifier and drafter stay on the internal network
-    assert services["gateway"]["ports"] == [f"50051:{ports['gateway']}"]
+    # only the gateway is published, on its container ports (gRPC, HTTP); verifier and drafter stay internal
+    http_port = int(flag(services["gateway"]["command"], "--http-port"))
+    assert services["gateway"]["ports"] == [f"50051:{ports['gateway']}", f"8000:{http_port}"]
     assert set(services["gateway"]["networks"]) == {"public", "internal"}
     for svc in ("verifier", "drafter"):
         assert "ports" not in services[svc] and "expose" not in services[svc]
@@ -409,7 +411,8 @@ def test_gateway_image_has_no_torch_and_pins_within_pyproject():
     assert "torch" not in runs.replace("find_spec('torch')", "")
     assert re.search(r"pip install --no-deps /src", runs)
     pins = dict(re.findall(r"\b([a-z][a-z0-9-]*)==([0-9][\w.]*)", runs))
-    assert set(pins) == {"grpcio", "grpcio-health-checking", "grpcio-reflection", "protobuf", "tokenizers"}
+    assert set(pins) == {"grpcio", "grpcio-health-checking", "grpcio-reflection", "protobuf", "tokenizers", "fastapi",
+                         "uvicorn", "jinja2", "prometheus-client"}
     deps = {Requirement(d).name: Requirement(d) for d in
             tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]}
     for pkg, version in pins.items():
@@ -500,7 +503,7 @@ def localize(command: list[str], ports: dict[int, int]) -> list[str]:
         new = arg
         if prev == "--host" and arg == "0.0.0.0":
             new = "127.0.0.1"
-        elif prev == "--port":
+        elif prev in ("--port", "--http-port"):
             new = str(ports[int(arg)])
         elif m := re.fullmatch(r"(gateway|verifier|drafter|127\.0\.0\.1):(\d+)", arg):
             new = f"127.0.0.1:{ports[int(m.group(2))]}"
@@ -516,14 +519,14 @@ class LocalCompose:
     """The services of one compose variant as local processes (what `docker compose up` would start)."""
 
     # what is not in the gateway image (compose/Dockerfile.gateway): importing any of it fails in its process
-    NOT_IN_GATEWAY_IMAGE = ("torch", "triton", "transformers", "safetensors", "numpy", "prometheus_client",
-                            "grpc_tools")
+    NOT_IN_GATEWAY_IMAGE = ("torch", "triton", "transformers", "safetensors", "numpy", "grpc_tools")
 
     def __init__(self, variant_name: str, env: dict, log_dir: Path):
         self.variant_name, self.env, self.log_dir = variant_name, env, log_dir
         model = variant(variant_name)
         self.services = model["services"]
-        self.ports = {int(flag(s["command"], "--port")): free_port() for s in self.services.values()}
+        self.ports = {int(flag(s["command"], option)): free_port() for s in self.services.values()
+                      for option in ("--port", "--http-port") if option in s["command"]}
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs: dict[str, Path] = {}
         self.blocked = log_dir / "not-in-gateway-image"
@@ -675,6 +678,8 @@ def test_compose_commands_serve_and_swap_the_drafter(tmp_path):
         assert first.num_draft_tokens == 3 and first.has_tokenizer and first.vocab_size == 400
         with_mtp = generate(gateway)
         assert len(with_mtp) == 16
+        with urllib.request.urlopen(f"http://127.0.0.1:{stack.ports[8000]}/health", timeout=10) as answer:
+            assert answer.status == 200                 # the published HTTP port serves the OpenAI API
         stats = verifier_stats(verifier)
         assert stats.transport == "shm" and stats.draft_tokens > 0, stats   # the CPU variant's transport
         client = smoke_client()                       # compose/smoke.sh's checks fail when they should

@@ -42,6 +42,7 @@ class RequestOutput:
     num_prompt: int
     forced_acceptance: bool = False
     logprobs: list | None = None            # [len(new_token_ids)] TokenLogprob when the request asked
+    queue_seconds: float = 0.0              # the request's wait before its first admission
 
 
 class SpecEngine:
@@ -174,7 +175,8 @@ class SpecEngine:
             self._finish(seq, reason)
         return RequestOutput(seq.request_id, kept, reason, seq.stats, seq.num_prompt,
                              forced_acceptance=self.config.forced_acceptance is not None,
-                             logprobs=logprobs[:len(kept)] if logprobs is not None else None)
+                             logprobs=logprobs[:len(kept)] if logprobs is not None else None,
+                             queue_seconds=seq.queue_seconds or 0.0)
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         seq.finish_reason = reason

@@ -8,6 +8,7 @@ admitted sequence is preempted by recompute: its caches are freed and it re-pref
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -104,6 +105,8 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self.running.append(seq)
+            if seq.queue_seconds is None:  # the first admission ends its queue time (a preempted one re-queues)
+                seq.queue_seconds = time.monotonic() - seq.arrived_at
             self.runner.reserve(seq, seq.num_cached + len(chunk))
             plan.append(ScheduledSeq(seq, chunk, d, seq.is_decoding))
             budget -= len(chunk)

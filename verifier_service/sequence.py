@@ -1,6 +1,7 @@
 """A request as the verifier runs it: its tokens, sampling parameters, cache placement and statistics."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -34,6 +35,8 @@ class Sequence:
     stats: AcceptanceStats = field(default_factory=AcceptanceStats)
     finish_reason: str | None = None     # "stop" | "length" | "abort" | "error"
     penalty: PenaltyState | None = None  # built on first use by a penalised request
+    arrived_at: float = field(default_factory=time.monotonic)  # when the engine took the request
+    queue_seconds: float | None = None   # from arrival to its first admission into the running batch
 
     def penalty_state(self, vocab: int, device: torch.device) -> PenaltyState:
         if self.penalty is None:

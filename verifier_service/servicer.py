@@ -27,7 +27,7 @@ STATUS = {FailureKind.INVALID: grpc.StatusCode.INVALID_ARGUMENT,
 def usage_of(o: RequestOutput, completion_tokens: int) -> gateway_pb2.Usage:
     return gateway_pb2.Usage(prompt_tokens=o.num_prompt, completion_tokens=completion_tokens,
                              draft_tokens=o.stats.drafted, accepted_tokens=o.stats.accepted,
-                             verify_steps=o.stats.verify_steps)
+                             verify_steps=o.stats.verify_steps, queue_seconds=o.queue_seconds)
 
 
 def logprobs_to_proto(logprobs: list | None) -> list[gateway_pb2.TokenLogprob]:

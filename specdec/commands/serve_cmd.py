@@ -14,6 +14,8 @@ def add_parser(sub) -> None:
     add_model_args(p)
     add_stack_args(p)
     p.add_argument("--port", type=int, default=50051, help="gateway port (0: any free port)")
+    p.add_argument("--http-port", type=int, default=None,
+                   help="also serve the OpenAI-compatible HTTP API on this port (0: any free port; default: off)")
     p.set_defaults(run=run)
 
 
@@ -28,7 +30,7 @@ def add_stack_args(p: argparse.ArgumentParser) -> None:
     add_enforce_eager_arg(p)
 
 
-def stack_config(args: argparse.Namespace, port: int, log_dir: str | None = None):
+def stack_config(args: argparse.Namespace, port: int, log_dir: str | None = None, http_port: int | None = None):
     from specdec.local_stack import StackConfig
     from specdec.models.loader import has_mtp_weights
     model, device, dtype = resolve(args)
@@ -41,17 +43,19 @@ def stack_config(args: argparse.Namespace, port: int, log_dir: str | None = None
         raise ValueError("--drafter draft_model and --draft-model DIR go together")
     drafter_args = ("--draft-model", args.draft_model) if args.draft_model else ()
     return StackConfig(model=model, drafter=drafter, num_drafts=args.num_drafts, device=device, dtype=dtype,
-                       port=port, transport=args.transport, log_dir=log_dir, drafter_args=drafter_args,
+                       port=port, http_port=http_port, transport=args.transport, log_dir=log_dir,
+                       drafter_args=drafter_args,
                        verifier_args=("--enforce-eager",) if args.enforce_eager else ())
 
 
 def run(args: argparse.Namespace) -> int:
     from specdec.local_stack import LocalStack, run_stack
-    stack = LocalStack(stack_config(args, args.port))
+    stack = LocalStack(stack_config(args, args.port, http_port=args.http_port))
     c = stack.config
 
     def until_stopped(address: str) -> int:
-        print(f"specdec serving {c.model} on {address} (drafter {c.drafter}, k={c.num_drafts}, {c.device}); "
+        http = f", OpenAI API on {stack.http_url}" if stack.http_url else ""
+        print(f"specdec serving {c.model} on {address}{http} (drafter {c.drafter}, k={c.num_drafts}, {c.device}); "
               f"Ctrl-C to stop", file=sys.stderr, flush=True)
         threading.Event().wait()  # until a signal interrupts it
         return 0

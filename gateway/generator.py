@@ -1,0 +1,178 @@
+"""The one path of a Generate request, whichever API it came by (gRPC or HTTP). No torch here.
+
+``prepare`` checks the request (the same validation for both APIs), renders ``messages`` with the model's chat
+template, tokenizes, and checks the context; ``stream`` relays the verifier's token stream as
+``GenerateResponse`` messages (text deltas, stop strings applied, a last message with finish_reason and usage).
+Problems are raised as ``Refused`` carrying the gRPC status code; the HTTP face maps that code to its status.
+Closing the ``stream`` generator early (the client went away) cancels the verifier call, which frees the
+request's KV blocks and GDN slot at once. Every request is counted in GatewayMetrics once.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import AsyncIterator
+
+import grpc
+
+from specdec.rpc.sampling_codec import params_to_proto
+from specdec.rpc.v1 import gateway_pb2, verifier_pb2, verifier_pb2_grpc
+from specdec.sampling_params import SamplingError, SamplingParams
+
+from .chat_template import ChatTemplate, ChatTemplateError
+from .completion import CompletionStream
+from .metrics import GatewayMetrics, RequestRecord
+from .tokenizer import TextTokenizer
+from .validation import InvalidRequest, TooLong, check_context, validate_request
+
+log = logging.getLogger(__name__)
+NOT_READY = "the verifier has not answered yet (starting, or unreachable); retry shortly"
+NO_TEMPLATE = ("messages: this model folder has no chat template (chat_template.jinja, or chat_template in "
+               "tokenizer_config.json): send a prompt instead")
+PASSED_THROUGH = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INTERNAL}
+
+
+class Refused(Exception):
+    """A request the gateway will not (or can no longer) serve. `too_long`: prompt + max_tokens exceed the
+    context (RESOURCE_EXHAUSTED on gRPC, which also means "queue full"; HTTP tells the two apart)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str, too_long: bool = False):
+        super().__init__(message)
+        self.code, self.message, self.too_long = code, message, too_long
+
+
+@dataclass(frozen=True)
+class PromptRequest:
+    """What either API asks for: exactly one of prompt / prompt_token_ids / messages, and unvalidated sampling."""
+    prompt: str = ""
+    prompt_token_ids: tuple[int, ...] = ()
+    messages: list[dict] | None = None             # [{"role": str, "content": str, ...}], rendered by the template
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    chat_template_kwargs: dict = field(default_factory=dict)
+    max_tokens_to_context: bool = False            # ignore sampling.max_tokens: all the context leaves (OpenAI chat)
+
+
+@dataclass
+class Prepared:
+    prompt_ids: list[int]
+    params: SamplingParams                         # validated
+    record: RequestRecord
+
+
+class Generator:
+    def __init__(self, verifier: verifier_pb2_grpc.VerifierStub, tokenizer: TextTokenizer | None,
+                 chat_template: ChatTemplate | None = None, metrics: GatewayMetrics | None = None):
+        self.verifier, self.tokenizer, self.chat_template = verifier, tokenizer, chat_template
+        self.metrics = metrics or GatewayMetrics()
+        self.info: gateway_pb2.InfoResponse | None = None  # the verifier's answer; None until it gave one
+        self.serving = False                               # the verifier reports SERVING (the gateway's health)
+
+    def set_info(self, info: gateway_pb2.InfoResponse) -> None:
+        info.has_tokenizer = self.tokenizer is not None
+        info.has_chat_template = self.tokenizer is not None and self.chat_template is not None
+        self.info = info
+
+    async def refresh_info(self) -> gateway_pb2.InfoResponse | None:
+        """Live from the verifier (the drafter may have been swapped); the last answer if it is away."""
+        try:
+            self.set_info(await self.verifier.Info(gateway_pb2.InfoRequest(), timeout=2.0))
+        except grpc.aio.AioRpcError:
+            pass
+        return self.info
+
+    async def prepare(self, request: PromptRequest, api: str) -> Prepared:
+        """Validate and tokenize; Refused (counted in the metrics) when the request cannot run."""
+        record = self.metrics.start(api)
+        try:
+            ids, params = await self._prepare(request)
+        except Refused as e:
+            record.failed(e.code.name)
+            raise
+        return Prepared(ids, params, record)
+
+    async def _prepare(self, request: PromptRequest) -> tuple[list[int], SamplingParams]:
+        info = self.info
+        if info is None:
+            raise Refused(grpc.StatusCode.UNAVAILABLE, NOT_READY)
+        sampling = replace(request.sampling, max_tokens=1) if request.max_tokens_to_context else request.sampling
+        try:
+            params = validate_request(request.prompt, list(request.prompt_token_ids), sampling,
+                                      self.tokenizer is not None, info.vocab_size, info.max_context,
+                                      messages=request.messages)
+            ids = list(request.prompt_token_ids)
+            if not ids:  # text or messages: render and encode off the event loop (long prompts take a while)
+                ids = await asyncio.to_thread(self._encode, request)
+            if not ids:
+                raise InvalidRequest(f"{'messages' if request.messages else 'prompt'}: encodes to no tokens")
+            if request.max_tokens_to_context:
+                params = replace(params, max_tokens=max(1, info.max_context - len(ids)))
+            check_context(len(ids), params.max_tokens, info.max_context)
+        except TooLong as e:
+            raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e), too_long=True) from None
+        except (InvalidRequest, SamplingError) as e:
+            raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        return ids, params
+
+    def _encode(self, request: PromptRequest) -> list[int]:
+        if not request.messages:
+            return self.tokenizer.encode(request.prompt)
+        if self.chat_template is None:
+            raise InvalidRequest(NO_TEMPLATE)
+        for i, message in enumerate(request.messages):
+            if not isinstance(message.get("role"), str) or not message["role"]:
+                raise InvalidRequest(f"messages[{i}].role: a non-empty string is required")
+        try:
+            text = self.chat_template.render(request.messages, True, request.chat_template_kwargs)
+        except ChatTemplateError as e:
+            raise InvalidRequest(str(e)) from None
+        return self.tokenizer.encode(text, add_special_tokens=False)  # the template wrote the special tokens
+
+    async def stream(self, request_id: str, prepared: Prepared) -> AsyncIterator[gateway_pb2.GenerateResponse]:
+        """The responses of one prepared request; Refused if the verifier fails it."""
+        ids, params, record = prepared.prompt_ids, prepared.params, prepared.record
+        forwarded = params_to_proto(replace(params, stop=()))  # stop strings are applied here, on text
+        call = self.verifier.Generate(verifier_pb2.TokenRequest(
+            request_id=f"{request_id}.{uuid.uuid4().hex[:12]}", prompt_token_ids=ids, sampling=forwarded))
+        output = CompletionStream(self.tokenizer, ids, params.stop)
+        usage = gateway_pb2.Usage(prompt_tokens=len(ids))
+        try:
+            async for reply in call:
+                usage.CopyFrom(reply.usage)
+                tokens, text, stopped = output.step(list(reply.token_ids), bool(reply.finish_reason))
+                reason = "stop" if stopped else reply.finish_reason
+                response = gateway_pb2.GenerateResponse(token_ids=tokens, text=text, finish_reason=reason,
+                                                        request_id=request_id, logprobs=reply.logprobs[:len(tokens)])
+                record.sent(len(tokens))
+                if reason:
+                    usage.completion_tokens = output.completion_tokens
+                    response.usage.CopyFrom(usage)
+                    record.finished(reason, usage)
+                yield response
+                if reason:
+                    return
+            # The verifier ended the stream without a finish_reason (it should not): end it for the client.
+            usage.completion_tokens = output.completion_tokens
+            record.finished("abort", usage)
+            yield gateway_pb2.GenerateResponse(finish_reason="abort", request_id=request_id, usage=usage)
+        except grpc.aio.AioRpcError as e:
+            refused = _verifier_refusal(request_id, e)
+            record.failed(refused.code.name)
+            raise refused from None
+        except Exception:
+            record.failed("INTERNAL")
+            raise
+        finally:
+            call.cancel()                # the client went away or the stream is done: the verifier frees the slots
+            record.failed("CANCELLED")   # a no-op when the request ended above
+
+
+def _verifier_refusal(request_id: str, e: grpc.aio.AioRpcError) -> Refused:
+    code = e.code()
+    if code in PASSED_THROUGH:
+        return Refused(code, e.details())
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return Refused(grpc.StatusCode.UNAVAILABLE, f"verifier unavailable: {e.details()}")
+    log.error("request %s: the verifier answered %s: %s", request_id, code.name, e.details())
+    return Refused(grpc.StatusCode.INTERNAL, f"verifier error {code.name}: {e.details()}")

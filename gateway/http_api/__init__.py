@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP API of the gateway (FastAPI on uvicorn, in the gateway's own event loop)."""

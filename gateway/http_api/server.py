@@ -1,0 +1,147 @@
+"""uvicorn inside the gateway's event loop, serving the OpenAI-compatible app beside gRPC.
+
+The socket is bound before the gRPC server starts, so by the time the gateway reports SERVING the HTTP port
+accepts connections (and a port taken by someone else fails the start with a one-line error). The gateway
+handles SIGINT / SIGTERM itself and stops uvicorn (``stop``), which finishes open responses for up to
+``grace_s`` seconds. ``Guard`` checks, before any route runs, the API key (on /v1) and the body size.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import ssl
+from dataclasses import dataclass
+
+import uvicorn
+
+from ..auth import ApiKey
+from ..generator import Generator
+from . import errors
+from .app import GENERATE_PATHS, build_app
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HttpConfig:
+    port: int                              # 0: any free port
+    host: str = "127.0.0.1"
+    api_key: str | None = None             # set: /v1 needs `Authorization: Bearer <key>`
+    max_request_bytes: int = 4 << 20
+    tls_cert_file: str | None = None       # PEM chain and key: serve HTTPS
+    tls_key_file: str | None = None
+    tls_client_ca_file: str | None = None  # set: require client certificates signed by it
+    grace_s: float = 5.0
+
+    @property
+    def secured(self) -> bool:
+        """HTTPS with an API key or client certificates: fit to listen beyond this host."""
+        return self.tls_cert_file is not None and bool(self.api_key or self.tls_client_ca_file)
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class Guard:
+    """ASGI middleware: 401 without the API key (paths under /v1), 413 for a body over the limit (by its
+    Content-Length, or counted as it arrives when chunked)."""
+
+    def __init__(self, app, api_key: ApiKey | None, max_bytes: int, on_refusal):
+        self.app, self.api_key, self.max_bytes, self.on_refusal = app, api_key, max_bytes, on_refusal
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        if self.api_key is not None and scope["path"].startswith("/v1/") and \
+                not self.api_key.matches(headers.get(b"authorization")):
+            return await self._refuse(scope, send, 401, "missing or wrong API key: send the header "
+                                                        "'Authorization: Bearer <key>'")
+        length = headers.get(b"content-length", b"0")
+        if not length.isdigit() or int(length) > self.max_bytes:
+            return await self._refuse(scope, send, 413, self._too_large(length.decode("latin-1")))
+        received = 0
+
+        async def limited_receive():
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.max_bytes:
+                raise BodyTooLarge()
+            return message
+        started = False
+
+        async def tracking_send(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except BodyTooLarge:
+            if not started:
+                await self._refuse(scope, send, 413, self._too_large(f"more than {self.max_bytes}"))
+
+    def _too_large(self, length: str) -> str:
+        return (f"the request body is {length} bytes, the limit is {self.max_bytes} "
+                "(--max-request-bytes)")
+
+    async def _refuse(self, scope, send, status: int, message: str) -> None:
+        if scope["method"] == "POST" and scope["path"] in GENERATE_PATHS:
+            self.on_refusal(errors.CODE_NAME[status])
+        data = json.dumps(errors.body(status, message)).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+        await send({"type": "http.response.body", "body": data})
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """uvicorn without its own signal handlers: the gateway's event loop handles them and calls stop()."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+class HttpServer:
+    def __init__(self, config: HttpConfig, generator: Generator):
+        self.config = config
+        api_key = ApiKey(config.api_key) if config.api_key else None
+        app = Guard(build_app(generator), api_key, config.max_request_bytes,
+                    lambda code: generator.metrics.refused("http", code))
+        self.socket = _bind(config.host, config.port)
+        self.port = self.socket.getsockname()[1]
+        tls = dict(ssl_certfile=config.tls_cert_file, ssl_keyfile=config.tls_key_file,
+                   ssl_ca_certs=config.tls_client_ca_file,
+                   ssl_cert_reqs=ssl.CERT_REQUIRED if config.tls_client_ca_file else ssl.CERT_NONE)
+        self._server = _EmbeddedServer(uvicorn.Config(
+            app, log_config=None, access_log=False, lifespan="off", server_header=False,
+            timeout_graceful_shutdown=int(config.grace_s), **(tls if config.tls_cert_file else {})))
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        logging.getLogger("uvicorn.error").setLevel(logging.WARNING)   # our own log line says where it listens
+        self._task = asyncio.create_task(self._server.serve(sockets=[self.socket]))
+        self._task.add_done_callback(_log_failure)
+
+    async def stop(self) -> None:
+        self._server.should_exit = True
+        if self._task is not None:
+            await self._task
+        self.socket.close()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        return socket.create_server((host.strip("[]"), port), family=family, backlog=2048)
+    except OSError as e:
+        raise OSError(f"cannot listen for HTTP on {host}:{port} (in use?): {e.strerror or e}") from e
+
+
+def _log_failure(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("the HTTP server stopped", exc_info=task.exception())
