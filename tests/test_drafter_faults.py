@@ -134,3 +134,33 @@ def test_missing_context_for_a_sequence_sent_whole_is_a_bad_answer():
     inputs = [DraftInput(1, 0, [5, 6, 7], 2), DraftInput(2, 9, [8, 9], 2)]
     assert proposal_problem(DraftOutput(drafts=[[], []], missing=[2]), inputs, 100) == ""
     assert "sent from position 0" in proposal_problem(DraftOutput(drafts=[[], []], missing=[1]), inputs, 100)
+
+
+def test_a_drafters_own_compute_time_reaches_the_step_phases(tiny_model, baseline):
+    """A drafter that reports its compute time (the remote link does, from the drafter's answer) shows up in the
+    engine's step phases, which the verifier exports as specdec_step_seconds{phase="drafter_compute"}."""
+    prompts, params, expected = baseline
+
+    class Timed:
+        needs_hidden, kind, max_drafts, facts = False, "timed", 3, None
+
+        def __init__(self):
+            self.inner = NgramDrafter(3)
+
+        def propose(self, batch):
+            out = self.inner.propose(batch)
+            out.compute_seconds = 0.0042
+            return out
+
+        def release(self, seq_ids):
+            self.inner.release(seq_ids)
+
+        def clear(self):
+            self.inner.clear()
+    engine = make_engine(tiny_model, Timed(), 3)
+    engine.add_request("r", prompts[0], params[0])
+    phases = []
+    while engine.has_work:
+        engine.step()
+        phases.append(dict(engine.last_step_seconds))
+    assert any(p.get("drafter_compute") == 0.0042 for p in phases)

@@ -227,7 +227,7 @@ class RemoteDrafter:
             drafts[i] = list(d.token_ids)
         lost = [i for i in response.missing_seq_ids if i in self._known]
         self._known.difference_update(lost)
-        return DraftOutput(drafts=drafts, missing=missing + lost)
+        return DraftOutput(drafts=drafts, missing=missing + lost, compute_seconds=response.drafter_ms / 1e3)
 
     def _known_part(self, batch: DraftBatch) -> tuple[list[int], list[int], torch.Tensor | None]:
         """(indices of the sequences this connection can take, seq ids it lacks the context of, their hidden

@@ -124,9 +124,11 @@ class SpecEngine:
             committed.append((p, old_cached))
             if id(p) in tokens_of:
                 outputs.append(self._commit_tokens(p, tokens_of[id(p)], j, logprobs_of[id(p)]))
-        self._draft(committed, hidden)
+        drafter_compute = self._draft(committed, hidden)
         # Host time per phase; on a GPU the target's kernels finish inside "verify" (its one sync per step).
         self.last_step_seconds = {"target": t1 - t0, "verify": t2 - t1, "drafter": time.perf_counter() - t2}
+        if drafter_compute is not None:  # inside "drafter": what the drafter itself spent (a remote one reports it)
+            self.last_step_seconds["drafter_compute"] = drafter_compute
         return outputs
 
     def _verify(self, sampled: list[ScheduledSeq], logits: torch.Tensor):
@@ -185,8 +187,9 @@ class SpecEngine:
         if self.drafter is not None:
             self.drafter.release([seq.seq_id])
 
-    def _draft(self, committed: list[tuple[ScheduledSeq, int]], hidden: torch.Tensor) -> None:
+    def _draft(self, committed: list[tuple[ScheduledSeq, int]], hidden: torch.Tensor) -> float | None:
         """Send the drafter what each live sequence committed this step; keep its proposals for the next.
+        Returns the drafter's own compute time when it reports one.
 
         A drafter that lacks a sequence's earlier context (it reconnected, or is a new process after a swap)
         says so in DraftOutput.missing; the next step re-sends that context: all its tokens to a token-only
@@ -211,7 +214,7 @@ class SpecEngine:
             first_row += len(p.chunk)
         self._recompute_for_drafter(rebuild)
         if drafter is None or k == 0 or not live:
-            return
+            return None
         needs_hidden = drafter.needs_hidden
         rows_t = torch.tensor(rows, dtype=torch.long, device=hidden.device)
         out = self._propose(DraftBatch(self.step_count, inputs, hidden[rows_t] if needs_hidden else None))
@@ -224,6 +227,7 @@ class SpecEngine:
             if out.probs is not None:
                 seq.draft_probs = out.probs[start:start + len(seq.drafts)]
             start += len(drafts)
+        return out.compute_seconds
 
     def _propose(self, batch: DraftBatch) -> DraftOutput:
         """The drafter's answer, checked: a failed, broken or malformed answer is a drafter failure for this

@@ -59,6 +59,8 @@ class DraftOutput:
     failure: str = ""                                     # non-empty: this step failed (no drafts), and why
     missing: list[int] = field(default_factory=list)      # seq ids whose earlier context the drafter lacks:
     #                                                       the verifier re-sends it (or recomputes it)
+    compute_seconds: float | None = None                  # time spent drafting, as the drafter measured it
+    #                                                       (a remote drafter reports it; in-process: None)
 
     @staticmethod
     def failed(num_seqs: int, reason: str) -> "DraftOutput":
