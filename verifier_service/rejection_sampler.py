@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.sampling import speculative_sample
+from kernels.sampling.reference import row_layout
 
 from .logits_processors import Penalties, RowParams, apply_penalties, processed_logits
 from .sampling_batch import SamplingBatch
@@ -35,9 +36,7 @@ class Verdict:
 def _rows(num_drafts: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(cu_rows [B+1], seq_of_row [R], pos [R]) for k_b + 1 rows per sequence."""
     cu_rows = torch.nn.functional.pad(torch.cumsum(num_drafts + 1, 0), (1, 0))
-    seq_of_row = torch.repeat_interleave(torch.arange(num_drafts.shape[0], device=num_drafts.device),
-                                         num_drafts + 1, output_size=num_rows)
-    return cu_rows, seq_of_row, torch.arange(num_rows, device=num_drafts.device) - cu_rows[seq_of_row]
+    return (cu_rows, *row_layout(cu_rows, num_rows))
 
 
 def _penalties(s: SamplingBatch, drafts: torch.Tensor, seq_of_row: torch.Tensor, pos: torch.Tensor,

@@ -27,6 +27,14 @@ from .philox import ACCEPT, DRAW, RECOVER, uniforms
 from .race import exponential_race
 
 
+def row_layout(cu_rows: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(seq_of_row [R], pos [R]): which sequence each verify row belongs to and its index j within it.
+    cu_rows [B + 1] row offsets; num_rows = cu_rows[-1], known on the host (no sync)."""
+    seq_of_row = torch.repeat_interleave(torch.arange(cu_rows.shape[0] - 1, device=cu_rows.device), cu_rows.diff(),
+                                         output_size=num_rows)
+    return seq_of_row, torch.arange(num_rows, device=cu_rows.device) - cu_rows[seq_of_row]
+
+
 def speculative_sample_ref(
     logits: torch.Tensor | None,      # [R, V] fp32 processed logits, cut tokens −inf (None: every row is greedy)
     greedy_tokens: torch.Tensor,      # [R] int64 argmax of the penalised logits (used on greedy rows)
@@ -45,9 +53,7 @@ def speculative_sample_ref(
     device = greedy_tokens.device
     num_seqs, width = drafts.shape[0], drafts.shape[1] + 1
     num_rows = greedy_tokens.shape[0]
-    seq_of_row = torch.repeat_interleave(torch.arange(num_seqs, device=device), cu_rows.diff(),
-                                         output_size=num_rows)                                  # [R]
-    pos = torch.arange(num_rows, device=device) - cu_rows[seq_of_row]                          # [R] j
+    seq_of_row, pos = row_layout(cu_rows, num_rows)                                            # [R], [R] j
     is_draft = pos < num_drafts[seq_of_row]                                                    # [R]
     draft = torch.where(is_draft, drafts[seq_of_row, pos.clamp(max=width - 2)], -1) \
         if width > 1 else torch.full_like(pos, -1)                                              # [R]
