@@ -1,7 +1,12 @@
 """Acceptance on held-out text through our engine: mean acceptance length (tokens per verify step, bonus
 included) and per-position acceptance, per drafter, k and temperature.
 
-    python bench/eval_acceptance.py --model specdec/demo_model --num-prompts 50 --out bench/results/demo_acceptance.json
+    PYTHONPATH=. python -P bench/eval_acceptance.py --model specdec/demo_model --num-prompts 50 --out bench/results/demo_acceptance.json
+
+(-P: bench/kernels.py must not shadow the kernels package.)
+
+With --draft-vocabs FILE..., each `specdec draft-vocab` file adds an MTP run drafting over those ids only
+(labelled mtp/<size>), and the table shows the drafter's time per call beside the acceptance.
 
 Prompts are windows of the held-out standard-library files (specdec/train/corpus.py HELD_OUT), never trained on.
 """
@@ -13,8 +18,10 @@ import time
 from pathlib import Path
 
 from drafter_service.mtp.mtp_drafter import MTPDrafter
+from drafter_service.mtp.options import MTPOptions
 from drafter_service.ngram import NgramDrafter
 from gateway.tokenizer import TextTokenizer
+from specdec.drafting.draft_vocab import load_draft_vocab
 from specdec.models.loader import load_model
 from specdec.sampling_params import SamplingParams
 from specdec.train.corpus import held_out_files, read_text
@@ -36,17 +43,29 @@ def held_out_prompts(tokenizer: TextTokenizer, n: int, length: int) -> list[list
     return prompts[:n]
 
 
-def run_one(loaded, drafter_kind: str, k: int, temperature: float, prompts, max_tokens: int, device: str) -> dict:
+def run_one(loaded, drafter_kind: str, k: int, temperature: float, prompts, max_tokens: int, device: str,
+            draft_vocab: str | None = None) -> dict:
     runner = ModelRunner(loaded, num_blocks=len(prompts) * 20, block_size=16, max_seqs=16, max_drafts=k, device=device)
-    drafter = (MTPDrafter(loaded, k, num_blocks=len(prompts) * 20, device=device) if drafter_kind == "mtp"
-               else NgramDrafter(k))
+    vocab = load_draft_vocab(draft_vocab, loaded.config.vocab_size) if draft_vocab else None
+    drafter = (MTPDrafter(loaded, k, num_blocks=len(prompts) * 20, device=device,
+                          options=MTPOptions(draft_vocab=vocab)) if drafter_kind == "mtp" else NgramDrafter(k))
+    calls, propose = [0, 0.0], drafter.propose
+
+    def timed(batch):
+        start = time.perf_counter()
+        out = propose(batch)
+        calls[0], calls[1] = calls[0] + 1, calls[1] + time.perf_counter() - start
+        return out
+    drafter.propose = timed
     engine = SpecEngine(runner, drafter, EngineConfig(k, SchedulerConfig(16, 2048, 512)))
     params = [SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=i, ignore_eos=True)
               for i in range(len(prompts))]
     start = time.perf_counter()
     engine.generate(prompts, params)
     s = engine.stats
-    return {"drafter": drafter_kind, "k": k, "temperature": temperature, "prompts": len(prompts),
+    label = drafter_kind if vocab is None else f"{drafter_kind}/{len(vocab)}"
+    return {"drafter": label, "draft_vocab": draft_vocab, "drafter_ms_per_call": round(1e3 * calls[1] / calls[0], 3),
+            "k": k, "temperature": temperature, "prompts": len(prompts),
             "mean_acceptance_length": round(s.mean_acceptance_length, 3),
             "per_position_acceptance": [round(r, 3) for r in s.per_position_acceptance],
             "drafted": s.drafted, "accepted": s.accepted, "verify_steps": s.verify_steps,
@@ -64,19 +83,23 @@ def main() -> None:
     p.add_argument("--drafters", nargs="+", default=["mtp", "ngram"])
     p.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4])
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7])
+    p.add_argument("--draft-vocabs", nargs="*", default=[], metavar="FILE",
+                   help="`specdec draft-vocab` files: an extra MTP run over each one's ids")
     p.add_argument("--out", default=None, help="write the results as JSON here")
     args = p.parse_args()
     loaded = load_model(args.model, dtype=args.dtype, device=args.device)
     prompts = held_out_prompts(TextTokenizer.from_folder(args.model), args.num_prompts, args.prompt_len)
     results = []
-    print(f"{'drafter':8} {'k':>2} {'temp':>5} {'mean acc len':>12}  per-position acceptance")
-    for drafter in args.drafters:
+    print(f"{'drafter':10} {'k':>2} {'temp':>5} {'mean acc len':>12} {'drafter ms':>10}  per-position acceptance")
+    runs = [(d, None) for d in args.drafters] + [("mtp", f) for f in args.draft_vocabs]
+    for drafter, vocab in runs:
         for temperature in args.temperatures:
             for k in args.ks:
-                r = run_one(loaded, drafter, k, temperature, prompts, args.max_tokens, args.device)
+                r = run_one(loaded, drafter, k, temperature, prompts, args.max_tokens, args.device, vocab)
                 results.append(r)
-                print(f"{drafter:8} {k:>2} {temperature:>5.1f} {r['mean_acceptance_length']:>12.2f}  "
-                      f"{r['per_position_acceptance']}  ({r['seconds']} s)", flush=True)
+                print(f"{r['drafter']:10} {k:>2} {temperature:>5.1f} {r['mean_acceptance_length']:>12.2f} "
+                      f"{r['drafter_ms_per_call']:>10.2f}  {r['per_position_acceptance']}  ({r['seconds']} s)",
+                      flush=True)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"model": args.model, "prompts": len(prompts),

@@ -172,6 +172,8 @@ def main() -> int:
     p.add_argument("--layers", type=int, default=32, help="layers of the 4B-shaped model in the step section")
     p.add_argument("--context", type=int, default=256, help="tokens prefilled per sequence before the step")
     p.add_argument("--skip-step", action="store_true", help="kernels only")
+    p.add_argument("--skip-kernels", action="store_true", help="the step and draft-loop sections only")
+    p.add_argument("--skip-draft", action="store_true", help="no MTP draft-loop section")
     p.add_argument("--smoke", action="store_true", help="tiny shapes: checks the script, not the speed")
     args = p.parse_args()
     device = torch.device(args.device)
@@ -184,14 +186,15 @@ def main() -> int:
     rows = [row("device", torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "copy", None,
                 note=f"{copy_bw / 1e12:.2f} TB/s read+write")]
     print(f"device copy: {copy_bw / 1e12:.2f} TB/s", flush=True)
-    for batch in args.batches:
+    for batch in [] if args.skip_kernels else args.batches:
         guarded(rows, "gdn-decode", lambda: gdn_rows(shape, batch, 0, device, copy_bw, args.accepted))
         guarded(rows, "gdn-verify", lambda: gdn_rows(shape, batch, args.num_drafts, device, copy_bw, args.accepted))
         for n, section in ((1, "conv-decode"), (args.num_drafts + 1, "conv-verify")):
             guarded(rows, section, lambda: conv_rows(shape, batch, n, n - 1, device, copy_bw, section))
         print(f"kernels at b{batch} done", flush=True)
-    guarded(rows, "gdn-prefill", lambda: prefill_rows(shape, 1, args.prefill_tokens, device, copy_bw))
-    guarded(rows, "gdn-prefill", lambda: prefill_rows(shape, 4, args.prefill_tokens // 4, device, copy_bw))
+    if not args.skip_kernels:
+        guarded(rows, "gdn-prefill", lambda: prefill_rows(shape, 1, args.prefill_tokens, device, copy_bw))
+        guarded(rows, "gdn-prefill", lambda: prefill_rows(shape, 4, args.prefill_tokens // 4, device, copy_bw))
     if not args.skip_step:
         from step_bench import step_rows
         guarded(rows, "step", lambda: step_rows(args, device, copy_bw))

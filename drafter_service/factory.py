@@ -40,7 +40,10 @@ class DrafterConfig:
     vocab_size: int = 0                # synthetic: for corrupted tokens (0: from model_dir)
     seed: int = 0
     draft_model_dir: str | None = None  # draft_model: the smaller model's checkpoint
-    max_seqs: int = 64                 # draft_model: sequences it holds state for at once
+    max_seqs: int = 64                 # draft_model: sequences it holds state for; mtp: largest CUDA graph
+    max_context: int = 4096            # mtp: longest sequence it drafts for
+    enforce_eager: bool = False        # mtp: no CUDA graphs
+    draft_vocab: str | None = None     # mtp: a `specdec draft-vocab` file (drafts over those ids only)
     options: tuple[tuple[str, str], ...] = ()  # plugins: --option KEY=VALUE
 
 
@@ -89,7 +92,10 @@ class DrafterHolder:
     def _load_mtp_parts(self) -> None:
         from specdec.models.loader import load_drafter_weights
 
+        from specdec.drafting.draft_vocab import load_draft_vocab
+
         from .mtp.mtp_drafter import mtp_facts
+        from .mtp.options import MTPOptions
         if not self.config.model_dir:
             raise ValueError("the mtp drafter needs --model (a checkpoint with mtp.* tensors)")
         config, mtp, shared = load_drafter_weights(self.config.model_dir, self.config.dtype, self.config.device,
@@ -97,6 +103,10 @@ class DrafterHolder:
         if not mtp:
             raise ValueError(f"{self.config.model_dir} has no mtp.* tensors: serve --kind ngram instead")
         self.mtp_parts = (config, mtp)
+        c = self.config
+        vocab = load_draft_vocab(c.draft_vocab, config.vocab_size) if c.draft_vocab else None
+        self.mtp_options = MTPOptions(max_seqs=c.max_seqs, max_context=c.max_context, enforce_eager=c.enforce_eager,
+                                      draft_vocab=vocab)
         dtype = next(iter(mtp.values())).dtype
         self.mtp_facts = mtp_facts(config, dtype, vocabulary_fingerprint(self.config.model_dir))
         if shared:
@@ -108,10 +118,13 @@ class DrafterHolder:
         config, mtp = self.mtp_parts
         c = self.config
         drafter = MTPDrafter.from_parts(config, mtp, embed_weight, lm_head_weight, c.max_drafts,
-                                        c.num_blocks, c.block_size, c.device)
+                                        c.num_blocks, c.block_size, c.device, self.mtp_options)
         drafter.facts = replace(drafter.facts, vocab_fingerprint=self.mtp_facts.vocab_fingerprint)
         self.drafter = drafter
-        log.info("mtp drafter ready: %d layer(s), k=%d, %s", len(drafter.head.layers), c.max_drafts, c.device)
+        vocab = drafter.loop.vocab_ids
+        log.info("mtp drafter ready: %d layer(s), k=%d, %s, %s, draft vocabulary %s", len(drafter.head.layers),
+                 c.max_drafts, c.device, "CUDA graphs" if drafter.loop.graphs else "eager",
+                 f"{vocab.numel()} of {config.vocab_size} ids" if vocab is not None else "full")
 
     def load_shared_from_folder(self) -> None:
         """The verifier could not share weights (not the same GPU): read them from the folder after all."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -16,15 +17,17 @@ from specdec.rpc import serving
 from specdec.rpc.security import ServerTls
 from specdec.rpc.v1 import gateway_pb2, verifier_pb2_grpc
 
-from .http_api.server import HttpConfig, HttpServer
-
 from .auth import ApiKey, ApiKeyInterceptor
 from .chat_template import ChatTemplate
 from .generator import Generator
+from .http_api.config import HttpConfig
 from .metrics import GatewayMetrics
 from .servicer import GatewayServicer
 from .tokenizer import TextTokenizer
 from .wire import SERVICE, add_gateway_to_server
+
+if TYPE_CHECKING:
+    from .http_api.server import HttpServer
 
 log = logging.getLogger(__name__)
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -87,7 +90,10 @@ async def start(config: GatewayConfig, tokenizer: TextTokenizer | None,
                                         options=serving.channel_options(serving.VERIFIER_MAX_REQUEST_BYTES))
     metrics = GatewayMetrics()
     generator = Generator(verifier_pb2_grpc.VerifierStub(channel), tokenizer, chat_template, metrics)
-    http = HttpServer(config.http, generator) if config.http else None  # bound first: ready before SERVING
+    http = None
+    if config.http:  # FastAPI / uvicorn are imported only when the HTTP API is on
+        from .http_api.server import HttpServer
+        http = HttpServer(config.http, generator)  # bound first: ready before SERVING
     interceptors = (ApiKeyInterceptor(ApiKey(config.api_key), SERVICE, on_refusal=_counter(metrics)),) \
         if config.api_key else ()
     running = await serving.start_aio_server(

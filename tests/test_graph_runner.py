@@ -8,7 +8,7 @@ from engine_factory import make_drafter, make_engine, random_prompts
 
 from specdec.models.batch_staging import StepPlan
 from specdec.sampling_params import SamplingParams
-from verifier_service.cuda_graph_runner import buckets_for
+from specdec.models.cuda_graph_runner import buckets_for
 from verifier_service.model_runner import ModelRunner
 from verifier_service.plain_generate import greedy_generate
 from verifier_service.sequence import Sequence

@@ -80,5 +80,5 @@ def test_mtp_drafter_out_of_blocks_drops_sequences_not_requests(tiny_model, base
     engine = make_engine(tiny_model, drafter, 3)
     assert engine.generate(prompts, params) == expected
     assert engine.stats.drafted > 0
-    assert drafter.blocks.num_free == 12 and not drafter.dropped  # all given back when the requests ended
+    assert drafter.tables.blocks.num_free == 12 and not drafter.dropped  # all given back when the requests ended
     assert "dropped by the mtp drafter" in caplog.text

@@ -2,7 +2,7 @@
 
 Each step is described on the host with numpy (one entry per sequence; block tables live in a persistent host
 array with one row per GDN slot, updated when blocks are added), staged to the device with one copy, and run
-either eagerly or, for decode / verify steps on CUDA, by replaying a CUDA graph (cuda_graph_runner.py).
+either eagerly or, for decode / verify steps on CUDA, by replaying a CUDA graph (specdec/models/cuda_graph_runner.py).
 """
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ import torch
 from specdec.id_pool import IdPool
 from specdec.models.batch_staging import BatchStaging, StepPlan, logit_rows_per_seq
 from specdec.models.caches import ModelCaches
+from specdec.models.cuda_graph_runner import BATCH_BUCKETS, CudaGraphRunner, buckets_for
 from specdec.models.forward_batch import ForwardBatch, as_array
 from specdec.models.loader import LoadedModel
 
-from .cuda_graph_runner import BATCH_BUCKETS, CudaGraphRunner, buckets_for
 from .sequence import Sequence
 
 log = logging.getLogger(__name__)

@@ -1,22 +1,26 @@
 """MTP drafter: ingests committed tokens + target hidden states into its own KV cache, then drafts k tokens
-greedily (argmax), feeding back its own post-norm output (see mtp_head for the formula)."""
+greedily (argmax), feeding back its own post-norm output (see mtp_head for the formula, draft_loop for the
+device-side loop and its CUDA graphs). This file keeps the per-sequence bookkeeping."""
 from __future__ import annotations
 
 import logging
 import math
 
+import numpy as np
 import torch
 from torch import nn
 
 from specdec.drafting import DraftBatch, DraftOutput, ModelFacts
 from specdec.id_pool import IdPool, PoolExhausted
 from specdec.models.caches import GDNCache, KVCache, ModelCaches
-from specdec.models.forward_batch import ForwardBatch
 from specdec.models.loader import LoadedModel
 from specdec.models.model_config import ModelConfig
 from specdec.transport.tensor_bytes import DTYPE_NAMES
 
+from .draft_loop import MTPDraftLoop, catch_up_plan
 from .mtp_head import MTPHead
+from .options import MTPOptions
+from .sequence_tables import SequenceTables
 
 log = logging.getLogger(__name__)
 
@@ -40,70 +44,74 @@ class MTPDrafter:
     needs_hidden = True
 
     def __init__(self, loaded: LoadedModel, max_drafts: int, num_blocks: int, block_size: int = 16,
-                 device: str | torch.device | None = None):
+                 device: str | torch.device | None = None, options: "MTPOptions | None" = None):
         """In-process: share the loaded target's embed_tokens / lm_head (on their device unless told)."""
         self.setup(loaded.config, loaded.mtp_weights, loaded.model.embed_tokens.weight,
                    loaded.model.lm_head.weight, max_drafts, num_blocks, block_size,
-                   device if device is not None else loaded.model.embed_tokens.weight.device)
+                   device if device is not None else loaded.model.embed_tokens.weight.device, options)
 
     @classmethod
     def from_parts(cls, config: ModelConfig, mtp_weights: dict[str, torch.Tensor], embed_weight: torch.Tensor,
                    lm_head_weight: torch.Tensor, max_drafts: int, num_blocks: int, block_size: int = 16,
-                   device: str | torch.device = "cpu") -> "MTPDrafter":
+                   device: str | torch.device = "cpu", options: "MTPOptions | None" = None) -> "MTPDrafter":
         """Out of process: weights read from the folder, or mapped from the verifier (no second copy)."""
         drafter = cls.__new__(cls)
-        drafter.setup(config, mtp_weights, embed_weight, lm_head_weight, max_drafts, num_blocks, block_size, device)
+        drafter.setup(config, mtp_weights, embed_weight, lm_head_weight, max_drafts, num_blocks, block_size, device,
+                      options)
         return drafter
 
-    def setup(self, config, mtp_weights, embed_weight, lm_head_weight, max_drafts, num_blocks, block_size, device):
+    def setup(self, config, mtp_weights, embed_weight, lm_head_weight, max_drafts, num_blocks, block_size, device,
+              options):
         if not mtp_weights:
             raise ValueError("the checkpoint has no mtp.* tensors: the mtp drafter cannot run (use ngram)")
+        options = options or MTPOptions()
         self.head = MTPHead.from_weights(config, mtp_weights, nn.Embedding.from_pretrained(embed_weight),
                                          _linear_around(lm_head_weight))
         self.max_drafts, self.block_size, self.device = max_drafts, block_size, torch.device(device)
         self.facts = mtp_facts(config, embed_weight.dtype)
         num_layers = len(self.head.layers)
-        shape = (num_blocks, block_size, config.num_key_value_heads, config.head_dim)
+        shape = (num_blocks + 1, block_size, config.num_key_value_heads, config.head_dim)  # + the scratch block
         dtype = embed_weight.dtype
         kv = KVCache(k=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)],
                      v=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)],
                      block_size=block_size)
-        self.caches = ModelCaches(kv=kv, gdn=GDNCache([], []), layer_slot={i: i for i in range(num_layers)})
-        self.blocks = IdPool(num_blocks, "mtp kv blocks")
-        self.tables: dict[int, list[int]] = {}
+        caches = ModelCaches(kv=kv, gdn=GDNCache([], []), layer_slot={i: i for i in range(num_layers)})
+        self.tables = SequenceTables(IdPool(num_blocks, "mtp kv blocks"), block_size,
+                                     math.ceil(options.max_context / block_size))
+        draft_vocab = None if options.draft_vocab is None else torch.as_tensor(options.draft_vocab)
+        self.loop = MTPDraftLoop(self.head, caches, max_drafts, options.max_seqs, self.tables.width, self.device,
+                                 graphs=not options.enforce_eager, draft_vocab=draft_vocab)
         self.dropped: set[int] = set()  # sequences given up for lack of blocks, until released
 
-    def _reserve(self, seq_id: int, length: int) -> list[int]:
-        table = self.tables.setdefault(seq_id, [])
-        table += self.blocks.take(max(0, math.ceil(length / self.block_size) - len(table)))
-        return table
-
     def propose(self, batch: DraftBatch) -> DraftOutput:
-        """Sequences this drafter cannot hold (its KV blocks ran out) are dropped: they get no drafts from then
-        on, and the verifier decodes them without; nothing fails. A sequence first seen past position 0 has
-        KV this drafter never built: it is reported missing (the verifier recomputes it)."""
+        """Sequences this drafter cannot hold (its KV blocks ran out, or longer than max_context) are dropped:
+        they get no drafts from then on, and the verifier decodes them without; nothing fails. A sequence first
+        seen past position 0 has KV this drafter never built: it is reported missing (the verifier recomputes
+        it)."""
         drafts: list[list[int]] = [[] for _ in batch.seqs]
-        served, rows, row, missing = [], [], 0, []
+        lens = np.fromiter((len(s.token_ids) - 1 for s in batch.seqs), np.int64, count=len(batch.seqs))
+        served, missing = [], []
         for i, s in enumerate(batch.seqs):
-            n = len(s.token_ids) - 1
             if s.start_pos > 0 and s.seq_id not in self.tables and s.seq_id not in self.dropped:
                 missing.append(s.seq_id)
-            elif s.seq_id not in self.dropped and self._try_reserve(s):
+            elif s.seq_id not in self.dropped and self._try_reserve(s) and lens[i] > 0:
                 served.append(i)
-                rows.extend(range(row, row + n))
-            row += n
         if served:
-            hidden = batch.hidden[torch.tensor(rows, dtype=torch.long, device=batch.hidden.device)]
+            hidden = batch.hidden
+            if len(served) < len(batch.seqs):  # rows of the served sequences only
+                first = np.cumsum(lens) - lens
+                rows = np.concatenate([np.arange(first[i], first[i] + lens[i]) for i in served])
+                hidden = hidden[torch.from_numpy(rows).to(hidden.device)]
             for i, d in zip(served, self._draft([batch.seqs[i] for i in served], hidden)):
                 drafts[i] = d
         return DraftOutput(drafts=drafts, missing=missing)
 
     def _try_reserve(self, s) -> bool:
-        k = min(s.num_drafts, self.max_drafts)
+        """Blocks for the catch-up and every draft step (a graph drafts max_drafts for every sequence)."""
         try:
-            self._reserve(s.seq_id, s.start_pos + len(s.token_ids) - 1 + max(k - 1, 0))
+            self.tables.reserve(s.seq_id, s.start_pos + len(s.token_ids) - 1 + self.max_drafts - 1)
             return True
-        except PoolExhausted as e:
+        except (PoolExhausted, ValueError) as e:
             log.warning("sequence %d dropped by the mtp drafter (%s): it decodes without drafts", s.seq_id, e)
             self.release([s.seq_id])
             self.dropped.add(s.seq_id)
@@ -111,33 +119,16 @@ class MTPDrafter:
 
     def _draft(self, seqs, hidden: torch.Tensor) -> list[list[int]]:
         ks = [min(s.num_drafts, self.max_drafts) for s in seqs]
-        tables = [self.tables[s.seq_id] for s in seqs]
-        # Catch-up: pairs (token at p + 1, target hidden at p) for the newly committed positions p.
-        catch_up = ForwardBatch.build([s.token_ids[1:] for s in seqs], [s.start_pos for s in seqs], tables,
-                                      self.block_size, [0] * len(seqs), device=self.device)
-        out = self.head(catch_up, hidden, self.caches, layer=0)[catch_up.logits_indices]  # [B, H]
-        drafts: list[list[int]] = [[] for _ in seqs]
-        live = [i for i, k in enumerate(ks) if k > 0]
-        next_pos = [s.start_pos + len(s.token_ids) - 1 for s in seqs]  # position of the next MTP input
-        out = out[live]
-        for step in range(max(ks, default=0)):
-            tokens = self.head.logits(out).argmax(-1).tolist()  # draft step `step` for every live sequence
-            for i, t in zip(live, tokens):
-                drafts[i].append(t)
-            keep = [n for n, i in enumerate(live) if ks[i] > step + 1]
-            live, out = [live[n] for n in keep], out[keep]
-            if not live:
-                break
-            feed = ForwardBatch.build([[drafts[i][-1]] for i in live], [next_pos[i] + step for i in live],
-                                      [tables[i] for i in live], self.block_size, [0] * len(live),
-                                      device=self.device)
-            out = self.head(feed, out, self.caches, layer=(step + 1) % len(self.head.layers))
-        return drafts
+        tables, table_lens = self.tables.rows([s.seq_id for s in seqs])
+        starts = np.fromiter((s.start_pos for s in seqs), np.int64, count=len(seqs))
+        plan = catch_up_plan([s.token_ids for s in seqs], starts, tables, table_lens)
+        drafted = self.loop.run(plan, hidden, max(ks)).tolist()  # [B, >= max(ks)]: the one host sync
+        return [row[:k] for row, k in zip(drafted, ks)]
 
     def release(self, seq_ids: list[int]) -> None:
         for i in seq_ids:
-            self.blocks.give_back(self.tables.pop(i, []))
+            self.tables.release(i)
             self.dropped.discard(i)
 
     def clear(self) -> None:
-        self.release(list(self.tables))
+        self.release(self.tables.seq_ids())

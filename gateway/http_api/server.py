@@ -13,33 +13,16 @@ import json
 import logging
 import socket
 import ssl
-from dataclasses import dataclass
 
 import uvicorn
 
 from ..auth import ApiKey
 from ..generator import Generator
+from .config import HttpConfig
 from . import errors
 from .app import GENERATE_PATHS, build_app
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class HttpConfig:
-    port: int                              # 0: any free port
-    host: str = "127.0.0.1"
-    api_key: str | None = None             # set: /v1 needs `Authorization: Bearer <key>`
-    max_request_bytes: int = 4 << 20
-    tls_cert_file: str | None = None       # PEM chain and key: serve HTTPS
-    tls_key_file: str | None = None
-    tls_client_ca_file: str | None = None  # set: require client certificates signed by it
-    grace_s: float = 5.0
-
-    @property
-    def secured(self) -> bool:
-        """HTTPS with an API key or client certificates: fit to listen beyond this host."""
-        return self.tls_cert_file is not None and bool(self.api_key or self.tls_client_ca_file)
 
 
 class BodyTooLarge(Exception):

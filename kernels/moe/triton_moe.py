@@ -26,7 +26,8 @@ def _block(sorted_pairs_ptr, block_experts_ptr, num_pairs, BLOCK_M: tl.constexpr
     return expert, rows, pair, pair < num_pairs
 
 
-@triton.jit
+# num_pairs varies per step: not specialised on it, so a new value never compiles a new variant
+@triton.jit(do_not_specialize=["num_pairs"])
 def _gate_up_kernel(x_ptr, w_ptr, inter_ptr, sorted_pairs_ptr, block_experts_ptr,
                     num_pairs, num_experts, hidden, inter_size, stride_xt, stride_we, stride_wn, stride_ir,
                     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -61,7 +62,8 @@ def _gate_up_kernel(x_ptr, w_ptr, inter_ptr, sorted_pairs_ptr, block_experts_ptr
     tl.store(inter_ptr + rows[:, None] * stride_ir + n[None, :], h.to(dtype), mask=ok)
 
 
-@triton.jit
+# num_pairs varies per step: not specialised on it, so a new value never compiles a new variant
+@triton.jit(do_not_specialize=["num_pairs"])
 def _down_kernel(inter_ptr, w_ptr, topk_weights_ptr, pair_out_ptr, sorted_pairs_ptr, block_experts_ptr,
                  num_pairs, num_experts, hidden, inter_size, stride_ir, stride_we, stride_wn, stride_pt,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):

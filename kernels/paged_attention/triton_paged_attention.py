@@ -43,7 +43,8 @@ def _tile_rows(cu_seqlens_ptr, positions_ptr, seq, m_block, kv_head,
     return tok.to(tl.int64), head.to(tl.int64), valid, pos
 
 
-@triton.jit
+# num_tokens varies per step: not specialised on it, so a new value never compiles a new variant
+@triton.jit(do_not_specialize=["num_tokens"])
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, positions_ptr, block_tables_ptr, cu_seqlens_ptr,
     out_ptr, part_acc_ptr, part_ml_ptr,
@@ -112,7 +113,8 @@ def _paged_attention_kernel(
         tl.store(p_acc, acc, mask=has_keys[:, None] & d_ok[None, :])
 
 
-@triton.jit
+# num_tokens varies per step: not specialised on it, so a new value never compiles a new variant
+@triton.jit(do_not_specialize=["num_tokens"])
 def _combine_kernel(
     cu_seqlens_ptr, positions_ptr, out_ptr, part_acc_ptr, part_ml_ptr, num_tokens, num_heads,
     stride_ot, stride_oh,

@@ -11,7 +11,8 @@ import triton.language as tl
 TILE_ELEMENTS = 4096  # rows per program × padded row width: enough work per program, few registers
 
 
-@triton.jit
+# num_rows varies per step: not specialised on it, so a new value never compiles a new variant
+@triton.jit(do_not_specialize=["num_rows"])
 def _rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, y_ptr, sum_ptr, num_rows, eps, stride_x, stride_r,
                      H: tl.constexpr, BLOCK_H: tl.constexpr, ROWS: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
@@ -30,7 +31,8 @@ def _rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, y_ptr, sum_ptr, num_rows, 
     tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+# num_rows varies per step: not specialised on it, so a new value never compiles a new variant
+@triton.jit(do_not_specialize=["num_rows"])
 def _gated_rms_norm_kernel(o_ptr, z_ptr, weight_ptr, y_ptr, num_rows, eps, stride_o, stride_z,
                            V: tl.constexpr, BLOCK_V: tl.constexpr, ROWS: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)

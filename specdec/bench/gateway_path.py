@@ -73,15 +73,18 @@ class GatewayBench:
             return None
         self.stop()
         self.metrics_port = free_port()
-        verifier = ["--max-running", str(max(g.concurrency for g in group)),
+        running, context = max(g.concurrency for g in group), max(g.prompt_tokens + g.max_tokens + g.k + 1 for g in group)
+        verifier = ["--max-running", str(running),
                     "--max-batched-tokens", str(max(scheduler_for(g).max_batched_tokens for g in group)),
                     "--kv-blocks", str(max(blocks_for(g) for g in group)),
-                    "--max-context", str(max(g.prompt_tokens + g.max_tokens + g.k + 1 for g in group)),
-                    "--metrics-port", str(self.metrics_port)]
+                    "--max-context", str(context), "--metrics-port", str(self.metrics_port)]
+        drafter = ["--max-seqs", str(running), "--max-context", str(context)] if w.drafter == "mtp" else []
+        drafter += ["--draft-vocab", w.draft_vocab] if w.draft_vocab else []
         if w.forced_length:
             verifier += ["--forced-acceptance-length", str(w.forced_length), "--unsafe-forced-acceptance"]
         config = StackConfig(model=self.model, drafter=w.drafter, num_drafts=w.num_drafts or 3, device=self.device,
-                             dtype=self.dtype, port=0, verifier_args=tuple(verifier), log_dir=self.logs.name,
+                             dtype=self.dtype, port=0, verifier_args=tuple(verifier), drafter_args=tuple(drafter),
+                             log_dir=self.logs.name,
                              startup_timeout_s=self.startup_timeout_s)
         start = time.perf_counter()
         self.stack, self.key = LocalStack(config), w.stack_key

@@ -22,7 +22,9 @@ from typing import Callable
 import torch
 
 from drafter_service.mtp.mtp_drafter import MTPDrafter
+from drafter_service.mtp.options import MTPOptions
 from drafter_service.ngram import NgramDrafter
+from specdec.drafting.draft_vocab import load_draft_vocab
 from specdec.models.loader import LoadedModel
 from specdec.sampling_params import SamplingParams
 from verifier_service.engine import EngineConfig, SpecEngine
@@ -90,7 +92,11 @@ class InprocBench:
         runner = ModelRunner(self.loaded, blocks, BLOCK, w.concurrency, k, self.device)
         drafter = None
         if w.drafter == "mtp":
-            drafter = MTPDrafter(self.loaded, k, num_blocks=blocks, block_size=BLOCK, device=self.device)
+            vocab = load_draft_vocab(w.draft_vocab, self.loaded.config.vocab_size) if w.draft_vocab else None
+            options = MTPOptions(max_seqs=w.concurrency, max_context=w.prompt_tokens + w.max_tokens + k + 1,
+                                 draft_vocab=vocab)
+            drafter = MTPDrafter(self.loaded, k, num_blocks=blocks, block_size=BLOCK, device=self.device,
+                                 options=options)
         elif w.drafter == "ngram":
             drafter = NgramDrafter(k)
         forced = ForcedAcceptance(w.forced_length, k, seed=0, enabled=True) if w.forced_length else None

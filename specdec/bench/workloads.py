@@ -9,7 +9,7 @@ tokens (ignore_eos), so the batch stays at N while it decodes.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -28,6 +28,7 @@ class Workload:
     temperature: float = 0.0
     forced_length: float | None = None  # mtp only: forced mean acceptance length (benchmarks only)
     k: int = K
+    draft_vocab: str | None = None      # mtp only: a `specdec draft-vocab` file (drafts over those ids only)
 
     def __post_init__(self):
         if self.path not in PATHS:
@@ -36,6 +37,8 @@ class Workload:
             raise ValueError(f"drafter must be none | ngram | mtp, not {self.drafter!r}")
         if self.path == "peer" and self.drafter != "none":
             raise ValueError("the peer (transformers generate) runs without a drafter")
+        if self.draft_vocab and self.drafter != "mtp":
+            raise ValueError("a draft vocabulary goes with the mtp drafter")
         if min(self.concurrency, self.prompt_tokens, self.max_tokens) < 1:
             raise ValueError(f"concurrency, prompt_tokens and max_tokens must be >= 1: {self}")
 
@@ -45,13 +48,14 @@ class Workload:
 
     @property
     def drafter_label(self) -> str:
-        """none | ngram | mtp | mtp@3.39 (forced acceptance length)."""
-        return f"mtp@{self.forced_length:g}" if self.forced_length else self.drafter
+        """none | ngram | mtp | mtp@3.39 (forced acceptance length); +dv: with the reduced draft vocabulary."""
+        label = f"mtp@{self.forced_length:g}" if self.forced_length else self.drafter
+        return label + "+dv" if self.draft_vocab else label
 
     @property
     def stack_key(self) -> tuple:
         """Workloads with the same key share one running stack (gateway path)."""
-        return (self.drafter, self.forced_length, self.num_drafts)
+        return (self.drafter, self.forced_length, self.num_drafts, self.draft_vocab)
 
     @property
     def name(self) -> str:
@@ -61,6 +65,7 @@ class Workload:
     def to_json(self) -> dict:
         return {"path": self.path, "drafter": self.drafter, "drafter_label": self.drafter_label,
                 "forced_acceptance_length": self.forced_length, "k": self.num_drafts,
+                "draft_vocab": self.draft_vocab,
                 "concurrency": self.concurrency, "prompt_tokens": self.prompt_tokens,
                 "max_tokens": self.max_tokens, "temperature": self.temperature}
 
@@ -136,16 +141,20 @@ PRESETS = {"full": (full, []), "baseline": (baseline, BASELINE_CUT), "quick": (q
 
 
 def select(workloads: list[Workload], paths=None, drafters=None, concurrencies=None, prompts=None,
-           temperatures=None, max_tokens: int | None = None) -> list[Workload]:
-    """Keep the workloads matching every given filter; max_tokens replaces the output length."""
+           temperatures=None, max_tokens: int | None = None, draft_vocab: str | None = None) -> list[Workload]:
+    """Keep the workloads matching every given filter; max_tokens replaces the output length; with draft_vocab
+    every mtp workload kept gets a twin drafting over that file's ids (label +dv)."""
+    if draft_vocab:
+        workloads = [v for w in workloads
+                     for v in ((w, replace(w, draft_vocab=draft_vocab)) if w.drafter == "mtp" else (w,))]
     keep = [w for w in workloads
-            if (not paths or w.path in paths) and (not drafters or w.drafter_label in drafters)
+            if (not paths or w.path in paths)
+            and (not drafters or w.drafter_label in drafters or w.drafter_label.removesuffix("+dv") in drafters)
             and (not concurrencies or w.concurrency in concurrencies)
             and (not prompts or w.prompt_tokens in prompts)
             and (not temperatures or w.temperature in temperatures)]
     if max_tokens:
-        keep = [Workload(w.path, w.drafter, w.concurrency, w.prompt_tokens, max_tokens, w.temperature,
-                         w.forced_length, w.k) for w in keep]
+        keep = [replace(w, max_tokens=max_tokens) for w in keep]
     return list(dict.fromkeys(keep))
 
 

@@ -39,6 +39,8 @@ def add_parser(sub) -> None:
     p.add_argument("--concurrency", nargs="+", type=int, help="keep only these concurrencies")
     p.add_argument("--prompt-tokens", nargs="+", type=int, help="keep only these prompt lengths")
     p.add_argument("--temperatures", nargs="+", type=float, help="keep only these temperatures")
+    p.add_argument("--draft-vocab", default=None, metavar="FILE",
+                   help="also run every mtp workload with this `specdec draft-vocab` file (label +dv)")
     p.add_argument("--max-tokens", type=int, default=None, help="output tokens per request (replaces the preset's)")
     p.add_argument("--workload-timeout", type=float, default=None,
                    help="seconds one workload may run before it is cut (default: full 600, baseline 40, quick 60)")
@@ -64,7 +66,7 @@ def build_config(args: argparse.Namespace):
     model, device, dtype = resolve(args)
     make, cut = wl.PRESETS[args.preset]
     chosen = wl.select(make(), args.paths, args.drafters, args.concurrency, args.prompt_tokens, args.temperatures,
-                       args.max_tokens)
+                       args.max_tokens, args.draft_vocab)
     if not chosen:
         raise ValueError("the filters (--paths/--drafters/--concurrency/--prompt-tokens/--temperatures) leave no "
                          f"workload of preset {args.preset!r}")
@@ -73,7 +75,7 @@ def build_config(args: argparse.Namespace):
         if value is not None and value <= 0:
             raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {value}")
     filters = [f"--{n} {getattr(args, n)}" for n in ("paths", "drafters", "concurrency", "prompt_tokens",
-                                                     "temperatures", "max_tokens") if getattr(args, n)]
+                                                     "temperatures", "max_tokens", "draft_vocab") if getattr(args, n)]
     return BenchConfig(
         model=model, device=device, dtype=dtype, preset=args.preset, workloads=tuple(chosen),
         cut=tuple(cut) + (("filtered: " + ", ".join(filters),) if filters else ()), out_dir=args.out, tag=args.tag,

@@ -12,7 +12,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 def add_enforce_eager_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enforce-eager", action="store_true",
-                   help="run every verifier step eagerly: no CUDA graphs (slower; for debugging and comparisons)")
+                   help="run every step eagerly: no CUDA graphs (slower; for debugging and comparisons)")
 
 
 def add_listen_args(p: argparse.ArgumentParser, default_port: int) -> None:

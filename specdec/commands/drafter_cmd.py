@@ -1,7 +1,7 @@
 """`specdec drafter`: serve a drafter (mtp | draft_model | ngram | synthetic | an installed plugin) over gRPC."""
 import argparse
 
-from .cli_args import add_listen_args, add_model_args, resolve
+from .cli_args import add_enforce_eager_arg, add_listen_args, add_model_args, resolve
 
 KINDS_HELP = ("mtp (the target's MTP head; needs --model), draft_model (a smaller model; needs --draft-model), "
               "ngram (prompt lookup), synthetic (benchmarks), or the name of an installed plugin "
@@ -20,7 +20,16 @@ def add_parser(sub) -> None:
     p.add_argument("--kv-blocks", type=int, default=4096, help="mtp / draft_model KV cache blocks (of 16 tokens)")
     p.add_argument("--draft-model", default=None, metavar="DIR",
                    help="draft_model: a smaller checkpoint of a supported family with the target's tokenizer")
-    p.add_argument("--max-seqs", type=int, default=64, help="draft_model: sequences it keeps state for at once")
+    p.add_argument("--max-seqs", type=int, default=64,
+                   help="draft_model: sequences it keeps state for at once; mtp: the largest batch drafted in a "
+                        "CUDA graph (larger batches draft eagerly)")
+    p.add_argument("--max-context", type=int, default=4096,
+                   help="mtp: longest sequence it drafts for (longer ones decode without drafts); match the "
+                        "verifier's --max-context")
+    p.add_argument("--draft-vocab", default=None, metavar="FILE",
+                   help="mtp: draft over the ids of this `specdec draft-vocab` file only (a faster lm_head; "
+                        "still lossless, acceptance may drop)")
+    add_enforce_eager_arg(p)
     p.add_argument("--references", default=None, help="synthetic: JSON list of token-id lists")
     p.add_argument("--mean-acceptance-length", type=float, default=None, help="synthetic: target length")
     p.add_argument("--vocab-size", type=int, default=0, help="synthetic: vocabulary (default: from --model)")
@@ -56,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     config = DrafterConfig(kind=args.kind, max_drafts=args.num_drafts, model_dir=model, device=device, dtype=dtype,
                            num_blocks=args.kv_blocks, references=args.references,
                            mean_acceptance_length=args.mean_acceptance_length, vocab_size=args.vocab_size,
-                           draft_model_dir=args.draft_model, max_seqs=args.max_seqs,
+                           draft_model_dir=args.draft_model, max_seqs=args.max_seqs, max_context=args.max_context,
+                           enforce_eager=args.enforce_eager, draft_vocab=args.draft_vocab,
                            options=parse_options(args.option))
     serve(config, args.host, args.port)
     return 0

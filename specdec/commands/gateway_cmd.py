@@ -36,7 +36,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gateway.http_api.server import HttpConfig
+    from gateway.http_api.config import HttpConfig
     from gateway.server import GatewayConfig, serve
     from specdec.demo import DEMO_DIR
     from specdec.rpc import serving

@@ -27,6 +27,8 @@ def add_stack_args(p: argparse.ArgumentParser) -> None:
                    help="with --drafter draft_model: the smaller model that drafts (same tokenizer as --model)")
     p.add_argument("-k", "--num-drafts", type=int, default=3)
     p.add_argument("--transport", default="auto", choices=["auto", "cuda_ipc", "shm", "inline"])
+    p.add_argument("--draft-vocab", default=None, metavar="FILE",
+                   help="with the mtp drafter: draft over the ids of this `specdec draft-vocab` file only")
     add_enforce_eager_arg(p)
 
 
@@ -41,7 +43,11 @@ def stack_config(args: argparse.Namespace, port: int, log_dir: str | None = None
             raise ValueError(f"--drafter {drafter!r}: choose none or one of {', '.join(available_kinds())}")
     if (drafter == "draft_model") != bool(args.draft_model):
         raise ValueError("--drafter draft_model and --draft-model DIR go together")
+    if args.draft_vocab and drafter != "mtp":
+        raise ValueError("--draft-vocab goes with the mtp drafter")
     drafter_args = ("--draft-model", args.draft_model) if args.draft_model else ()
+    drafter_args += ("--draft-vocab", args.draft_vocab) if args.draft_vocab else ()
+    drafter_args += ("--enforce-eager",) if args.enforce_eager else ()
     return StackConfig(model=model, drafter=drafter, num_drafts=args.num_drafts, device=device, dtype=dtype,
                        port=port, http_port=http_port, transport=args.transport, log_dir=log_dir,
                        drafter_args=drafter_args,

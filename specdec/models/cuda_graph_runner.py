@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from specdec.models.batch_staging import BatchStaging, StepPlan
-from specdec.models.forward_batch import ForwardBatch
+from .batch_staging import BatchStaging, StepPlan
+from .forward_batch import ForwardBatch
 
 log = logging.getLogger(__name__)
 
