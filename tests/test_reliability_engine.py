@@ -54,13 +54,13 @@ def test_duplicate_request_id_is_refused_and_the_first_call_runs_on(engine, refe
     loop = started(engine)
     try:
         first = Client(loop, "same", params=SamplingParams(max_tokens=40, ignore_eos=True))
-        first.outputs.put(first.outputs.get(timeout=60))  # the first call is admitted and streaming
+        head = first.outputs.get(timeout=60)  # the first call is admitted and streaming
         second = Client(loop, "same")
         refusal = second.drain()
         assert isinstance(refusal[-1], Failed) and refusal[-1].kind is FailureKind.INVALID
         assert "request_id" in refusal[-1].message and "already running" in refusal[-1].message
         loop.cancel(second.ticket)   # the refused call's end-of-call hook: must not reach the first call
-        items = first.drain()
+        items = [head] + first.drain()
         assert items[-1].finish_reason == "length" and len(first.tokens(items)) == 40
         assert first.tokens(items)[:12] == reference
         assert loop.in_flight == 0

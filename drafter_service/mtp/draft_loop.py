@@ -43,7 +43,7 @@ class MTPDraftLoop:
         self.max_seqs, self.max_blocks = max_seqs, max_blocks
         self.unit_cu = torch.arange(max_seqs + 1, dtype=torch.int32, device=device)   # [B + 1] one token each
         self.unit_rows = self.unit_cu.long()                                            # [B + 1] int64
-        self.hidden_in = torch.zeros(0, head.fc.weight.shape[0], dtype=head.fc.weight.dtype, device=device)
+        self.hidden_in = torch.zeros(0, hidden, dtype=head.fc.weight.dtype, device=device)  # [bucket tokens, H]
         self.vocab_ids, self.vocab_head = None, None
         if draft_vocab is not None:
             self.set_draft_vocab(draft_vocab)
