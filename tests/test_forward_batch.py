@@ -123,3 +123,9 @@ def test_gpu_back_to_back_steps_keep_their_inputs():
     torch.cuda.synchronize()
     for (ids, slots, cu), (want_ids, want_slots, want_cu) in zip(seen, expected):
         assert ids.tolist() == want_ids and slots.tolist() == want_slots and cu.tolist() == want_cu
+
+
+def test_concat_ranges_lists_each_segment_in_order():
+    from specdec.models.batch_staging import concat_ranges
+    assert concat_ranges([4, 0, 9], [2, 0, 3]).tolist() == [4, 5, 9, 10, 11]
+    assert concat_ranges([], []).tolist() == []

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec.drafting import DraftBatch, DraftInput, DraftOutput, Drafter, proposal_problem
+from specdec.models.batch_staging import concat_ranges
 from specdec.sampling_params import SamplingParams
 
 from .acceptance_stats import AcceptanceStats
@@ -198,7 +199,7 @@ class SpecEngine:
         drafter, k = self.drafter, self.num_drafts
         if drafter is not None and k == 0 and self.config.num_drafts > 0:
             self._drafter_failed("the drafter is not connected")  # this step decodes without drafts
-        inputs, live, rows, first_row, rebuild = [], [], [], 0, []
+        inputs, live, row_starts, row_counts, first_row, rebuild = [], [], [], [], 0, []
         for p, old in committed:
             seq = p.seq
             if seq.finish_reason is None:
@@ -209,15 +210,17 @@ class SpecEngine:
                 elif item is not None:
                     inputs.append(item)
                     live.append(seq)
-                    if item.start_pos == old:
-                        rows.extend(range(first_row, first_row + seq.num_cached - old))  # committed tokens' hidden
+                    if item.start_pos == old:  # the committed tokens' hidden rows
+                        row_starts.append(first_row)
+                        row_counts.append(seq.num_cached - old)
             first_row += len(p.chunk)
         self._recompute_for_drafter(rebuild)
         if drafter is None or k == 0 or not live:
             return None
-        needs_hidden = drafter.needs_hidden
-        rows_t = torch.tensor(rows, dtype=torch.long, device=hidden.device)
-        out = self._propose(DraftBatch(self.step_count, inputs, hidden[rows_t] if needs_hidden else None))
+        rows = None
+        if drafter.needs_hidden:
+            rows = hidden[torch.from_numpy(concat_ranges(row_starts, row_counts)).to(hidden.device)]
+        out = self._propose(DraftBatch(self.step_count, inputs, rows))
         self._context_lost.update(out.missing)
         if self._context_lost:
             self._context_lost &= {s.seq_id for s in self.scheduler.running}

@@ -12,6 +12,7 @@ from torch import nn
 
 from specdec.drafting import DraftBatch, DraftOutput, ModelFacts
 from specdec.id_pool import IdPool, PoolExhausted
+from specdec.models.batch_staging import concat_ranges
 from specdec.models.caches import GDNCache, KVCache, ModelCaches
 from specdec.models.loader import LoadedModel
 from specdec.models.model_config import ModelConfig
@@ -99,8 +100,7 @@ class MTPDrafter:
         if served:
             hidden = batch.hidden
             if len(served) < len(batch.seqs):  # rows of the served sequences only
-                first = np.cumsum(lens) - lens
-                rows = np.concatenate([np.arange(first[i], first[i] + lens[i]) for i in served])
+                rows = concat_ranges((np.cumsum(lens) - lens)[served], lens[served])
                 hidden = hidden[torch.from_numpy(rows).to(hidden.device)]
             for i, d in zip(served, self._draft([batch.seqs[i] for i in served], hidden)):
                 drafts[i] = d

@@ -84,6 +84,14 @@ class StepPlan:
             logits_per_seq=logit_rows_per_seq(logits, lens))
 
 
+def concat_ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """[Σ counts] int64: starts[0] .. starts[0] + counts[0] - 1, then the same for each segment in turn (the
+    flat rows of chosen sequences in a ragged batch), with no per-row Python."""
+    starts, counts = np.asarray(starts, np.int64), np.asarray(counts, np.int64)
+    before = np.cumsum(counts) - counts                                       # [S] output offset of each segment
+    return np.repeat(starts - before, counts) + np.arange(int(counts.sum()))
+
+
 def logit_rows_per_seq(logits: str | list[int], seq_lens: np.ndarray) -> np.ndarray:
     """"last": one row per non-empty sequence, "all": every token, else the given count per sequence."""
     if isinstance(logits, str):
