@@ -2,6 +2,7 @@
 x = fc(cat[pre_fc_norm_embedding(embed(t+1)), pre_fc_norm_hidden(h_t)]) (embedding FIRST), h_t the target's
 hidden AFTER its final norm, one full-attention layer, mtp.norm, the shared lm_head; draft steps ≥ 1 feed back
 the MTP output after mtp.norm. Every RMSNorm here is zero-centred: x̂ · (1 + w)."""
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -46,16 +47,20 @@ def attention_layer(x, w, cfg):
 
 
 def mtp_reference(loaded, tokens, target_hidden, k, embedding_first=True):
-    """tokens: x_0..x_L; target_hidden: h_0..h_{L-1}. Returns (drafts, normed outputs of each draft step)."""
+    """tokens: x_0..x_L; target_hidden: h_0..h_{L-1}. Returns (drafts, normed outputs of each draft step).
+    Every draft step recomputes the whole chain: step j runs MTP layer j % num_layers over every position."""
     w, cfg = loaded.mtp_weights, loaded.config
     embed, lm_head = loaded.model.embed_tokens.weight, loaded.model.lm_head.weight
-    layer_w = {n[len("layers.0."):]: t for n, t in w.items() if n.startswith("layers.0.")}
+    num_layers = cfg.mtp_num_hidden_layers
+    layers_w = [{n[len(f"layers.{i}."):]: t for n, t in w.items() if n.startswith(f"layers.{i}.")}
+                for i in range(num_layers)]
     next_tokens, hiddens = list(tokens[1:]), [h for h in target_hidden]
     drafts, outs = [], []
-    for _ in range(k):
+    for step in range(k):
         e = zc_norm(embed[torch.tensor(next_tokens)], w["pre_fc_norm_embedding.weight"])
         h = zc_norm(torch.stack(hiddens), w["pre_fc_norm_hidden.weight"])
         x = torch.cat([e, h] if embedding_first else [h, e], -1) @ w["fc.weight"].t()
+        layer_w = layers_w[step % num_layers]
         out = zc_norm(attention_layer(x, layer_w, cfg), w["norm.weight"])[-1]      # after mtp.norm
         drafts.append(int((out @ lm_head.t()).argmax()))
         outs.append(out)
@@ -78,8 +83,20 @@ def recorded_drafter(loaded, k):
     return drafter, record
 
 
-def test_mtp_matches_formula_over_two_steps(tiny_model):
-    prompt, first, k = [11, 200, 3, 47, 90, 5, 128], 66, 3
+@pytest.fixture(scope="module")
+def two_layer_mtp_model(tmp_path_factory):
+    """The tiny preset with mtp_num_hidden_layers = 2: draft steps alternate layers 0, 1, 0, 1."""
+    from specdec.models.loader import load_model
+    from specdec.tiny import make_tiny
+    return load_model(make_tiny(tmp_path_factory.mktemp("mtp2"), seed=3, mtp_layers=2, progress=False))
+
+
+@pytest.mark.parametrize("model", ["tiny_model", "two_layer_mtp_model"])
+def test_mtp_matches_formula_over_two_steps(model, request):
+    """With two MTP layers, layer 1 attends over catch-up KV of the committed pairs and layer 0 over the KV of
+    the positions layer 1 drafted at: both must be written whichever layer a step's output comes from."""
+    tiny_model = request.getfixturevalue(model)
+    prompt, first, k = [11, 200, 3, 47, 90, 5, 128], 66, 4
     hidden = target_hidden(tiny_model, prompt + [first])
     drafter, record = recorded_drafter(tiny_model, k)
     got = drafter.propose(DraftBatch(1, [DraftInput(0, 0, prompt + [first], k)], hidden[: len(prompt)]))
@@ -96,7 +113,8 @@ def test_mtp_matches_formula_over_two_steps(tiny_model):
                                      hidden[len(prompt): len(prompt) + 2]))
     want, outs = mtp_reference(tiny_model, committed, hidden[: len(committed) - 1], k)
     assert got.drafts == [want]
-    torch.testing.assert_close(record[0][0].float(), outs[0], atol=1e-4, rtol=1e-4)
+    for step in range(k):
+        torch.testing.assert_close(record[step][0].float(), outs[step], atol=1e-4, rtol=1e-4)
 
 
 def test_reference_is_sensitive_to_the_conventions(tiny_model):

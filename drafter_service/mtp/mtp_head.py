@@ -6,6 +6,12 @@ For the pair (next token t+1, hidden h):
     out = mtp.norm(x); logits = lm_head(out)                                 # shared lm_head
 h is the target's hidden state after its final norm for draft step 0 (and over the prompt); for draft steps
 ≥ 1 it is the previous step's `out` (after mtp.norm). Draft step i uses layer i % mtp_num_hidden_layers.
+
+With L > 1 layers the reference is the whole chain recomputed at every draft step: step i runs layer i % L
+over every position so far, committed pairs (t+1, target h) and drafted pairs (d, out) alike, all with the
+same fc input x. So every layer needs its KV at every position, not only where it is the step's layer: each
+call runs x through ALL layers (each writes its own KV rows) and returns the normed output of the one asked
+for. With L = 1 (every released Qwen3.5 / Qwen3-Next checkpoint) that is the one layer, at no extra cost.
 """
 from __future__ import annotations
 
@@ -49,13 +55,17 @@ class MTPHead(nn.Module):
     def forward(self, next_tokens_batch: ForwardBatch, hidden: torch.Tensor, caches: ModelCaches,
                 layer: int) -> torch.Tensor:
         """next_tokens_batch.input_ids are the t+1 tokens at the batch positions; hidden [T, H] → out [T, H]
-        after mtp.norm (the feedback for the next draft step)."""
+        after mtp.norm of layer `layer` (the feedback for the next draft step). Every layer writes its KV rows."""
         embed_tokens, _ = self.shared
         e = self.pre_fc_norm_embedding(embed_tokens(next_tokens_batch.input_ids))   # [T, H]
         h = self.pre_fc_norm_hidden(hidden.to(e.dtype))                             # [T, H]
         x = self.fc(torch.cat([e, h], dim=-1))                                      # [T, H]
-        x, residual = self.layers[layer](x, next_tokens_batch, caches, layer)
-        return self.norm.add_and_norm(x, residual)[0]
+        out = None
+        for i, decoder_layer in enumerate(self.layers):   # same x into each: see the module docstring
+            y, residual = decoder_layer(x, next_tokens_batch, caches, i)
+            if i == layer:
+                out = self.norm.add_and_norm(y, residual)[0]                       # [T, H]
+        return out
 
     def logits(self, out: torch.Tensor) -> torch.Tensor:
         _, lm_head = self.shared
