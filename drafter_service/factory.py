@@ -37,7 +37,7 @@ class DrafterConfig:
     block_size: int = 16
     references: str | None = None      # synthetic: JSON file, a list of token-id lists (prompt + continuation)
     mean_acceptance_length: float | None = None  # synthetic: target, sets the corruption rate
-    vocab_size: int = 0                # synthetic: for corrupted tokens (0: from model_dir)
+    vocab_size: int = 0                # the target's: synthetic's corrupted tokens (0: from model_dir), counting
     seed: int = 0
     draft_model_dir: str | None = None  # draft_model: the smaller model's checkpoint
     max_seqs: int = 64                 # draft_model: sequences it holds state for; mtp: largest CUDA graph
@@ -45,6 +45,8 @@ class DrafterConfig:
     enforce_eager: bool = False        # mtp: no CUDA graphs
     draft_vocab: str | None = None     # mtp: a `specdec draft-vocab` file (drafts over those ids only)
     options: tuple[tuple[str, str], ...] = ()  # plugins: --option KEY=VALUE
+    count_tokens: str | None = None    # a token-counts file: count the served tokens into it (needs vocab_size)
+    count_every_s: float = 60.0        # save the counts this often (and when the server stops)
 
 
 class DrafterHolder:

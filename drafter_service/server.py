@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 
+from specdec.drafting.token_counts import TokenCounter
 from specdec.rpc import serving
 from specdec.rpc.v1 import drafter_pb2, drafter_pb2_grpc
 
@@ -14,14 +15,19 @@ SERVICE = drafter_pb2.DESCRIPTOR.services_by_name["Drafter"].full_name
 
 
 def start(config: DrafterConfig, host: str, port: int) -> serving.RunningServer:
+    """Serve `config`'s drafter; stopping the returned server also saves the token counts (--count-tokens)."""
+    # first, so that a counts file of another vocabulary fails before any weights load
+    c = config
+    counter = TokenCounter(c.count_tokens, c.vocab_size, c.count_every_s) if c.count_tokens else None
     holder = DrafterHolder(config)  # loads weights before the port reports SERVING
     uuid = ""
     if config.device.startswith("cuda"):
         from specdec.transport.cuda_ipc import gpu_uuid
         uuid = gpu_uuid(config.device)
-    servicer = DrafterServicer(holder, uuid)
+    servicer = DrafterServicer(holder, uuid, counter)
     running = serving.start_server(lambda s: drafter_pb2_grpc.add_DrafterServicer_to_server(servicer, s),
                                    [SERVICE], host, port)
+    running.on_stop.append(servicer.close)
     running.set_serving(True)
     log.info("drafter %s (k=%d, %s) listening on %s:%d", config.kind, config.max_drafts, config.device, host,
              running.port)

@@ -13,6 +13,7 @@ import time
 import grpc
 
 from specdec.drafting import DraftBatch, DraftInput
+from specdec.drafting.token_counts import TokenCounter
 from specdec.rpc.v1 import drafter_pb2 as pb
 from specdec.rpc.v1 import drafter_pb2_grpc
 from specdec.transport.host import host_id
@@ -25,8 +26,8 @@ log = logging.getLogger(__name__)
 
 
 class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
-    def __init__(self, holder: DrafterHolder, gpu_uuid: str = ""):
-        self.holder, self.gpu_uuid = holder, gpu_uuid
+    def __init__(self, holder: DrafterHolder, gpu_uuid: str = "", counter: TokenCounter | None = None):
+        self.holder, self.gpu_uuid, self.counter = holder, gpu_uuid, counter  # counter: --count-tokens
         self.lock = threading.Lock()  # one step at a time: the drafter's caches are not thread-safe
 
     def Info(self, request, context):
@@ -96,6 +97,9 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             if hidden is not None:
                 hidden = hidden.to(self.holder.config.device, non_blocking=True)  # INLINE / SHM arrive on the host
             out = drafter.propose(DraftBatch(step.step, seqs, hidden))
+            if self.counter is not None:
+                self.counter.release(step.release_seq_ids)
+                self.counter.add(seqs)
         drafts = [pb.SeqDrafts(token_ids=d) for d in out.drafts]
         return pb.DraftStepResponse(step=step.step, drafts=drafts, drafter_ms=(time.perf_counter() - start) * 1e3,
                                     missing_seq_ids=out.missing)
@@ -104,10 +108,20 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         with self.lock:
             if self.holder.drafter is not None:
                 self.holder.drafter.release(list(request.seq_ids))
+            if self.counter is not None:
+                self.counter.release(request.seq_ids)
         return pb.ReleaseResponse()
 
     def ClearCache(self, request, context):
         with self.lock:
             if self.holder.drafter is not None:
                 self.holder.drafter.clear()
+            if self.counter is not None:
+                self.counter.clear()
         return pb.ClearCacheResponse()
+
+    def close(self) -> None:
+        """The server stopped: save the token counts (after any step still running)."""
+        with self.lock:
+            if self.counter is not None:
+                self.counter.close()

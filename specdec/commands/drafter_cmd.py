@@ -32,7 +32,13 @@ def add_parser(sub) -> None:
     add_enforce_eager_arg(p)
     p.add_argument("--references", default=None, help="synthetic: JSON list of token-id lists")
     p.add_argument("--mean-acceptance-length", type=float, default=None, help="synthetic: target length")
-    p.add_argument("--vocab-size", type=int, default=0, help="synthetic: vocabulary (default: from --model)")
+    p.add_argument("--vocab-size", type=int, default=0,
+                   help="the target's vocabulary, for synthetic and --count-tokens (default: from --model)")
+    p.add_argument("--count-tokens", default=None, metavar="FILE",
+                   help="count the tokens the target generates into FILE (JSON; added to if it exists), for "
+                        "`specdec draft-vocab --counts FILE`; saved every --count-every seconds and on shutdown")
+    p.add_argument("--count-every", type=float, default=60.0, metavar="SECONDS",
+                   help="how often --count-tokens saves its file (default: 60)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="plugins: an option passed to the plugin's factory (repeatable)")
     p.add_argument("--list-kinds", action="store_true", help="print the kinds this install can serve and exit")
@@ -47,6 +53,21 @@ def parse_options(pairs: list[str]) -> tuple[tuple[str, str], ...]:
             raise ValueError(f"--option {pair!r}: expected KEY=VALUE")
         out.append((key, value))
     return tuple(out)
+
+
+def counted_vocab_size(args: argparse.Namespace, model: str | None) -> int:
+    """The target's vocabulary size for --count-tokens: --vocab-size, else from the model folder."""
+    if not args.count_tokens:
+        return args.vocab_size
+    if args.count_every <= 0:
+        raise ValueError(f"--count-every must be > 0 seconds, got {args.count_every}")
+    if args.vocab_size:
+        return args.vocab_size
+    if not model:
+        raise ValueError("--count-tokens needs the target's vocabulary size: pass --model (the target's folder) "
+                         "or --vocab-size")
+    from specdec.models.model_config import ModelConfig
+    return ModelConfig.from_folder(model).vocab_size
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,9 +85,11 @@ def run(args: argparse.Namespace) -> int:
         device, dtype = "cpu", "float32"  # model-free: no reason to touch a GPU
     config = DrafterConfig(kind=args.kind, max_drafts=args.num_drafts, model_dir=model, device=device, dtype=dtype,
                            num_blocks=args.kv_blocks, references=args.references,
-                           mean_acceptance_length=args.mean_acceptance_length, vocab_size=args.vocab_size,
+                           mean_acceptance_length=args.mean_acceptance_length,
+                           vocab_size=counted_vocab_size(args, model),
                            draft_model_dir=args.draft_model, max_seqs=args.max_seqs, max_context=args.max_context,
                            enforce_eager=args.enforce_eager, draft_vocab=args.draft_vocab,
-                           options=parse_options(args.option))
+                           options=parse_options(args.option), count_tokens=args.count_tokens,
+                           count_every_s=args.count_every)
     serve(config, args.host, args.port)
     return 0

@@ -4,7 +4,8 @@ Lossless by construction: a drafter restricted to a subset only proposes tokens 
 checks every proposal against the full target distribution as before; only acceptance can drop (when the
 target's next token is outside the subset).
 
-The file (JSON), written by `specdec draft-vocab` from a corpus, read by `specdec drafter --draft-vocab FILE`:
+The file (JSON), written by `specdec draft-vocab` from a corpus and / or served-token counts (token_counts.py),
+read by `specdec drafter --draft-vocab FILE`:
     {"format": "specdec-draft-vocab/1", "vocab_size": V, "token_ids": [sorted ids],
      "tokens_counted": N, "coverage": fraction of the counted tokens inside the subset}
 """

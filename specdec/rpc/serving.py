@@ -17,7 +17,7 @@ import logging
 import signal
 import threading
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import grpc
@@ -40,6 +40,7 @@ class RunningServer:
     health: health.HealthServicer
     port: int
     service_names: list[str]
+    on_stop: list[Callable[[], None]] = field(default_factory=list)  # run once, after the server has stopped
 
     def set_serving(self, serving: bool) -> None:
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
@@ -49,6 +50,8 @@ class RunningServer:
     def stop(self, grace: float = 5.0) -> None:
         self.set_serving(False)
         self.server.stop(grace).wait()
+        while self.on_stop:
+            self.on_stop.pop(0)()
 
 
 @dataclass
