@@ -130,6 +130,15 @@ def test_gpu_fla_chunk_prefill_matches_reference():
     state = state.nan_to_num()  # fla reads only slot[read_offset] too, but keep its inputs finite
     ref_state = state.clone()
     want = gated_delta_rule_ref(q, k, v, a, b, A_log, dt_bias, ref_state, *case.tensors("cuda"), case.max_seqlen)
-    out = chunk_gated_delta_rule_fla(q, k, v, a, b, A_log, dt_bias, state, *case.tensors("cuda"), case.max_seqlen)
+    tensors = case.tensors("cuda")
+    before = state.clone()
+    out = chunk_gated_delta_rule_fla(q, k, v, a, b, A_log, dt_bias, state, *tensors, case.max_seqlen)
     torch.testing.assert_close(out, want, atol=1e-2, rtol=1e-2)  # tf32 dots, chunked sums; a wrong slot is O(1)
     torch.testing.assert_close(state, ref_state, atol=1e-2, rtol=1e-2)
+    # with the offsets from the host (the engine's path: no read-back), twice (the cached index): same results
+    for _ in range(2):
+        again = before.clone()
+        out_host = chunk_gated_delta_rule_fla(q, k, v, a, b, A_log, dt_bias, again, *tensors, case.max_seqlen,
+                                              cu_seqlens_host=tensors[0].cpu().numpy())
+        torch.testing.assert_close(out_host, out, atol=1e-5, rtol=1e-5)  # a wrong index is O(1)
+        torch.testing.assert_close(again, state, atol=1e-5, rtol=1e-5)

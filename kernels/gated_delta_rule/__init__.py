@@ -23,13 +23,14 @@ def gated_delta_rule(q, k, v, a, b, A_log, dt_bias, state, cu_seqlens, slots, re
 
 
 def gated_delta_rule_prefill(q, k, v, a, b, A_log, dt_bias, state, cu_seqlens, slots, read_offsets, num_drafts,
-                             max_seqlen: int) -> torch.Tensor:
-    """For steps whose num_drafts are all 0 (the caller knows it on the host)."""
+                             max_seqlen: int, cu_seqlens_host=None) -> torch.Tensor:
+    """For steps whose num_drafts are all 0 (the caller knows it on the host). `cu_seqlens_host`: cu_seqlens
+    as a host array, when the caller has it (spares fla-core a read-back per call)."""
     args = (q, k, v, a, b, A_log, dt_bias, state, cu_seqlens, slots, read_offsets, num_drafts, max_seqlen)
     if q.is_cuda:
         from .chunk import chunk_gated_delta_rule_fla, fla_chunk_kernel
         if fla_chunk_kernel() is not None:
-            return chunk_gated_delta_rule_fla(*args)
+            return chunk_gated_delta_rule_fla(*args, cu_seqlens_host=cu_seqlens_host)
     return gated_delta_rule(*args)
 
 

@@ -4,11 +4,17 @@ GPU dependency, `pip install fla-core`), else our fused recurrent kernel. Same s
 Only for steps without drafts (every num_drafts is 0): the chunk kernel yields the final state per sequence,
 not the per-draft states. Initial states are gathered from state[slot, read_offset], final states scattered to
 state[slot, 0], which is what the slot rule of the reference gives when d = 0.
+
+fla's varlen path derives chunk indices from cu_seqlens, reading them back from the device (a host sync) unless
+they come from the host, and caches what it derives per cu_seqlens TENSOR. Given the step's cu_seqlens on the
+host, the wrapper builds fla's int64 cu_seqlens and chunk index once per distinct length set and passes the same
+tensors to every GDN layer of the step: no layer waits for the device, and fla's caches hit after the first.
 """
 from __future__ import annotations
 
 import functools
 
+import numpy as np
 import torch
 
 from .reference import gdn_gating
@@ -28,16 +34,34 @@ def chunk_gated_delta_rule_fla(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
     A_log: torch.Tensor, dt_bias: torch.Tensor, state: torch.Tensor, cu_seqlens: torch.Tensor,
     slots: torch.Tensor, read_offsets: torch.Tensor, num_drafts: torch.Tensor, max_seqlen: int,
+    cu_seqlens_host: np.ndarray | None = None,
 ) -> torch.Tensor:
-    """Shapes as in `gated_delta_rule_ref`; needs fla-core and CUDA tensors."""
+    """Shapes as in `gated_delta_rule_ref`; needs fla-core and CUDA tensors. `cu_seqlens_host`: the same
+    offsets on the host (optional: without them fla reads them back from the device in every call)."""
     chunk = fla_chunk_kernel()
     if chunk is None:
         raise RuntimeError("chunk_gated_delta_rule_fla needs fla-core (pip install fla-core)")
     g, beta = gdn_gating(a, b, A_log, dt_bias)                                  # [T, HV] fp32
     slot, offset = slots.long(), read_offsets.long()
     initial = state[slot, offset]                                               # [B, HV, K, V] fp32
+    index = ({"cu_seqlens": cu_seqlens.long()} if cu_seqlens_host is None else
+             fla_varlen_index(tuple(int(x) for x in cu_seqlens_host), cu_seqlens.device))
     o, final = chunk(q.contiguous()[None], k.contiguous()[None], v.contiguous()[None], g[None], beta[None],
                      scale=q.shape[-1] ** -0.5, initial_state=initial, output_final_state=True,
-                     use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens.long())
+                     use_qk_l2norm_in_kernel=True, **index)
     state[slot, torch.zeros_like(slot)] = final.float()
     return o[0].to(v.dtype)
+
+
+FLA_CHUNK_SIZE = 64  # fla's chunk_gated_delta_rule default
+
+
+@functools.lru_cache(maxsize=8)
+def fla_varlen_index(cu_seqlens: tuple[int, ...], device: torch.device) -> dict[str, torch.Tensor]:
+    """fla's varlen arguments for these offsets [B + 1], built on the host: the same tensor objects for every
+    layer of a step (and every step with the same lengths)."""
+    from fla.ops.utils.index import prepare_chunk_indices
+    cu_cpu = torch.tensor(cu_seqlens, dtype=torch.long)
+    cu_device = cu_cpu.to(device)
+    return {"cu_seqlens": cu_device, "cu_seqlens_cpu": cu_cpu,
+            "chunk_indices": prepare_chunk_indices(cu_device, FLA_CHUNK_SIZE, cu_seqlens_cpu=cu_cpu)}

@@ -173,7 +173,8 @@ class BatchStaging:
             block_tables=d["block_tables"][:bp], slot_mapping=d["slot_mapping"][:tp],
             gdn_slots=d["gdn_slots"][:bp], gdn_read_offsets=d["gdn_read_offsets"][:bp],
             num_drafts=d["num_drafts"][:bp], logits_indices=d["logits_indices"][:np_],
-            num_seqs=bp, num_tokens=tp, max_seqlen=max_seqlen, max_num_drafts=max_drafts)
+            num_seqs=bp, num_tokens=tp, max_seqlen=max_seqlen, max_num_drafts=max_drafts,
+            cu_seqlens_host=cu.copy() if bucket is None else None)
 
     def _next_host(self) -> dict:
         self.turn ^= 1

@@ -5,7 +5,10 @@ with beta = sigmoid(b), g = -exp(A_log) · softplus(a + dt_bias) in fp32 (comput
 raw a, b projections) → w · rmsnorm(o) · silu(z) → out_proj.
 Qwen3-Next's fused in_proj_qkvz / in_proj_ba are split into these projections by the loader.
 Steps without drafts whose longest sequence has at least CHUNKED_PREFILL_MIN_TOKENS tokens run the chunked
-prefill kernel (fla-core's when installed); every other step the fused recurrent one.
+prefill kernel (fla-core's when installed); every other step the fused recurrent one. The threshold is measured
+(H100, 4B shape, 32 layers, whole eager prefill steps, `bench/profile_steps.py`): fla-core 0.6.0's chunk call
+costs about 2.5 ms of host time per layer, so the recurrent kernel wins up to 512-token sequences (1 x 512:
+35 vs 84 ms; 4 x 512: 55 vs 91 ms; 16 x 128: 57 vs 89 ms) and loses at 2048 (123 vs 59 ms).
 """
 import torch
 from torch import nn
@@ -17,7 +20,7 @@ from .forward_batch import ForwardBatch
 from .model_config import ModelConfig
 from .norms import GatedRMSNorm
 
-CHUNKED_PREFILL_MIN_TOKENS = 64  # one fla chunk; below it the recurrent kernel is as fast (bench/kernels.py)
+CHUNKED_PREFILL_MIN_TOKENS = 1024  # between the measured 512 (recurrent wins) and 2048 (chunked wins)
 
 
 class GatedDeltaNet(nn.Module):
@@ -48,8 +51,9 @@ class GatedDeltaNet(nn.Module):
         k = k.view(num_tokens, self.num_k_heads, self.head_k)
         v = v.view(num_tokens, self.num_v_heads, self.head_v)
         chunked = batch.max_num_drafts == 0 and batch.max_seqlen >= CHUNKED_PREFILL_MIN_TOKENS
+        extra = {"cu_seqlens_host": batch.cu_seqlens_host} if chunked else {}
         rule = gated_delta_rule_prefill if chunked else gated_delta_rule
         o = rule(q, k, v, self.in_proj_a(x), self.in_proj_b(x), self.A_log, self.dt_bias, recurrent,
-                 *slots)                                                              # [T, HV, V]
+                 *slots, **extra)                                                     # [T, HV, V]
         z = self.in_proj_z(x).view(num_tokens, self.num_v_heads, self.head_v)
         return self.out_proj(self.norm(o, z).reshape(num_tokens, self.value_dim))

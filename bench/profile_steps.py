@@ -1,0 +1,153 @@
+"""Where the time of issue 11's missed targets goes, on a random 4B-shaped model (32 layers, bf16, graphs on):
+
+1. prefill steps (eager): N prompts x L tokens in one step, wall ms and prompt tokens/s, then a profile of one
+2. engine steps at batch 1 and 16, plain and MTP k = 3 at forced acceptance 3.39: wall per step, the engine's
+   phases, and the profiler's top host (self CPU) and GPU entries.
+Run from bench/ on the GPU machine: python3 profile_steps.py [--out DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+import traceback
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import torch
+from draft_loop_bench import random_mtp_weights
+from step_bench import random_model
+from torch.profiler import ProfilerActivity, profile
+
+from specdec.bench.inprocess import InprocBench
+from specdec.bench.profile import summarize_events
+from specdec.bench.workloads import Workload
+from specdec.models import gated_deltanet
+from specdec.sampling_params import SamplingParams
+from verifier_service.model_runner import ModelRunner
+from verifier_service.sequence import Sequence
+
+PREFILL_CASES = ((1, 128), (4, 128), (16, 128), (1, 512), (4, 512), (1, 2048))
+ACTIVITIES = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+SORT = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def prefill_once(runner: ModelRunner, prompts: int, length: int) -> float:
+    seqs = [Sequence(i, list(range(7, 7 + length)), length) for i in range(prompts)]
+    sync()
+    start = time.perf_counter()
+    runner.forward(seqs, [s.token_ids for s in seqs])
+    sync()
+    wall = time.perf_counter() - start
+    for s in seqs:
+        runner.release(s)
+    return wall
+
+
+def prefill_table(loaded, device, cases=PREFILL_CASES) -> list[dict]:
+    """Each case with the GDN prefill always chunked (fla-core when installed) and always our fused recurrent
+    kernel: where the two cross is what gated_deltanet.CHUNKED_PREFILL_MIN_TOKENS is set from."""
+    runner = ModelRunner(loaded, 64 * 140, 16, 64, 0, device, max_batched_tokens=4096)
+    rows, chunked_from = [], gated_deltanet.CHUNKED_PREFILL_MIN_TOKENS
+    for gdn, threshold in (("chunk", 1), ("recurrent", 1 << 30)):
+        gated_deltanet.CHUNKED_PREFILL_MIN_TOKENS = threshold
+        for prompts, length in cases:
+            prefill_once(runner, prompts, length)   # compile / autotune this shape class
+            ms = statistics.median(prefill_once(runner, prompts, length) for _ in range(5)) * 1e3
+            rows.append({"gdn": gdn, "prompts": prompts, "length": length, "ms": round(ms, 2),
+                         "tokens_per_s": round(prompts * length / ms * 1e3)})
+            print(f"prefill {gdn:9s} {prompts:3d} x {length:5d}: {ms:8.2f} ms  {rows[-1]['tokens_per_s']:8d} tok/s",
+                  flush=True)
+    gated_deltanet.CHUNKED_PREFILL_MIN_TOKENS = chunked_from
+    with profile(activities=ACTIVITIES, with_stack=True) as prof:
+        prefill_once(runner, 4, 128)
+    print(prof.key_averages().table(sort_by=SORT, row_limit=25, max_name_column_width=70))
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=70))
+    by_stack = prof.key_averages(group_by_stack_n=4)
+    print(by_stack.table(sort_by="count", row_limit=25, max_name_column_width=40))
+    return rows
+
+
+def sync_sites(engine, steps: int = 3) -> dict[str, int]:
+    """Where the engine's steps synchronise with the device: torch's sync debug mode warns at every
+    synchronising call; the repository frames of each warning's stack, counted per step."""
+    root, sites = os.getcwd(), Counter()
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        frames = [f for f in traceback.extract_stack()[:-1] if f.filename.startswith(root)]
+        sites[" < ".join(f"{Path(f.filename).name}:{f.lineno}" for f in reversed(frames[-4:]))] += 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode(1)
+        try:
+            for _ in range(steps):
+                engine.step()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return {site: round(n / steps, 2) for site, n in sites.most_common()}
+
+
+def engine_steps(bench: InprocBench, w: Workload, steps: int = 30) -> dict:
+    engine = bench.build_engine(w)
+    prompts = [list(range(3 + i, 3 + i + w.prompt_tokens)) for i in range(w.concurrency)]
+    for i, p in enumerate(prompts):
+        engine.add_request(f"p{i}", p, SamplingParams(max_tokens=w.max_tokens, ignore_eos=True))
+    while any(s.num_cached < s.num_prompt for s in engine.scheduler.running) or engine.scheduler.waiting:
+        engine.step()
+    for _ in range(5):
+        engine.step()
+    walls, phases = [], []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        engine.step()
+        walls.append((time.perf_counter() - t0) * 1e3)
+        phases.append({k: v * 1e3 for k, v in engine.last_step_seconds.items()})
+    with profile(activities=ACTIVITIES) as prof:
+        for _ in range(10):
+            engine.step()
+        sync()
+    syncs = sync_sites(engine) if torch.cuda.is_available() else {}
+    mean_phase = {k: round(statistics.mean(p.get(k, 0.0) for p in phases), 3) for k in phases[0]}
+    print(f"== {w.name}: host syncs per step by site: {json.dumps(syncs, indent=1)}")
+    print(f"== {w.name}: {statistics.median(walls):.2f} ms per step (median of {steps}); phases {mean_phase}")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=70))
+    print(prof.key_averages().table(sort_by=SORT, row_limit=12, max_name_column_width=70))
+    summary = summarize_events(prof.events(), 10, torch.cuda.is_available())
+    print(json.dumps({k: v for k, v in summary.items() if k != "top"}))
+    for i in range(len(prompts)):
+        engine.abort(f"p{i}")
+    return {"workload": w.name, "median_step_ms": round(statistics.median(walls), 3), "phases_ms": mean_phase,
+            "sync_sites_per_step": syncs,
+            **{k: v for k, v in summary.items() if k != "top"}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--skip-prefill", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (checks the script runs)")
+    args = parser.parse_args()
+    device = torch.device("cpu" if args.smoke else "cuda")
+    loaded = random_model(2 if args.smoke else 32, device, smoke=args.smoke)
+    record = {"device": str(device) if args.smoke else torch.cuda.get_device_name(), "prefill": [] if args.skip_prefill else
+              prefill_table(loaded, device, PREFILL_CASES[:2] if args.smoke else PREFILL_CASES)}
+    loaded.mtp_weights = random_mtp_weights(loaded, device)
+    bench = InprocBench(loaded, device)
+    record["engine"] = [engine_steps(bench, Workload("inproc", d, c, 32 if args.smoke else 128, 60 if args.smoke else 200, forced_length=f))
+                        for c in (1, 16) for d, f in (("none", None), ("mtp", 3.39))]
+    if args.out:
+        Path(args.out, "profile_steps.json").write_text(json.dumps(record, indent=1))
+
+
+if __name__ == "__main__":
+    main()
