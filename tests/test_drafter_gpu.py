@@ -95,3 +95,50 @@ def test_mtp_draft_loop_in_cuda_graphs_drafts_what_it_drafts_eagerly(model_dir, 
     differ = sum(got != want for got, want in results)
     # bf16: a padded catch-up runs GEMMs of another shape, whose rounding may flip a near-tie argmax
     assert differ == 0 if dtype == "float32" else differ <= len(results) // 20, (differ, len(results))
+
+
+def synchronising_calls(step, steps: int) -> list[str]:
+    """The repository line of every host-device synchronisation during `steps` calls of `step` (torch's sync
+    debug mode warns at each)."""
+    import traceback
+    import warnings
+    from pathlib import Path
+    root, sites = str(Path(__file__).resolve().parents[1]), []
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        frames = [f for f in traceback.extract_stack()[:-1] if f.filename.startswith(root)
+                  and "/tests/" not in f.filename]
+        sites.append(f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else "?")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode(1)
+        try:
+            for _ in range(steps):
+                step()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return sites
+
+
+@pytest.mark.parametrize("kind", ["none", "mtp"])
+def test_a_decode_step_synchronises_once_in_the_verifier(model_dir, kind):
+    """Greedy decode / verify steps on CUDA read the device back once in the verifier (the sampler's result);
+    an in-process MTP drafter adds its one read of the drafts. Uploads of drafts, sampling parameters, forced
+    acceptance and hidden-row indices go through pinned memory and wait for nothing."""
+    from specdec.models.loader import load_model
+    from verifier_service.forced_acceptance import ForcedAcceptance
+    loaded = load_model(model_dir, device="cuda")
+    k = 3 if kind == "mtp" else 0
+    drafter = make_drafter("mtp", loaded, k) if kind == "mtp" else None
+    engine = make_engine(loaded, drafter, k, forced=ForcedAcceptance(2.0, 3, seed=0, enabled=True) if k else None)
+    for i, prompt in enumerate(random_prompts([9, 13], 400)):
+        engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=60, ignore_eos=True))
+    for _ in range(6):   # prefill (chunks of 8) and a few decode steps
+        engine.step()
+    assert all(s.num_cached >= s.num_prompt for s in engine.scheduler.running)
+    sites = synchronising_calls(engine.step, 5)
+    allowed = {"rejection_sampler.py"} | ({"mtp_drafter.py"} if drafter else set())
+    assert {s.split(":")[0] for s in sites} <= allowed, sites
+    assert len(sites) == 5 * len(allowed), sites

@@ -9,10 +9,12 @@ import logging
 import random
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from specdec.drafting import DraftBatch, DraftInput, DraftOutput, Drafter, proposal_problem
 from specdec.models.batch_staging import concat_ranges
+from specdec.models.pinned_upload import PinnedUpload
 from specdec.sampling_params import SamplingParams
 
 from .acceptance_stats import AcceptanceStats
@@ -60,6 +62,9 @@ class SpecEngine:
         self._seeds = random.Random()
         self.by_request: dict[str, Sequence] = {}
         self.eos = set(runner.config.eos_token_id)
+        # pinned host → device copies of what a step uploads: no wait for the device before the sampler's sync
+        self._upload_drafts, self._upload_forced, self._upload_rows = (PinnedUpload(runner.device) for _ in range(3))
+        self._upload_sampling = (PinnedUpload(runner.device), PinnedUpload(runner.device))
         capacity = runner.blocks.size * runner.block_size
         self.max_len = min(config.max_context, capacity) if config.max_context else capacity
 
@@ -133,14 +138,17 @@ class SpecEngine:
         return outputs
 
     def _verify(self, sampled: list[ScheduledSeq], logits: torch.Tensor):
-        device, vocab = logits.device, logits.shape[-1]
+        vocab = logits.shape[-1]
         uses_q = [p.seq.draft_probs is not None and p.num_drafts > 0 and not p.seq.params.greedy for p in sampled]
-        sampling = SamplingBatch.of([p.seq for p in sampled], uses_q, vocab, device)
+        sampling = SamplingBatch.of([p.seq for p in sampled], uses_q, vocab, self._upload_sampling)
         width = max(p.num_drafts for p in sampled)
-        host = torch.tensor([[p.num_drafts] + p.chunk[len(p.chunk) - p.num_drafts:] + [-1] * (width - p.num_drafts)
-                             for p in sampled]).to(device, non_blocking=True)      # [B, 1 + K]: k_b, drafts
+        host = np.full((len(sampled), 1 + width), -1, np.int64)                         # [B, 1 + K]: k_b, drafts
+        for row, p in zip(host, sampled):
+            row[0] = p.num_drafts
+            row[1:1 + p.num_drafts] = p.chunk[len(p.chunk) - p.num_drafts:]
+        host = self._upload_drafts(host)
         forced = self.config.forced_acceptance
-        forced_accepts = (torch.tensor(forced.draw([p.seq.seq_id for p in sampled]), device=device)
+        forced_accepts = (self._upload_forced(np.asarray(forced.draw([p.seq.seq_id for p in sampled]), np.int64))
                           if forced else None)
         return rejection_sample(logits, host[:, 1:], host[:, 0], sampling,
                                 self._draft_probs(sampled, uses_q, logits), forced_accepts)
@@ -219,7 +227,7 @@ class SpecEngine:
             return None
         rows = None
         if drafter.needs_hidden:
-            rows = hidden[torch.from_numpy(concat_ranges(row_starts, row_counts)).to(hidden.device)]
+            rows = hidden[self._upload_rows(concat_ranges(row_starts, row_counts))]
         out = self._propose(DraftBatch(self.step_count, inputs, rows))
         self._context_lost.update(out.missing)
         if self._context_lost:

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+from specdec.models.pinned_upload import PinnedUpload
 
 from .sequence import Sequence
 
@@ -31,13 +34,16 @@ class SamplingBatch:
     max_logprobs: int | None
 
     @staticmethod
-    def of(seqs: list[Sequence], uses_q: list[bool], vocab: int, device: torch.device) -> "SamplingBatch":
+    def of(seqs: list[Sequence], uses_q: list[bool], vocab: int,
+           uploads: tuple[PinnedUpload, PinnedUpload]) -> "SamplingBatch":
+        """`uploads`: (floats, ints) host → device copiers, owned by the caller across steps."""
         params = [s.params for s in seqs]
-        floats = torch.tensor([[1.0 if p.greedy else p.temperature, p.top_p, p.min_p, p.repetition_penalty,
-                                p.presence_penalty, p.frequency_penalty] for p in params], dtype=torch.float32)
-        ints = torch.tensor([[p.greedy, p.top_k, s.seed, len(s.output_ids), q]
-                             for p, s, q in zip(params, seqs, uses_q)], dtype=torch.long)
-        floats, ints = floats.to(device, non_blocking=True), ints.to(device, non_blocking=True)
+        floats = np.array([[1.0 if p.greedy else p.temperature, p.top_p, p.min_p, p.repetition_penalty,
+                            p.presence_penalty, p.frequency_penalty] for p in params], np.float32).reshape(-1, 6)
+        ints = np.array([[p.greedy, p.top_k, s.seed, len(s.output_ids), q]
+                         for p, s, q in zip(params, seqs, uses_q)], np.int64).reshape(-1, 5)
+        floats, ints = uploads[0](floats), uploads[1](ints)
+        device = floats.device
         penalised = any(p.penalised for p in params)
         wanted = [p.logprobs for p in params]
         return SamplingBatch(
