@@ -87,15 +87,15 @@ def sync_sites(engine, steps: int = 3) -> dict[str, int]:
         frames = [f for f in traceback.extract_stack()[:-1] if f.filename.startswith(root)]
         sites[" < ".join(f"{Path(f.filename).name}:{f.lineno}" for f in reversed(frames[-4:]))] += 1
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
-        warnings.showwarning = record
-        torch.cuda.set_sync_debug_mode(1)
-        try:
+    torch.cuda.set_sync_debug_mode(1)   # before recording: setting it warns once per process ("prototype")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = record
             for _ in range(steps):
                 engine.step()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
     return {site: round(n / steps, 2) for site, n in sites.most_common()}
 
 

@@ -108,19 +108,20 @@ def synchronising_calls(step, steps: int) -> list[str]:
     def record(message, category, filename, lineno, file=None, line=None):
         if "synchroniz" not in str(message):   # torch's words: "called a synchronizing CUDA operation"
             return
-        frames = [f for f in traceback.extract_stack()[:-1] if f.filename.startswith(root)
-                  and "/tests/" not in f.filename]
-        sites.append(f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else "?")
+        stack = traceback.extract_stack()[:-1]
+        frames = [f for f in stack if f.filename.startswith(root) and "/tests/" not in f.filename]
+        sites.append(f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else
+                     "? " + " < ".join(f"{f.filename}:{f.lineno}" for f in reversed(stack[-4:])))
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
-        warnings.showwarning = record
-        torch.cuda.set_sync_debug_mode(1)
-        try:
+    torch.cuda.set_sync_debug_mode(1)   # before recording: setting it warns once per process ("prototype")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = record
             for _ in range(steps):
                 step()
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
     return sites
 
 
