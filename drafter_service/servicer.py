@@ -125,3 +125,4 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         with self.lock:
             if self.counter is not None:
                 self.counter.close()
+                self.counter = None   # a step still waiting for the lock counts nothing after the final save

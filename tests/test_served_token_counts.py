@@ -181,3 +181,20 @@ def test_drafter_command_passes_the_counting_config_down(tmp_path, monkeypatch, 
                                                                                  (path, 60.0, 4096)]
     assert main(["drafter", "--kind", "ngram", "--count-tokens", path]) == 2
     assert "--count-tokens needs the target's vocabulary size" in capsys.readouterr().err
+
+
+def test_a_failed_save_never_stops_counting_and_a_missing_folder_is_refused_at_start(tmp_path, caplog):
+    with pytest.raises(ValueError, match="does not exist"):
+        TokenCounter(tmp_path / "no-such-folder" / "counts.json", 100)
+    path, clock = tmp_path / "counts.json", Clock()
+    counter = TokenCounter(path, 100, save_every_s=60, clock=clock)
+    (tmp_path / "counts.json.tmp").mkdir()          # the atomic write's temporary file cannot be created
+    clock.now = 61.0
+    with caplog.at_level(logging.ERROR):
+        counter.add([DraftInput(1, 0, [7, 8, 9], 3)])   # a prompt + its first token; the save fails, is logged
+    assert "could not save the token counts" in caplog.text
+    assert counter.counts[9] == 1 and not path.exists()
+    (tmp_path / "counts.json.tmp").rmdir()
+    clock.now = 122.0
+    counter.add([DraftInput(1, 2, [9, 10, 11], 3)])   # counting went on; this save works
+    assert load_token_counts(path, 100)[[8, 9, 10, 11]].tolist() == [0, 1, 1, 1]

@@ -21,7 +21,7 @@ from .acceptance_stats import AcceptanceStats
 from .forced_acceptance import ForcedAcceptance
 from .model_runner import ModelRunner
 from .rejection_sampler import rejection_sample
-from .sampling_batch import SamplingBatch
+from .sampling_batch import SamplingBatch, draft_probs_rows
 from .scheduler import ScheduledSeq, Scheduler, SchedulerConfig
 from .sequence import Sequence
 
@@ -151,20 +151,7 @@ class SpecEngine:
         forced_accepts = (self._upload_forced(np.asarray(forced.draw([p.seq.seq_id for p in sampled]), np.int64))
                           if forced else None)
         return rejection_sample(logits, host[:, 1:], host[:, 0], sampling,
-                                self._draft_probs(sampled, uses_q, logits), forced_accepts)
-
-    @staticmethod
-    def _draft_probs(sampled: list[ScheduledSeq], uses_q: list[bool], logits: torch.Tensor) -> torch.Tensor | None:
-        """[R, V] q on the draft rows of sequences whose drafter sent it (zeros elsewhere), else None."""
-        if not any(uses_q):
-            return None
-        q = torch.zeros_like(logits)
-        row = 0
-        for p, has_q in zip(sampled, uses_q):
-            if has_q:
-                q[row:row + p.num_drafts] = p.seq.draft_probs[:p.num_drafts].to(q)
-            row += p.num_drafts + 1
-        return q
+                                draft_probs_rows(sampled, uses_q, logits), forced_accepts)
 
     def _commit_tokens(self, p: ScheduledSeq, tokens: list[int], num_accepted: int,
                        logprobs: list | None) -> RequestOutput:

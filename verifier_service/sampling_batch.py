@@ -68,3 +68,17 @@ def _stack_prompt_masks(seqs: list[Sequence], vocab: int, device: torch.device) 
     """[B, V] bool prompt tokens; all False for sequences without penalties."""
     none = torch.zeros(vocab, dtype=torch.bool, device=device)
     return torch.stack([s.penalty_state(vocab, device).prompt_mask if s.params.penalised else none for s in seqs])
+
+
+def draft_probs_rows(sampled: list, uses_q: list[bool], logits: torch.Tensor) -> torch.Tensor | None:
+    """[R, V] q on the draft rows of the scheduled sequences whose drafter sent it (zeros elsewhere), else None.
+    `sampled`: the step's ScheduledSeqs that sample, in row order (k_b draft rows + 1 bonus row each)."""
+    if not any(uses_q):
+        return None
+    q = torch.zeros_like(logits)
+    row = 0
+    for p, has_q in zip(sampled, uses_q):
+        if has_q:
+            q[row:row + p.num_drafts] = p.seq.draft_probs[:p.num_drafts].to(q)
+        row += p.num_drafts + 1
+    return q

@@ -12,6 +12,8 @@ over every position so far, committed pairs (t+1, target h) and drafted pairs (d
 same fc input x. So every layer needs its KV at every position, not only where it is the step's layer: each
 call runs x through ALL layers (each writes its own KV rows) and returns the normed output of the one asked
 for. With L = 1 (every released Qwen3.5 / Qwen3-Next checkpoint) that is the one layer, at no extra cost.
+This L > 1 rule is specdec's own (no released checkpoint pins one; DeepSeek-V3 chains its MTP modules
+differently): tests/test_mtp_formula.py checks the code against it, not against a reference implementation.
 """
 from __future__ import annotations
 
@@ -56,6 +58,8 @@ class MTPHead(nn.Module):
                 layer: int) -> torch.Tensor:
         """next_tokens_batch.input_ids are the t+1 tokens at the batch positions; hidden [T, H] → out [T, H]
         after mtp.norm of layer `layer` (the feedback for the next draft step). Every layer writes its KV rows."""
+        if not 0 <= layer < len(self.layers):
+            raise IndexError(f"mtp layer {layer}: the head has {len(self.layers)}")
         embed_tokens, _ = self.shared
         e = self.pre_fc_norm_embedding(embed_tokens(next_tokens_batch.input_ids))   # [T, H]
         h = self.pre_fc_norm_hidden(hidden.to(e.dtype))                             # [T, H]

@@ -61,7 +61,7 @@ def fla_varlen_index(cu_seqlens: tuple[int, ...], device: torch.device) -> dict[
     """fla's varlen arguments for these offsets [B + 1], built on the host: the same tensor objects for every
     layer of a step (and every step with the same lengths)."""
     from fla.ops.utils.index import prepare_chunk_indices
-    cu_cpu = torch.tensor(cu_seqlens, dtype=torch.long)
-    cu_device = cu_cpu.to(device)
+    cu_cpu = torch.tensor(cu_seqlens, dtype=torch.long).pin_memory()   # kept alive by the cache
+    cu_device = cu_cpu.to(device, non_blocking=True)
     return {"cu_seqlens": cu_device, "cu_seqlens_cpu": cu_cpu,
             "chunk_indices": prepare_chunk_indices(cu_device, FLA_CHUNK_SIZE, cu_seqlens_cpu=cu_cpu)}

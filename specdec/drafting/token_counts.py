@@ -9,6 +9,8 @@ The counting rule (the drafter sees each sequence as DraftInputs, see interface.
   prompts come in several): nothing is counted. The first chunk that asks for drafts completes the prefill and
   ends with the one token generated after it: count `token_ids[-1]`, and from then on `token_ids[1:]`.
   A short prompt is one chunk: (start_pos 0, prompt + [first generated], num_drafts > 0) counts the last token.
+  A context re-sent from position 0 (the drafter lost it) counts only its newest token: what the verifier
+  committed in that step besides it is not counted.
 - Never counted, because the drafter never sees them: the tokens of the step that ends a sequence (EOS and
   stop tokens included), tokens committed while no drafter was connected, and the first token of a request
   whose first chunk asks for no drafts (max_tokens <= 2).
@@ -68,6 +70,8 @@ class TokenCounter:
         if vocab_size < 1:
             raise ValueError(f"counting tokens needs the target's vocabulary size, got {vocab_size}")
         self.path, self.save_every_s, self._clock = Path(path), save_every_s, clock
+        if not self.path.parent.is_dir():
+            raise ValueError(f"--count-tokens {path}: folder {self.path.parent} does not exist")
         exists = self.path.exists()
         self.counts = load_token_counts(path, vocab_size) if exists else np.zeros(vocab_size, np.int64)
         self.added, self.dropped = 0, 0         # this run: tokens counted, ids outside the vocabulary
@@ -82,7 +86,12 @@ class TokenCounter:
         if ids:
             self._count(np.asarray(ids, np.int64))
         if self._dirty and self._clock() - self._saved_at >= self.save_every_s:
-            self.save()
+            try:
+                self.save()
+            except OSError as e:   # counting must never stop drafting: keep counting, try again later
+                self._saved_at = self._clock()
+                log.error("could not save the token counts to %s (%s): retrying in %.0f s", self.path, e,
+                          self.save_every_s)
 
     def _generated(self, s) -> list[int]:
         if s.start_pos == 0:

@@ -25,8 +25,9 @@ class PinnedUpload:
         if not self.pinned:
             return torch.from_numpy(array).to(self.device)
         self.turn ^= 1
-        if self.copied[self.turn] is not None:
-            self.copied[self.turn].synchronize()
+        event = self.copied[self.turn]
+        if event is not None and not event.query():   # done long ago in a running loop: no synchronize call
+            event.synchronize()
         buffer = self.buffers[self.turn]
         if buffer is None or buffer.numel() < array.nbytes:
             buffer = torch.empty(max(2 * array.nbytes, 4096), dtype=torch.uint8, pin_memory=True)
@@ -35,7 +36,7 @@ class PinnedUpload:
         host = buffer[: array.nbytes].view(dtype).view(array.shape)   # a view of the pinned buffer itself
         host.numpy()[...] = array
         out = host.to(self.device, non_blocking=True)
-        event = self.copied[self.turn] or torch.cuda.Event()
-        event.record()
+        event = event or torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))   # the stream the copy was queued on
         self.copied[self.turn] = event
         return out
