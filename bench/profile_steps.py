@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
-import traceback
-import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -24,6 +21,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from specdec.bench.inprocess import InprocBench
 from specdec.bench.profile import summarize_events
+from specdec.bench.sync_sites import site, synchronising_stacks
 from specdec.bench.workloads import Workload
 from specdec.models import gated_deltanet
 from specdec.sampling_params import SamplingParams
@@ -76,27 +74,10 @@ def prefill_table(loaded, device, cases=PREFILL_CASES) -> list[dict]:
     return rows
 
 
-def sync_sites(engine, steps: int = 3) -> dict[str, int]:
-    """Where the engine's steps synchronise with the device: torch's sync debug mode warns at every
-    synchronising call; the repository frames of each warning's stack, counted per step."""
-    root, sites = os.getcwd(), Counter()
-
-    def record(message, category, filename, lineno, file=None, line=None):
-        if "synchroniz" not in str(message):   # torch's words: "called a synchronizing CUDA operation"
-            return
-        frames = [f for f in traceback.extract_stack()[:-1] if f.filename.startswith(root)]
-        sites[" < ".join(f"{Path(f.filename).name}:{f.lineno}" for f in reversed(frames[-4:]))] += 1
-
-    torch.cuda.set_sync_debug_mode(1)   # before recording: setting it warns once per process ("prototype")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("always")
-            warnings.showwarning = record
-            for _ in range(steps):
-                engine.step()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    return {site: round(n / steps, 2) for site, n in sites.most_common()}
+def sync_sites(engine, steps: int = 3) -> dict[str, float]:
+    """Where the engine's steps synchronise with the device, per step, by call site (4 frames deep)."""
+    sites = Counter(site(frames, depth=4) for frames in synchronising_stacks(engine.step, steps))
+    return {where: round(n / steps, 2) for where, n in sites.most_common()}
 
 
 def engine_steps(bench: InprocBench, w: Workload, steps: int = 30) -> dict:

@@ -98,34 +98,6 @@ def test_mtp_draft_loop_in_cuda_graphs_drafts_what_it_drafts_eagerly(model_dir, 
     assert differ == 0 if dtype == "float32" else differ <= len(results) // 20, (differ, len(results))
 
 
-def synchronising_calls(step, steps: int) -> list[str]:
-    """The repository line of every host-device synchronisation during `steps` calls of `step` (torch's sync
-    debug mode warns at each)."""
-    import traceback
-    import warnings
-    from pathlib import Path
-    root, sites = str(Path(__file__).resolve().parents[1]), []
-
-    def record(message, category, filename, lineno, file=None, line=None):
-        if "synchroniz" not in str(message):   # torch's words: "called a synchronizing CUDA operation"
-            return
-        stack = traceback.extract_stack()[:-1]
-        frames = [f for f in stack if f.filename.startswith(root) and "/tests/" not in f.filename]
-        sites.append(f"{Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else
-                     "? " + " < ".join(f"{f.filename}:{f.lineno}" for f in reversed(stack[-4:])))
-
-    torch.cuda.set_sync_debug_mode(1)   # before recording: setting it warns once per process ("prototype")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("always")
-            warnings.showwarning = record
-            for _ in range(steps):
-                step()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    return sites
-
-
 @pytest.mark.parametrize("kind", ["none", "mtp"])
 def test_a_decode_step_synchronises_once_in_the_verifier(model_dir, kind):
     """Greedy decode / verify steps on CUDA read the device back once in the verifier (the sampler's result);
@@ -142,6 +114,7 @@ def test_a_decode_step_synchronises_once_in_the_verifier(model_dir, kind):
     for _ in range(6):   # prefill (chunks of 8) and a few decode steps
         engine.step()
     assert all(s.num_cached >= s.num_prompt for s in engine.scheduler.running)
-    sites = synchronising_calls(engine.step, 5)
+    from specdec.bench.sync_sites import site, synchronising_stacks
+    sites = [site(frames) for frames in synchronising_stacks(engine.step, 5)]
     allowed = {"rejection_sampler.py"} | ({"mtp_drafter.py"} if drafter else set())
     assert Counter(s.split(":")[0] for s in sites) == {name: 5 for name in allowed}, sites

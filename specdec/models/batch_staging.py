@@ -186,7 +186,7 @@ class BatchStaging:
         self.buffer[:num_words].copy_(self.host[self.turn][:num_words], non_blocking=True)
         if self.device.type == "cuda":
             event = self.copied[self.turn] or torch.cuda.Event()
-            event.record()
+            event.record(torch.cuda.current_stream(self.device))   # the stream the copy was queued on
             self.copied[self.turn] = event
 
     def _check_capacity(self, plan: StepPlan, num_seqs: int, num_tokens: int, num_logits: int) -> None:
