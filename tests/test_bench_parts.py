@@ -99,6 +99,19 @@ def test_checks_catch_planted_defects(inproc_result, field, value, words):
     assert any(words in p for p in checks.check_result(bad))
 
 
+@pytest.mark.parametrize("end", [0.02335, 0.0233449, 0.02335001, 0.00071, 1.5])
+def test_rate_of_a_short_run_agrees_with_its_rounded_seconds(inproc_result, end):
+    """CI once failed here: a 23 ms CPU run had its seconds rounded to 0.1 ms, which moved tokens / seconds by
+    0.2%, beyond the check's relative tolerance. The rate must agree with the seconds the summary reports."""
+    traces = [RequestTrace(sent=0.0, times=[end / 3, end], counts=[1, 20])]
+    ok = copy.deepcopy(inproc_result)
+    ok["metrics"].update(summarize(traces))
+    assert not [p for p in checks.check_result(ok) if "output_tokens_per_s" in p]
+    bad = copy.deepcopy(ok)
+    bad["metrics"]["output_tokens_per_s"] *= 1.003
+    assert any("output_tokens_per_s" in p for p in checks.check_result(bad))
+
+
 def test_checks_catch_a_split_that_does_not_add_up(inproc_result):
     bad = copy.deepcopy(inproc_result)
     bad["metrics"]["step_ms"]["host"] += bad["metrics"]["step_ms"]["total"]

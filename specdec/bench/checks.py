@@ -13,11 +13,21 @@ from __future__ import annotations
 
 import math
 
+from specdec.bench.latency import SECONDS_DIGITS
+
 ZERO_OK = {"draft_tokens", "accepted_tokens", "preemptions", "decode_steps"}
 
 
 def _close(a: float, b: float, rel: float = 1e-3, abs_: float = 1e-6) -> bool:
     return math.isclose(a, b, rel_tol=rel, abs_tol=abs_)
+
+
+def _rate_matches(rate: float, tokens: int, seconds: float) -> bool:
+    """rate == tokens / seconds, where seconds was rounded to SECONDS_DIGITS places and rate to 3: a short run's
+    rounded seconds moves the quotient by more than any fixed relative tolerance."""
+    half_step = 0.5 * 10.0 ** -SECONDS_DIGITS
+    low, high = tokens / (seconds + half_step), tokens / max(seconds - half_step, 1e-12)
+    return low - 1e-3 <= rate <= high + 1e-3
 
 
 def numbers(obj, prefix: str = ""):
@@ -46,7 +56,7 @@ def check_result(result: dict) -> list[str]:
         if m["output_tokens"] != m["completion_tokens"]:
             problems.append(f"{name}: tokens received {m['output_tokens']} != completion_tokens "
                             f"{m['completion_tokens']}")
-    if m["seconds"] > 0 and not _close(m["output_tokens_per_s"], m["output_tokens"] / m["seconds"], 2e-3):
+    if m["seconds"] > 0 and not _rate_matches(m["output_tokens_per_s"], m["output_tokens"], m["seconds"]):
         problems.append(f"{name}: output_tokens_per_s {m['output_tokens_per_s']} != tokens / seconds")
     if m["ttft_ms_p50"] is not None and m["ttft_ms_p50"] > m["seconds"] * 1e3 + 1e-6:
         problems.append(f"{name}: ttft_ms_p50 {m['ttft_ms_p50']} exceeds the workload's {m['seconds']} s")

@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+SECONDS_DIGITS = 6  # a workload's seconds are kept to the microsecond; CPU smoke runs last a few ms
+
 
 @dataclass
 class RequestTrace:
@@ -56,7 +58,7 @@ def summarize(traces: list[RequestTrace]) -> dict:
     seconds = end - start
     return {
         "output_tokens": tokens,
-        "seconds": round(seconds, 4),
+        "seconds": round(seconds, SECONDS_DIGITS),
         "output_tokens_per_s": round(tokens / seconds, 3) if seconds > 0 else None,
         "ttft_ms_p50": _ms(percentile(ttft, 50)), "ttft_ms_p99": _ms(percentile(ttft, 99)),
         "itl_ms_p50": _ms(percentile(gaps, 50)), "itl_ms_p99": _ms(percentile(gaps, 99)),
