@@ -86,6 +86,17 @@ def test_gated_rms_norm_matches_reference(nan_outputs, dtype, shape):
                  dtype)
 
 
+def test_gated_rms_norm_reads_z_from_a_fused_projection(nan_outputs):
+    """z as GatedDeltaNet slices it from the fused [qkv | z | b | a] projection: [T, HV, V] views whose rows are
+    further apart than HV * V."""
+    fused = randn(5, 7 + 3 * 16 + 2, dtype=torch.float32, seed=13)
+    z = fused[:, 7:7 + 48].view(5, 3, 16)
+    o, weight = randn(5, 3, 16, dtype=torch.float32, seed=14), 1.0 + 0.2 * randn(16, dtype=torch.float32, seed=15)
+    assert z.stride(0) != 48
+    assert_close(triton_norm.gated_rms_norm_triton(o, z, weight, 1e-6), gated_rms_norm_ref(o, z, weight, 1e-6),
+                 torch.float32)
+
+
 def test_empty_batch():
     y, total = triton_norm.rms_norm_triton(torch.zeros(0, 40), torch.zeros(40), 1e-6, torch.zeros(0, 40))
     assert y.shape == total.shape == (0, 40)

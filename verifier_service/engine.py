@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from kernels.sampling import row_index
 from specdec.drafting import DraftBatch, DraftInput, DraftOutput, Drafter, proposal_problem
 from specdec.models.batch_staging import concat_ranges
 from specdec.models.pinned_upload import PinnedUpload
@@ -20,7 +21,7 @@ from specdec.sampling_params import SamplingParams
 from .acceptance_stats import AcceptanceStats
 from .forced_acceptance import ForcedAcceptance
 from .model_runner import ModelRunner
-from .rejection_sampler import rejection_sample
+from .rejection_sampler import greedy_verdict, rejection_sample
 from .sampling_batch import SamplingBatch, draft_probs_rows
 from .scheduler import ScheduledSeq, Scheduler, SchedulerConfig
 from .sequence import Sequence
@@ -138,20 +139,25 @@ class SpecEngine:
         return outputs
 
     def _verify(self, sampled: list[ScheduledSeq], logits: torch.Tensor):
-        vocab = logits.shape[-1]
-        uses_q = [p.seq.draft_probs is not None and p.num_drafts > 0 and not p.seq.params.greedy for p in sampled]
-        sampling = SamplingBatch.of([p.seq for p in sampled], uses_q, vocab, self._upload_sampling)
         width = max(p.num_drafts for p in sampled)
-        host = np.full((len(sampled), 1 + width), -1, np.int64)                         # [B, 1 + K]: k_b, drafts
+        num_drafts = np.fromiter((p.num_drafts for p in sampled), np.int64, count=len(sampled))
+        host = np.full((len(sampled), 2 + 2 * width), -1, np.int64)    # [B, 1 + K + (K + 1)]: k_b, drafts, rows
+        host[:, 0] = num_drafts
         for row, p in zip(host, sampled):
-            row[0] = p.num_drafts
             row[1:1 + p.num_drafts] = p.chunk[len(p.chunk) - p.num_drafts:]
+        host[:, 1 + width:] = row_index(num_drafts)
         host = self._upload_drafts(host)
+        drafts, rows = host[:, 1:1 + width], host[:, 1 + width:]
         forced = self.config.forced_acceptance
         forced_accepts = (self._upload_forced(np.asarray(forced.draw([p.seq.seq_id for p in sampled]), np.int64))
                           if forced else None)
-        return rejection_sample(logits, host[:, 1:], host[:, 0], sampling,
-                                draft_probs_rows(sampled, uses_q, logits), forced_accepts)
+        if all(p.seq.params.greedy and not p.seq.params.penalised and p.seq.params.logprobs is None
+               for p in sampled):  # argmax rows only: no sampling state, no draws
+            return greedy_verdict(logits, rows, drafts, forced_accepts)
+        uses_q = [p.seq.draft_probs is not None and p.num_drafts > 0 and not p.seq.params.greedy for p in sampled]
+        sampling = SamplingBatch.of([p.seq for p in sampled], uses_q, logits.shape[-1], self._upload_sampling)
+        return rejection_sample(logits, drafts, host[:, 0], sampling, draft_probs_rows(sampled, uses_q, logits),
+                                forced_accepts)
 
     def _commit_tokens(self, p: ScheduledSeq, tokens: list[int], num_accepted: int,
                        logprobs: list | None) -> RequestOutput:

@@ -19,6 +19,7 @@ from specdec.models.batch_staging import BatchStaging, StepPlan, logit_rows_per_
 from specdec.models.caches import ModelCaches
 from specdec.models.cuda_graph_runner import BATCH_BUCKETS, CudaGraphRunner, buckets_for
 from specdec.models.forward_batch import ForwardBatch, as_array
+from specdec.models.fused_linear import fuse_projections
 from specdec.models.loader import LoadedModel
 
 from .sequence import Sequence
@@ -33,6 +34,7 @@ class ModelRunner:
         """`max_model_len` bounds a sequence's length (block-table width; default: what the KV blocks hold,
         capped by the model's max positions). CUDA graphs are captured here on CUDA unless `enforce_eager`."""
         self.config, self.model = loaded.config, loaded.model
+        fuse_projections(self.model)  # (load_model did; a model built otherwise is fused here, before capture)
         self.block_size, self.device, self.max_drafts = block_size, torch.device(device), max_drafts
         dtype = loaded.model.embed_tokens.weight.dtype
         self.caches = ModelCaches.allocate(self.config, num_blocks, block_size, max_seqs, max_drafts,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.sampling import speculative_sample
+from kernels.sampling import greedy_accept, speculative_sample
 from kernels.sampling.reference import row_layout
 
 from .logits_processors import Penalties, RowParams, apply_penalties, processed_logits
@@ -71,12 +71,24 @@ def rejection_sample(logits: torch.Tensor, drafts: torch.Tensor, num_drafts: tor
         processed, logits.argmax(-1), draft_probs, drafts, num_drafts, cu_rows, sampling.greedy, sampling.uses_q,
         sampling.seeds, sampling.offsets, forced_accepts)
     host = torch.cat([tokens, num_accepted[:, None]], dim=1).tolist()                         # the one sync
-    accepted = [row[-1] for row in host]
-    emitted = [row[:j + 1] for row, j in zip(host, accepted)]
     logprobs = [None] * len(host)
     if sampling.max_logprobs is not None:
-        logprobs = _logprobs(processed.log_softmax(-1), row_tokens, cu_rows, accepted, sampling)
-    return Verdict(num_accepted=accepted, tokens=emitted, logprobs=logprobs)
+        logprobs = _logprobs(processed.log_softmax(-1), row_tokens, cu_rows, [row[-1] for row in host], sampling)
+    return _verdict(host, logprobs)
+
+
+def greedy_verdict(logits: torch.Tensor, rows: torch.Tensor, drafts: torch.Tensor,
+                   forced_accepts: torch.Tensor | None = None) -> Verdict:
+    """rejection_sample's verdict when every sequence is greedy without penalties or logprobs: argmax per row
+    and the leading run of drafts that match it. rows [B, K+1] from kernels.sampling.row_index."""
+    tokens, num_accepted = greedy_accept(logits.argmax(-1), rows, drafts, forced_accepts)
+    return _verdict(torch.cat([tokens, num_accepted[:, None]], dim=1).tolist(), [None] * drafts.shape[0])
+
+
+def _verdict(host: list[list[int]], logprobs: list) -> Verdict:
+    """host rows [tokens padded with -1 ..., num_accepted] → the Verdict."""
+    accepted = [row[-1] for row in host]
+    return Verdict(num_accepted=accepted, tokens=[row[:j + 1] for row, j in zip(host, accepted)], logprobs=logprobs)
 
 
 def _logprobs(logp: torch.Tensor, row_tokens: torch.Tensor, cu_rows: torch.Tensor, accepted: list[int],

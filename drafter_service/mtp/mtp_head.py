@@ -23,6 +23,7 @@ from torch import nn
 from specdec.models.caches import ModelCaches
 from specdec.models.decoder_layer import DecoderLayer
 from specdec.models.forward_batch import ForwardBatch
+from specdec.models.fused_linear import fuse_projections
 from specdec.models.loader import check_against
 from specdec.models.model_config import FULL_ATTENTION, ModelConfig
 from specdec.models.norms import ZeroCentredRMSNorm
@@ -50,6 +51,7 @@ class MTPHead(nn.Module):
         check_against({k: p.shape for k, p in head.state_dict().items()}, weights, "mtp head")
         head.load_state_dict(weights, strict=True, assign=True)
         head.requires_grad_(False).eval()
+        fuse_projections(head)
         head.shared = (embed_tokens, lm_head)
         return head
 

@@ -33,8 +33,8 @@ def _rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, y_ptr, sum_ptr, num_rows, 
 
 # num_rows varies per step: not specialised on it, so a new value never compiles a new variant
 @triton.jit(do_not_specialize=["num_rows"])
-def _gated_rms_norm_kernel(o_ptr, z_ptr, weight_ptr, y_ptr, num_rows, eps, stride_o, stride_z,
-                           V: tl.constexpr, BLOCK_V: tl.constexpr, ROWS: tl.constexpr):
+def _gated_rms_norm_kernel(o_ptr, z_ptr, weight_ptr, y_ptr, num_rows, eps, stride_o, stride_zt, stride_zh,
+                           V: tl.constexpr, BLOCK_V: tl.constexpr, ROWS: tl.constexpr, Z_HEADS: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_V)
     mask = (rows < num_rows)[:, None] & (cols < V)[None, :]
@@ -45,7 +45,8 @@ def _gated_rms_norm_kernel(o_ptr, z_ptr, weight_ptr, y_ptr, num_rows, eps, strid
     w = tl.load(weight_ptr + cols, mask=cols < V, other=0.0)
     normed = (of * rstd[:, None]).to(o.dtype).to(tl.float32)                     # rms(o) in o's dtype
     normed = (normed * w[None, :].to(tl.float32)).to(o.dtype).to(tl.float32)    # w · rms(o) in o's dtype
-    z = tl.load(z_ptr + rows[:, None] * stride_z + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    z_row = (rows // Z_HEADS) * stride_zt + (rows % Z_HEADS) * stride_zh    # z: [T, Z_HEADS, V] with any strides
+    z = tl.load(z_ptr + z_row[:, None] + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     y = normed * (z * tl.sigmoid(z))
     tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
@@ -88,8 +89,12 @@ def gated_rms_norm_triton(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor
     num_rows = o.numel() // max(1, width)
     if num_rows == 0:
         return y
-    o2, z2 = _rows(o), _rows(z)
+    o2 = _rows(o)
+    # z may be a column slice of a fused projection ([T, HV, V] with row stride > HV * V): read in place
+    z3 = z.reshape(-1, 1, width) if z.dim() < 3 else z.reshape(-1, *z.shape[-2:])
+    if z3.stride(-1) != 1:
+        z3 = z3.contiguous()
     block, rows, grid = _tiling(num_rows, width)
-    _gated_rms_norm_kernel[grid](o2, z2, weight.contiguous(), y, num_rows, eps, o2.stride(0), z2.stride(0),
-                                 V=width, BLOCK_V=block, ROWS=rows, num_warps=4)
+    _gated_rms_norm_kernel[grid](o2, z3, weight.contiguous(), y, num_rows, eps, o2.stride(0), z3.stride(0),
+                                 z3.stride(1), V=width, BLOCK_V=block, ROWS=rows, Z_HEADS=z3.shape[1], num_warps=4)
     return y

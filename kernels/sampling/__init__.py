@@ -1,5 +1,6 @@
 """Speculative sampling (DESIGN §3.3): counter-based uniforms and the accept / emit rule over verify rows.
 GPU kernels plug in behind the same signatures."""
+from .greedy import greedy_accept, row_index
 from .philox import ACCEPT, DRAW, RECOVER, bits_to_uniform, philox4x32, random_bits, uniforms
 from .race import exponential_race, exponential_race_ref
 from .reference import speculative_sample_ref
@@ -7,5 +8,6 @@ from .reference import speculative_sample_ref
 speculative_sample = speculative_sample_ref
 
 __all__ = ["ACCEPT", "DRAW", "RECOVER", "bits_to_uniform", "exponential_race", "exponential_race_ref",
+           "greedy_accept", "row_index",
            "philox4x32", "random_bits",
            "speculative_sample", "speculative_sample_ref", "uniforms"]

@@ -1,11 +1,14 @@
 """Gated full attention: q_proj yields [query | gate] interleaved per head; zero-centred q/k norms before
-partial RoPE; paged KV cache; output multiplied by sigmoid(gate) before o_proj (DESIGN §2)."""
+partial RoPE (one kernel each, norm_rope); paged KV cache; output multiplied by sigmoid(gate) before o_proj
+(DESIGN §2). q_proj, k_proj and v_proj run as one GEMM (FusedLinear)."""
 import torch
 from torch import nn
 
 from kernels.paged_attention import paged_attention, write_kv
+from kernels.rotary import norm_rope
 
 from .forward_batch import ForwardBatch
+from .fused_linear import FusedLinear
 from .model_config import ModelConfig
 from .norms import ZeroCentredRMSNorm
 from .rotary import PartialRotary
@@ -23,20 +26,19 @@ class GatedAttention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * d, hidden, bias=False)
         self.q_norm = ZeroCentredRMSNorm(d, config.rms_norm_eps)
         self.k_norm = ZeroCentredRMSNorm(d, config.rms_norm_eps)
-        self.rotary = PartialRotary(d, config.rotary_dim, config.rope_theta)
+        self.rotary = PartialRotary(config.rotary_dim, config.rope_theta)
+        self.qkv_proj = FusedLinear(self.q_proj, self.k_proj, self.v_proj)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, k_cache: torch.Tensor,
                 v_cache: torch.Tensor) -> torch.Tensor:
-        num_tokens = x.shape[0]
-        query_gate = self.q_proj(x).view(num_tokens, self.num_heads, 2 * self.head_dim)
-        q, gate = query_gate.split(self.head_dim, dim=-1)            # [T, NH, D] each
-        q = self.q_norm(q)
-        k = self.k_norm(self.k_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim))
-        v = self.v_proj(x).view(num_tokens, self.num_kv_heads, self.head_dim)
-        cos, sin = self.rotary.cos_sin(batch.positions)
-        q, k = self.rotary.apply(q, cos, sin), self.rotary.apply(k, cos, sin)
-        write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
+        num_tokens, d = x.shape[0], self.head_dim
+        query_gate, k, v = self.qkv_proj(x)                          # column views of one GEMM
+        q, gate = query_gate.view(num_tokens, self.num_heads, 2 * d).split(d, dim=-1)  # [T, NH, D] each
+        inv_freq = self.rotary.inv_freq_on(x.device)
+        q = norm_rope(q, self.q_norm.weight, self.q_norm.eps, batch.positions, inv_freq)
+        k = norm_rope(k.view(num_tokens, self.num_kv_heads, d), self.k_norm.weight, self.k_norm.eps,
+                      batch.positions, inv_freq)
+        write_kv(k, v.view(num_tokens, self.num_kv_heads, d), k_cache, v_cache, batch.slot_mapping)
         o = paged_attention(q, k_cache, v_cache, batch.positions, batch.block_tables, batch.cu_seqlens,
-                            batch.max_seqlen, self.head_dim ** -0.5)  # [T, NH, D]
-        o = o.reshape(num_tokens, -1) * torch.sigmoid(gate.reshape(num_tokens, -1))
-        return self.o_proj(o)
+                            batch.max_seqlen, d ** -0.5)             # [T, NH, D]
+        return self.o_proj((o * torch.sigmoid(gate)).reshape(num_tokens, -1))

@@ -3,7 +3,8 @@
 x → in_proj_qkv → causal conv1d (kernel 4, depthwise, SiLU) over [q, k, v] only → gated delta rule
 with beta = sigmoid(b), g = -exp(A_log) · softplus(a + dt_bias) in fp32 (computed inside the kernel from the
 raw a, b projections) → w · rmsnorm(o) · silu(z) → out_proj.
-Qwen3-Next's fused in_proj_qkvz / in_proj_ba are split into these projections by the loader.
+Qwen3-Next's fused in_proj_qkvz / in_proj_ba are split into these projections by the loader; the four run as
+one GEMM here (FusedLinear), their outputs read in place as column slices.
 Steps without drafts whose longest sequence has at least CHUNKED_PREFILL_MIN_TOKENS tokens run the chunked
 prefill kernel (fla-core's when installed); every other step the fused recurrent one. The threshold is measured
 (H100, 4B shape, 32 layers, whole eager prefill steps, `bench/profile_steps.py`): fla-core 0.6.0's chunk call
@@ -17,6 +18,7 @@ from kernels.causal_conv1d import causal_conv1d
 from kernels.gated_delta_rule import gated_delta_rule, gated_delta_rule_prefill
 
 from .forward_batch import ForwardBatch
+from .fused_linear import FusedLinear
 from .model_config import ModelConfig
 from .norms import GatedRMSNorm
 
@@ -40,12 +42,14 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(self.num_v_heads))
         self.norm = GatedRMSNorm(self.head_v, config.rms_norm_eps)
         self.out_proj = nn.Linear(self.value_dim, hidden, bias=False)
+        self.in_proj = FusedLinear(self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, recurrent: torch.Tensor,
                 conv: torch.Tensor) -> torch.Tensor:
         num_tokens = x.shape[0]
         slots = (batch.cu_seqlens, batch.gdn_slots, batch.gdn_read_offsets, batch.num_drafts, batch.max_seqlen)
-        mixed = causal_conv1d(self.in_proj_qkv(x), self.conv1d_weight, conv, *slots)  # [T, conv_dim]
+        qkv, z, b, a = self.in_proj(x)       # column views of one [T, conv_dim + value_dim + 2 HV] GEMM
+        mixed = causal_conv1d(qkv, self.conv1d_weight, conv, *slots)                 # [T, conv_dim]
         q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)  # row-strided views
         q = q.view(num_tokens, self.num_k_heads, self.head_k)
         k = k.view(num_tokens, self.num_k_heads, self.head_k)
@@ -53,7 +57,6 @@ class GatedDeltaNet(nn.Module):
         chunked = batch.max_num_drafts == 0 and batch.max_seqlen >= CHUNKED_PREFILL_MIN_TOKENS
         extra = {"cu_seqlens_host": batch.cu_seqlens_host} if chunked else {}
         rule = gated_delta_rule_prefill if chunked else gated_delta_rule
-        o = rule(q, k, v, self.in_proj_a(x), self.in_proj_b(x), self.A_log, self.dt_bias, recurrent,
-                 *slots, **extra)                                                     # [T, HV, V]
-        z = self.in_proj_z(x).view(num_tokens, self.num_v_heads, self.head_v)
+        o = rule(q, k, v, a, b, self.A_log, self.dt_bias, recurrent, *slots, **extra)  # [T, HV, V]
+        z = z.view(num_tokens, self.num_v_heads, self.head_v)                          # row-strided
         return self.out_proj(self.norm(o, z).reshape(num_tokens, self.value_dim))

@@ -17,6 +17,7 @@ from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
 from .checkpoint_keys import strip_prefix, to_canonical
+from .fused_linear import fuse_projections
 from .hybrid_model import HybridModel
 from .model_config import CheckpointError, ModelConfig
 
@@ -119,6 +120,7 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device:
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     model.requires_grad_(False).eval()
+    fuse_projections(model)
     log.info("loaded %s (%s, %d layers, %s) from %s; %d mtp tensors", config.model_type, config.family,
              config.num_hidden_layers, torch_dtype, folder, len(mtp))
     return LoadedModel(config=config, model=model, mtp_weights=mtp)

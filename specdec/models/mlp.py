@@ -1,11 +1,12 @@
 """Feed-forward blocks: dense SwiGLU (Qwen3.5) and sparse MoE with a sigmoid-gated shared expert
 (Qwen3.5-MoE, Qwen3-Next)."""
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from kernels.activation import silu_mul
 from kernels.moe import moe_experts
 
+from .fused_linear import FusedLinear
 from .model_config import ModelConfig
 
 
@@ -15,9 +16,10 @@ class SwiGLU(nn.Module):
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.gate_up = FusedLinear(self.gate_proj, self.up_proj)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [T, H]
+        return self.down_proj(silu_mul(self.gate_up.joined(x)))  # gate_up [T, 2I]: one GEMM
 
 
 class SparseMoE(nn.Module):
