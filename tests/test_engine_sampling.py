@@ -114,3 +114,12 @@ def test_drafter_probabilities_reach_the_rejection_sampler(tiny_model, monkeypat
     sampled = SamplingParams(max_tokens=30, temperature=0.8, seed=3, ignore_eos=True)
     make_engine(tiny_model, SmoothedNgram(3, tiny_model.config.vocab_size), 3).generate(prompts, sampled)
     assert seen  # sampled rows use min(1, p/q) with the drafter's q
+
+
+def test_forced_acceptance_restarts_its_schedule():
+    """The bench restarts the schedule after its warm-up, so a timed run draws what a cold run draws."""
+    forced = ForcedAcceptance(2.5, 3, seed=4, enabled=True)
+    first = [forced.draw([0, 1]) for _ in range(20)]
+    assert first != [forced.draw([0, 1]) for _ in range(20)]
+    forced.restart()
+    assert first == [forced.draw([0, 1]) for _ in range(20)]

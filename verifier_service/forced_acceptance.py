@@ -16,7 +16,12 @@ class ForcedAcceptance:
                                   "enable it explicitly (--unsafe-forced-acceptance)")
         self.mean_length, self.num_drafts = mean_length, num_drafts
         self.rate = acceptance_rate_for(mean_length, num_drafts)
+        self.seed = seed
         self.rng = random.Random(seed)
+
+    def restart(self) -> None:
+        """Draw the same schedule again from its start (a benchmark's timed run after an untimed warm-up)."""
+        self.rng = random.Random(self.seed)
 
     def draw(self, seq_ids: list[int]) -> list[int]:
         """Accepted count per sequence: leading positions accepted while a coin with P(heads) = a says so."""
