@@ -31,3 +31,16 @@ def tiny_model(tiny_dir):
 def _deterministic_threads():
     torch.set_num_threads(1)  # same reduction order everywhere: batch mates never change a row's numbers
     yield
+
+
+@pytest.fixture
+def nan_outputs(monkeypatch):
+    """Every torch.empty made during the test is NaN-filled (floating dtypes): a kernel test sees an output
+    element its kernel never wrote."""
+    real_empty = torch.empty
+
+    def nan_empty(*args, **kwargs):
+        t = real_empty(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", nan_empty)

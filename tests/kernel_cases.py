@@ -86,3 +86,8 @@ def assert_state_equal(got: torch.Tensor, want: torch.Tensor, atol: float) -> No
     """Equal where the expected state is finite; NaN exactly where a step must leave a poisoned slot alone."""
     assert torch.equal(got.isnan(), want.isnan())
     torch.testing.assert_close(got.nan_to_num(), want.nan_to_num(), atol=atol, rtol=1e-4)
+
+
+def seeded_randn(*shape, dtype, seed, device="cpu") -> torch.Tensor:
+    """Standard normal values drawn on the host from `seed`, then cast and moved: the same on every device."""
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(device=device, dtype=dtype)

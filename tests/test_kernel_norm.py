@@ -12,25 +12,10 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from kernels.rms_norm import gated_rms_norm, gated_rms_norm_ref, rms_norm, rms_norm_ref  # noqa: E402
+from kernel_cases import seeded_randn as randn  # noqa: E402
 
 triton_norm = pytest.importorskip("kernels.rms_norm.triton_rms_norm")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-@pytest.fixture
-def nan_outputs(monkeypatch):
-    """Every torch.empty made during the test is NaN-filled (floating dtypes)."""
-    real_empty = torch.empty
-
-    def nan_empty(*args, **kwargs):
-        t = real_empty(*args, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", nan_empty)
-
-
-def randn(*shape, dtype, seed, device="cpu"):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(device=device, dtype=dtype)
 
 
 def assert_close(got, want, dtype):

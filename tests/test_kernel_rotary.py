@@ -16,26 +16,12 @@ if not torch.cuda.is_available():
 from kernels.activation import silu_mul, silu_mul_ref  # noqa: E402
 from kernels.rms_norm import rms_norm_ref  # noqa: E402
 from kernels.rotary import norm_rope, norm_rope_ref, rope_ref  # noqa: E402
+from kernel_cases import seeded_randn as randn  # noqa: E402
 
 triton_rope = pytest.importorskip("kernels.rotary.triton_norm_rope")
 triton_act = pytest.importorskip("kernels.activation.triton_silu_mul")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
-
-
-@pytest.fixture
-def nan_outputs(monkeypatch):
-    real_empty = torch.empty
-
-    def nan_empty(*args, **kwargs):
-        t = real_empty(*args, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", nan_empty)
-
-
-def randn(*shape, dtype, seed, device="cpu"):
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(device=device, dtype=dtype)
 
 
 def inv_freq(rotary_dim, theta=10000.0, device="cpu"):
