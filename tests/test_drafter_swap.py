@@ -18,7 +18,10 @@ from specdec.rpc.v1 import gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier
 from specdec.sampling_params import SamplingParams
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
-NUM_STREAMS, MAX_TOKENS, WINDOW = 8, 500, 80  # WINDOW: sequence verify steps per measurement (10 engine steps)
+NUM_STREAMS, MAX_TOKENS, WINDOW = 8, 1200, 80  # WINDOW: sequence verify steps per measurement (10 engine steps)
+# MAX_TOKENS: streams must outlive both swaps; while a new drafter starts the verifier decodes without drafts,
+# one token per step: with 500 tokens, two CI runs timed out waiting for "all 8 running" after the second swap
+# (read as streams ending first; the test passed alone in 16 s)
 
 
 @pytest.fixture(scope="module")
