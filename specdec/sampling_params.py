@@ -56,6 +56,11 @@ class SamplingParams:
         return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0
                 or self.frequency_penalty != 0.0)
 
+    @property
+    def argmax_only(self) -> bool:
+        """Verification needs only each row's argmax: greedy, no penalties, no logprobs."""
+        return self.greedy and not self.penalised and self.logprobs is None
+
     @staticmethod
     def from_fields(values: dict) -> "SamplingParams":
         """From a dict of set fields (absent or None: the default); SamplingError on unknown fields or types."""

@@ -151,8 +151,7 @@ class SpecEngine:
         forced = self.config.forced_acceptance
         forced_accepts = (self._upload_forced(np.asarray(forced.draw([p.seq.seq_id for p in sampled]), np.int64))
                           if forced else None)
-        if all(p.seq.params.greedy and not p.seq.params.penalised and p.seq.params.logprobs is None
-               for p in sampled):  # argmax rows only: no sampling state, no draws
+        if all(p.seq.params.argmax_only for p in sampled):  # no sampling state, no draws
             return greedy_verdict(logits, rows, drafts, forced_accepts)
         uses_q = [p.seq.draft_probs is not None and p.num_drafts > 0 and not p.seq.params.greedy for p in sampled]
         sampling = SamplingBatch.of([p.seq for p in sampled], uses_q, logits.shape[-1], self._upload_sampling)

@@ -51,7 +51,8 @@ def _gated_rms_norm_kernel(o_ptr, z_ptr, weight_ptr, y_ptr, num_rows, eps, strid
     tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def _tiling(num_rows: int, width: int) -> tuple[int, int, tuple[int]]:
+def row_tiling(num_rows: int, width: int) -> tuple[int, int, tuple[int]]:
+    """(padded width, rows per program, grid) for a kernel that takes whole rows of `width` elements."""
     block = triton.next_power_of_2(width)
     rows = max(1, min(TILE_ELEMENTS // block, triton.next_power_of_2(max(1, num_rows))))
     return block, rows, (triton.cdiv(num_rows, rows),)
@@ -75,7 +76,7 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float,
         return y, total
     x2 = _rows(x)
     r2 = _rows(residual) if residual is not None else x2
-    block, rows, grid = _tiling(num_rows, width)
+    block, rows, grid = row_tiling(num_rows, width)
     _rms_norm_kernel[grid](x2, r2, weight.contiguous(), y, total, num_rows, eps, x2.stride(0), r2.stride(0),
                            H=width, BLOCK_H=block, ROWS=rows, HAS_RESIDUAL=residual is not None,
                            num_warps=8 if block >= 4096 else 4)
@@ -94,7 +95,7 @@ def gated_rms_norm_triton(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor
     z3 = z.reshape(-1, 1, width) if z.dim() < 3 else z.reshape(-1, *z.shape[-2:])
     if z3.stride(-1) != 1:
         z3 = z3.contiguous()
-    block, rows, grid = _tiling(num_rows, width)
+    block, rows, grid = row_tiling(num_rows, width)
     _gated_rms_norm_kernel[grid](o2, z3, weight.contiguous(), y, num_rows, eps, o2.stride(0), z3.stride(0),
                                  z3.stride(1), V=width, BLOCK_V=block, ROWS=rows, Z_HEADS=z3.shape[1], num_warps=4)
     return y

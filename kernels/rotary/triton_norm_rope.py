@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-TILE_ELEMENTS = 4096  # heads per program × padded head width
+from kernels.rms_norm.triton_rms_norm import row_tiling
 
 
 # num_rows varies per step: not specialised on it, so a new value never compiles a new variant
@@ -59,9 +59,8 @@ def norm_rope_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, position
     num_rows = num_tokens * heads
     if num_rows == 0:
         return y
-    block = triton.next_power_of_2(width)
-    rows = max(1, min(TILE_ELEMENTS // block, triton.next_power_of_2(num_rows)))
-    _norm_rope_kernel[(triton.cdiv(num_rows, rows),)](
+    block, rows, grid = row_tiling(num_rows, width)   # heads per program, as the RMSNorm tiles its rows
+    _norm_rope_kernel[grid](
         x, weight.contiguous(), positions, inv_freq.contiguous(), y, num_rows, eps, x.stride(0), x.stride(1),
         HEADS=heads, D=width, BLOCK_D=block, HALF=half, ROWS=rows, num_warps=4)
     return y
