@@ -30,7 +30,7 @@ def query_slice(num_tokens, num_heads, head_dim, dtype, seed, device="cpu"):
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
-@pytest.mark.parametrize("shape", [(7, 40), (1, 24), (5, 3, 24), (33, 130)], ids=str)
+@pytest.mark.parametrize("shape", [(7, 40), (1, 24), (5, 3, 24), (33, 130), (301, 24)], ids=str)  # 301: packed rows
 @pytest.mark.parametrize("with_residual", [False, True], ids=["plain", "residual"])
 def test_rms_norm_matches_reference(nan_outputs, dtype, shape, with_residual):
     dtype = DTYPES[dtype]
@@ -62,7 +62,7 @@ def test_rms_norm_is_zero_centred():
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
-@pytest.mark.parametrize("shape", [(5, 3, 24), (1, 1, 40), (9, 4, 16)], ids=str)
+@pytest.mark.parametrize("shape", [(5, 3, 24), (1, 1, 40), (9, 4, 16), (101, 3, 24)], ids=str)
 def test_gated_rms_norm_matches_reference(nan_outputs, dtype, shape):
     dtype = DTYPES[dtype]
     o, z = randn(*shape, dtype=dtype, seed=7), randn(*shape, dtype=dtype, seed=8)
@@ -80,6 +80,14 @@ def test_gated_rms_norm_reads_z_from_a_fused_projection(nan_outputs):
     assert z.stride(0) != 48
     assert_close(triton_norm.gated_rms_norm_triton(o, z, weight, 1e-6), gated_rms_norm_ref(o, z, weight, 1e-6),
                  torch.float32)
+
+
+def test_rows_spread_over_programs_before_they_are_packed():
+    """A decode step's few heads get a program each; many rows share programs, with a partial last tile (the
+    packed cases above: 301 rows, 4 per program)."""
+    assert triton_norm.row_tiling(16, 256) == (256, 1, (16,))
+    assert triton_norm.row_tiling(301, 24) == (32, 4, (76,))
+    assert triton_norm.row_tiling(8192, 128) == (128, 32, (256,))   # capped at TILE_ELEMENTS per program
 
 
 def test_empty_batch():

@@ -53,7 +53,7 @@ def test_rope_reference_rotates_pairs_by_position():
 
 @pytest.mark.parametrize("dtype", list(DTYPES), ids=list(DTYPES))
 @pytest.mark.parametrize("tokens, heads, head_dim, rotary_dim", [(5, 3, 24, 6), (1, 1, 40, 40), (7, 2, 20, 8),
-                                                                  (4, 5, 16, 4)], ids=str)
+                                                                  (4, 5, 16, 4), (67, 5, 16, 4)], ids=str)
 def test_norm_rope_matches_reference(nan_outputs, dtype, tokens, heads, head_dim, rotary_dim):
     dtype = DTYPES[dtype]
     x = randn(tokens, heads, head_dim, dtype=dtype, seed=2)

@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 TILE_ELEMENTS = 4096  # rows per program × padded row width: enough work per program, few registers
+MIN_PROGRAMS = 128    # about one program per SM before rows are packed together (H100: 132 SMs)
 
 
 # num_rows varies per step: not specialised on it, so a new value never compiles a new variant
@@ -52,9 +53,13 @@ def _gated_rms_norm_kernel(o_ptr, z_ptr, weight_ptr, y_ptr, num_rows, eps, strid
 
 
 def row_tiling(num_rows: int, width: int) -> tuple[int, int, tuple[int]]:
-    """(padded width, rows per program, grid) for a kernel that takes whole rows of `width` elements."""
+    """(padded width, rows per program, grid) for a kernel that takes whole rows of `width` elements.
+
+    Rows are packed up to TILE_ELEMENTS per program only once there are MIN_PROGRAMS programs: a decode step's
+    few short rows (16 q heads of 256 at batch 1) then spread over 16 SMs instead of queueing in one program."""
     block = triton.next_power_of_2(width)
-    rows = max(1, min(TILE_ELEMENTS // block, triton.next_power_of_2(max(1, num_rows))))
+    spread = triton.next_power_of_2(triton.cdiv(max(1, num_rows), MIN_PROGRAMS))
+    rows = max(1, min(TILE_ELEMENTS // block, spread))
     return block, rows, (triton.cdiv(num_rows, rows),)
 
 
