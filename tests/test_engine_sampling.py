@@ -1,4 +1,6 @@
 """Engine-level sampling: seeded reproducibility, synthetic acceptance targets, forced acceptance guard."""
+from collections import Counter
+
 import pytest
 from engine_factory import make_drafter, make_engine, random_prompts
 
@@ -116,10 +118,50 @@ def test_drafter_probabilities_reach_the_rejection_sampler(tiny_model, monkeypat
     assert seen  # sampled rows use min(1, p/q) with the drafter's q
 
 
-def test_forced_acceptance_restarts_its_schedule():
-    """The bench restarts the schedule after its warm-up, so a timed run draws what a cold run draws."""
+def test_forced_counts_follow_the_independent_coins_law():
+    """Over many sequences and steps, P(J = j) is that of k coins accepted while heads: a^j (1 - a), a^k."""
+    forced = ForcedAcceptance(3.39, 3, enabled=True)
+    a = forced.rate
+    counts = Counter(forced.count(key, n) for key in range(400) for n in range(50))
+    want = [a ** j * (1 - a) for j in range(3)] + [a ** 3]
+    for j, p in enumerate(want):
+        assert counts[j] / 20000 == pytest.approx(p, abs=0.005), j
+    assert 1 + sum(j * c for j, c in counts.items()) / 20000 == pytest.approx(3.39, abs=0.01)
+
+
+def test_every_sequence_realises_the_mean_within_a_short_request():
+    """~20 verify steps (a 64-token request at 3.39) already give the requested mean: independent draws miss it
+    by 0.25 (one standard deviation) at 20 steps and by up to 0.7, which made in-process and gateway runs differ."""
+    forced = ForcedAcceptance(3.39, 3, enabled=True)
+    for key in range(50):
+        mean = 1 + sum(forced.count(key, n) for n in range(20)) / 20
+        assert mean == pytest.approx(3.39, abs=0.2), key
+
+
+def test_the_schedule_depends_only_on_the_sequence_and_its_step():
+    """Batch order and company do not matter, nor a warm-up before: the same requests (same seeds) get the same
+    counts in-process and through the gateway."""
     forced = ForcedAcceptance(2.5, 3, seed=4, enabled=True)
-    first = [forced.draw([0, 1]) for _ in range(20)]
-    assert first != [forced.draw([0, 1]) for _ in range(20)]
-    forced.restart()
-    assert first == [forced.draw([0, 1]) for _ in range(20)]
+    steps = [(7, 0), (9, 0), (7, 1), (123456789, 5)]
+    assert forced.draw(steps) == forced.draw(steps) == [forced.draw([s])[0] for s in steps]
+    assert forced.draw(steps[::-1]) == forced.draw(steps)[::-1]
+    assert len({tuple(forced.count(key, n) for n in range(8)) for key in range(20)}) > 1  # keys differ
+    other = ForcedAcceptance(2.5, 3, seed=5, enabled=True)
+    assert [other.count(k, 0) for k in range(40)] != [forced.count(k, 0) for k in range(40)]
+
+
+def test_engine_runs_reproduce_their_forced_acceptance(tiny_model):
+    """Two engines with the same seeded requests accept the same drafts, whatever else ran before."""
+    prompts = random_prompts([9, 6], tiny_model.config.vocab_size, seed=2)
+    params = [SamplingParams(max_tokens=24, seed=s, ignore_eos=True) for s in (11, 12)]
+
+    def accepted(warm_up: bool) -> list[int]:
+        forced = ForcedAcceptance(2.5, 3, enabled=True)
+        engine = make_engine(tiny_model, make_drafter("mtp", tiny_model, 3), 3, forced=forced)
+        if warm_up:
+            engine.generate(prompts, params)
+        before = engine.stats.accepted
+        engine.generate(prompts, params)
+        return engine.stats.accepted - before
+
+    assert accepted(False) == accepted(True)

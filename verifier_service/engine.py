@@ -149,8 +149,10 @@ class SpecEngine:
         host = self._upload_drafts(host)
         drafts, rows = host[:, 1:1 + width], host[:, 1 + width:]
         forced = self.config.forced_acceptance
-        forced_accepts = (self._upload_forced(np.asarray(forced.draw([p.seq.seq_id for p in sampled]), np.int64))
-                          if forced else None)
+        forced_accepts = None
+        if forced:  # keyed by the request's seed and its verify count: the same schedule on every path
+            counts = forced.draw([(p.seq.seed, p.seq.stats.verify_steps) for p in sampled])
+            forced_accepts = self._upload_forced(np.asarray(counts, np.int64))
         if all(p.seq.params.argmax_only for p in sampled):  # no sampling state, no draws
             return greedy_verdict(logits, rows, drafts, forced_accepts)
         uses_q = [p.seq.draft_probs is not None and p.num_drafts > 0 and not p.seq.params.greedy for p in sampled]

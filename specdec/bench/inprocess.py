@@ -117,8 +117,6 @@ class InprocBench:
         engine.generate(prompts, [SamplingParams(max_tokens=w.max_tokens, temperature=w.temperature, seed=i,
                                                  ignore_eos=True) for i in range(len(prompts))])
         warmup_s = round(time.perf_counter() - warm_start, 2)
-        if engine.config.forced_acceptance is not None:
-            engine.config.forced_acceptance.restart()  # the timed run draws the schedule a cold run would
         target_clock, drafter_clock = CallClock(self.device), CallClock(self.device)
         engine.runner.forward = target_clock.wrap(engine.runner.forward)
         if engine.drafter is not None:
