@@ -13,9 +13,7 @@ from specdec.drafting import vocabulary_fingerprint
 from specdec.models.loader import load_model
 from specdec.rpc import serving
 from specdec.rpc.v1 import gateway_pb2, verifier_pb2, verifier_pb2_grpc
-from specdec.sampling_params import SamplingParams
 
-from .acceptance_stats import AcceptanceStats
 from .drafter_client import DrafterLinkConfig, RemoteDrafter
 from .engine import EngineConfig, SpecEngine
 from .engine_loop import DEFAULT_MAX_QUEUED, EngineLoop
@@ -24,6 +22,7 @@ from .metrics import VerifierMetrics
 from .model_runner import ModelRunner
 from .scheduler import SchedulerConfig
 from .servicer import VerifierServicer
+from .warm_up import warm_up
 
 log = logging.getLogger(__name__)
 SERVICE = verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name
@@ -49,6 +48,7 @@ class VerifierConfig:
     forced_acceptance_length: float = 0.0  # benchmarks only, with unsafe_forced_acceptance
     unsafe_forced_acceptance: bool = False
     enforce_eager: bool = False            # no CUDA graphs
+    warm_up: bool = True                   # run verifier_service.warm_up before reporting SERVING
 
 
 def build_engine(config: VerifierConfig) -> SpecEngine:
@@ -75,21 +75,6 @@ def build_engine(config: VerifierConfig) -> SpecEngine:
                     config.forced_acceptance_length)
     scheduler = SchedulerConfig(config.max_running, config.max_batched_tokens, config.prefill_chunk)
     return SpecEngine(runner, drafter, EngineConfig(config.num_drafts, scheduler, forced, max_context))
-
-
-def warm_up(engine: SpecEngine) -> None:
-    """Short generations through every path before reporting SERVING, so that no client request waits for a
-    kernel to compile: prefills of several shape classes (the longest one takes the chunked GDN path), decode
-    and verify, greedy and sampled rows (the race kernel), penalties and logprobs. The counters start afresh."""
-    vocab, room = engine.runner.config.vocab_size, engine.max_len - 8
-    lengths = sorted({min(n, room) for n in (3, 17, 70)})
-    prompts = [[(7 * i + j) % vocab for j in range(n)] for i, n in enumerate(lengths)]
-    params = [SamplingParams(max_tokens=4, ignore_eos=True),
-              SamplingParams(max_tokens=4, temperature=0.8, top_p=0.9, seed=1, ignore_eos=True),
-              SamplingParams(max_tokens=4, temperature=0.7, min_p=0.05, repetition_penalty=1.1, logprobs=2, seed=2,
-                             ignore_eos=True)]
-    engine.generate(prompts, params[:len(prompts)])
-    engine.stats = AcceptanceStats()
 
 
 async def start(engine: SpecEngine, config: VerifierConfig, host: str,
@@ -134,5 +119,6 @@ async def _serve(engine: SpecEngine, config: VerifierConfig, host: str, port: in
 
 def serve(config: VerifierConfig, host: str, port: int) -> None:
     engine = build_engine(config)  # before the event loop: Ctrl-C / SIGTERM while loading stop the process at once
-    warm_up(engine)
+    if config.warm_up:
+        warm_up(engine)
     asyncio.run(_serve(engine, config, host, port))

@@ -23,6 +23,9 @@ def add_parser(sub) -> None:
     p.add_argument("--prefill-chunk", type=int, default=256)
     p.add_argument("--kv-blocks", type=int, default=0, help="KV blocks of 16 tokens (0: max-running × max-context)")
     add_enforce_eager_arg(p)
+    p.add_argument("--no-warm-up", dest="warm_up", action="store_false",
+                   help="report SERVING without the start-up warm-up (on a GPU the first requests of each step "
+                        "shape then wait for its kernels to compile)")
     p.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)")
     p.add_argument("--forced-acceptance-length", type=float, default=0.0,
                    help="BENCHMARKS ONLY: force this mean acceptance length (output is not the target's)")
@@ -45,6 +48,6 @@ def run(args: argparse.Namespace) -> int:
         max_batched_tokens=args.max_batched_tokens,
         prefill_chunk=args.prefill_chunk, kv_blocks=args.kv_blocks, metrics_port=args.metrics_port,
         forced_acceptance_length=args.forced_acceptance_length, unsafe_forced_acceptance=args.unsafe_forced_acceptance,
-        enforce_eager=args.enforce_eager)
+        enforce_eager=args.enforce_eager, warm_up=args.warm_up)
     serve(config, args.host, args.port)
     return 0

@@ -1,0 +1,98 @@
+"""Start-up warm-up: the step shapes a server will meet, run before it reports SERVING, so that no client
+request waits for a kernel to compile. Triton compiles a variant per shape class the first time it sees it
+(paged attention picks its query tile and split count from the step's batch, the norms their rows per program);
+the CUDA graphs compile what decode and verify steps need while they are captured, but steps that mix prefill
+chunks with decodes run eagerly, and on a cold cache their first compile stalled every running request for up to
+1.4 s at batch 64 on an H100.
+
+What runs (every sequence is gone afterwards, the counters start afresh):
+  - short generations: prefills of several lengths (the longest takes the chunked GDN path); greedy and sampled
+    rows (the race kernel), penalties and logprobs;
+  - on a GPU, for each batch bucket B up to max_running: B - 1 sequences verifying k drafts (the warm-up drafter
+    proposes k copies of each last token, so no drafter needs to be up) in steps mixed with one prefill chunk of
+    each of a few sizes.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from tqdm import tqdm
+
+from specdec.drafting import DraftBatch, DraftOutput
+from specdec.models.cuda_graph_runner import buckets_for
+from specdec.sampling_params import SamplingParams
+
+from .acceptance_stats import AcceptanceStats
+from .engine import SpecEngine
+
+log = logging.getLogger(__name__)
+PREFILL_SIZES = (16, 64, 256)   # prefill chunks mixed with the decoders: attention query tiles 16, and the splits
+
+
+class EchoDrafter:
+    """Proposes k copies of each sequence's last token: verify steps of the real shape without a drafter."""
+    kind = "warm-up"
+    needs_hidden = False
+
+    def __init__(self, max_drafts: int):
+        self.max_drafts = max_drafts
+
+    def propose(self, batch: DraftBatch) -> DraftOutput:
+        return DraftOutput(drafts=[[s.token_ids[-1]] * s.num_drafts for s in batch.seqs])
+
+    def release(self, seq_ids: list[int]) -> None:
+        pass
+
+    def clear(self) -> None:
+        pass
+
+
+def warm_up(engine: SpecEngine, mixed: bool | None = None) -> None:
+    """Run the warm-up (see the module docstring); `mixed`: the mixed steps too (default: on a GPU only)."""
+    start, steps = time.perf_counter(), engine.step_count
+    drafter = engine.drafter
+    if engine.config.num_drafts > 0:
+        engine.drafter = EchoDrafter(engine.config.num_drafts)
+    try:
+        _short_generations(engine)
+        if mixed if mixed is not None else engine.runner.device.type == "cuda":
+            sizes = [n for n in PREFILL_SIZES if n <= engine.scheduler.config.prefill_chunk] or [1]
+            for bucket in tqdm(buckets_for(engine.scheduler.config.max_running), desc="warming up", unit="bucket",
+                               leave=False):
+                for size in sizes:
+                    _mixed_step(engine, max(1, bucket - 1), size)
+    finally:
+        engine.drafter = drafter
+    log.info("warm-up: %d steps in %.1f s", engine.step_count - steps, time.perf_counter() - start)
+    engine.stats, engine.step_count, engine.drafter_fallback_steps = AcceptanceStats(), 0, 0
+
+
+def _short_generations(engine: SpecEngine) -> None:
+    vocab, room = engine.runner.config.vocab_size, engine.max_len - 8
+    lengths = sorted({min(n, room) for n in (3, 17, 70)})
+    prompts = [[(7 * i + j) % vocab for j in range(n)] for i, n in enumerate(lengths)]
+    params = [SamplingParams(max_tokens=4, ignore_eos=True),
+              SamplingParams(max_tokens=4, temperature=0.8, top_p=0.9, seed=1, ignore_eos=True),
+              SamplingParams(max_tokens=4, temperature=0.7, min_p=0.05, repetition_penalty=1.1, logprobs=2, seed=2,
+                             ignore_eos=True)]
+    engine.generate(prompts, params[:len(prompts)])
+
+
+def _mixed_step(engine: SpecEngine, decoders: int, prefill: int) -> None:
+    """`decoders` sequences decoding (verifying drafts when k > 0), then one step that adds a prefill chunk of
+    `prefill` tokens beside them; all of them are aborted after."""
+    vocab, config = engine.runner.config.vocab_size, engine.scheduler.config
+    decoders = min(decoders, config.max_running - 1)
+    prefill = max(1, min(prefill, engine.max_len - 8, config.max_batched_tokens - decoders * (engine.num_drafts + 1)))
+    ids = [f"warm-up-{decoders}-{prefill}-{i}" for i in range(decoders + 1)]
+    decoding = SamplingParams(max_tokens=32, ignore_eos=True)  # still drafting k after three steps
+    for i, rid in enumerate(ids[:-1]):
+        engine.add_request(rid, [(11 * i + j) % vocab for j in range(3)], decoding)
+    for _ in range(2):  # the prefill, then a verify step: all of them are decoding
+        engine.step()
+    engine.add_request(ids[-1], [(5 * j + 1) % vocab for j in range(prefill)],
+                       SamplingParams(max_tokens=2, ignore_eos=True))
+    engine.step()
+    for rid in ids:
+        engine.abort(rid)
