@@ -7,7 +7,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/device.txt"
 timeout 200 python3 -m pytest -q -m gpu tests/test_drafter_gpu.py tests/test_graph_runner.py tests/test_gpu.py \
-  tests/test_kernel_rotary.py -p no:cacheprovider > "$out/gpu_tests.log" 2>&1
+  tests/test_kernel_rotary.py tests/test_kernel_norm.py -p no:cacheprovider > "$out/gpu_tests.log" 2>&1
 echo "gpu tests exit $?"; tail -4 "$out/gpu_tests.log"
 timeout 360 python3 -m specdec bench --preset baseline --device cuda --model /tmp/specdec-q35-4b-L32 \
   --make-tiny qwen3.5-4b --layers 32 --paths inproc gateway peer --drafters none mtp@3.39 --concurrency 1 16 64 \
