@@ -12,15 +12,18 @@ def test_warm_up_mixes_prefill_chunks_with_verify_steps_at_every_bucket(tiny_mod
     shapes, forward = set(), engine.runner.forward
 
     def spy(seqs, chunks, num_drafts=None, logits="last"):
-        verifying = sum(1 for k in num_drafts or [] if k == 3)
-        prefill = [len(c) for c, k in zip(chunks, num_drafts or [0] * len(chunks)) if k == 0 and len(c) > 1]
-        shapes.add((verifying, max(prefill, default=0)))
+        drafts = num_drafts or [0] * len(chunks)
+        prefills = [len(c) for c, k in zip(chunks, drafts) if k == 0 and len(c) > 1]
+        shapes.add((sum(1 for k in drafts if k == 3), max(prefills, default=0), len(prefills)))
         return forward(seqs, chunks, num_drafts, logits)
     engine.runner.forward = spy
     warm_up(engine, mixed=True)
     for bucket in buckets_for(8):
+        decoders = min(bucket - 1, 7)
         for size in PREFILL_SIZES[:2]:   # 16 and 64: the sizes within this engine's prefill chunk
-            assert (min(bucket - 1, 7) or 1, size) in shapes, (bucket, size, sorted(shapes, key=str))
+            assert (decoders, size, 1) in shapes, (bucket, size, sorted(shapes))
+        if decoders < 7:  # room for more than one prompt beside the decoders: a burst of them in one step
+            assert any(v == decoders and n > 1 for v, _, n in shapes), (bucket, sorted(shapes))
 
 
 def test_warm_up_leaves_nothing_behind(tiny_model):

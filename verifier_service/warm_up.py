@@ -10,7 +10,8 @@ What runs (every sequence is gone afterwards, the counters start afresh):
     rows (the race kernel), penalties and logprobs;
   - on a GPU, for each batch bucket B up to max_running: B - 1 sequences verifying k drafts (the warm-up drafter
     proposes k copies of each last token, so no drafter needs to be up) in steps mixed with one prefill chunk of
-    each of a few sizes.
+    each of a few sizes, and with four prompts of half a prefill chunk at once (several sequences prefilling in
+    one step, as when a burst of requests arrives).
 """
 from __future__ import annotations
 
@@ -57,11 +58,12 @@ def warm_up(engine: SpecEngine, mixed: bool | None = None) -> None:
     try:
         _short_generations(engine)
         if mixed if mixed is not None else engine.runner.device.type == "cuda":
-            sizes = [n for n in PREFILL_SIZES if n <= engine.scheduler.config.prefill_chunk] or [1]
+            chunk = engine.scheduler.config.prefill_chunk
+            prefills = [(n, 1) for n in PREFILL_SIZES if n <= chunk] + [(max(1, chunk // 2), 4)]
             for bucket in tqdm(buckets_for(engine.scheduler.config.max_running), desc="warming up", unit="bucket",
                                leave=False):
-                for size in sizes:
-                    _mixed_step(engine, max(1, bucket - 1), size)
+                for size, count in prefills:
+                    _mixed_step(engine, bucket - 1, size, count)
     finally:
         engine.drafter = drafter
     log.info("warm-up: %d steps in %.1f s", engine.step_count - steps, time.perf_counter() - start)
@@ -79,20 +81,22 @@ def _short_generations(engine: SpecEngine) -> None:
     engine.generate(prompts, params[:len(prompts)])
 
 
-def _mixed_step(engine: SpecEngine, decoders: int, prefill: int) -> None:
-    """`decoders` sequences decoding (verifying drafts when k > 0), then one step that adds a prefill chunk of
-    `prefill` tokens beside them; all of them are aborted after."""
+def _mixed_step(engine: SpecEngine, decoders: int, prefill: int, count: int) -> None:
+    """`decoders` sequences decoding (verifying drafts when k > 0), then one step that adds `count` prompts of
+    `prefill` tokens beside them (as many chunks as the token budget takes); all of them are aborted after."""
     vocab, config = engine.runner.config.vocab_size, engine.scheduler.config
     decoders = min(decoders, config.max_running - 1)
+    count = max(1, min(count, config.max_running - decoders))
     prefill = max(1, min(prefill, engine.max_len - 8, config.max_batched_tokens - decoders * (engine.num_drafts + 1)))
-    ids = [f"warm-up-{decoders}-{prefill}-{i}" for i in range(decoders + 1)]
+    ids = [f"warm-up-{decoders}-{prefill}-{count}-{i}" for i in range(decoders + count)]
     decoding = SamplingParams(max_tokens=32, ignore_eos=True)  # still drafting k after three steps
-    for i, rid in enumerate(ids[:-1]):
+    for i, rid in enumerate(ids[:decoders]):
         engine.add_request(rid, [(11 * i + j) % vocab for j in range(3)], decoding)
-    for _ in range(2):  # the prefill, then a verify step: all of them are decoding
+    for _ in range(2 if decoders else 0):  # the prefill, then a verify step: all of them are decoding
         engine.step()
-    engine.add_request(ids[-1], [(5 * j + 1) % vocab for j in range(prefill)],
-                       SamplingParams(max_tokens=2, ignore_eos=True))
+    for i, rid in enumerate(ids[decoders:]):
+        engine.add_request(rid, [(5 * j + i + 1) % vocab for j in range(prefill)],
+                           SamplingParams(max_tokens=2, ignore_eos=True))
     engine.step()
     for rid in ids:
         engine.abort(rid)
