@@ -2,7 +2,10 @@
 
 Starts `specdec drafter` as a separate process, connects a RemoteDrafter as the verifier does, and times
 propose() for a batch of B decoding sequences (each sending k+1 hidden rows, asking for k drafts). The drafter
-reports its own compute time, so overhead = round trip - drafter time. Also reports each process's GPU memory.
+reports its own compute time, so overhead = round trip - drafter time. With --kind mtp the same batches then run
+through an MTPDrafter in this process (inproc_propose_ms: what `specdec bench`'s in-process path pays), so
+drafter time - inproc_propose_ms is what the separate process itself adds (its hidden-state read and event wait,
+message handling, the GPU switching between the two processes). Also reports each process's GPU memory.
 
     python bench/drafter_roundtrip.py --model DIR --device cuda --transport cuda_ipc --batch 1 32
 """
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -78,14 +82,44 @@ def run(args) -> dict:
                 "overhead_ms_p90": sorted(over)[int(0.9 * len(over))], "steps": len(rt)}
         if args.device == "cuda":
             mem = gpu_memory_by_pid()
-            import os
             results["gpu_memory_mib"] = {"verifier (this process)": mem.get(os.getpid()),
                                          "drafter process": mem.get(drafter.pid)}
         link.close()
+        drafter.terminate()
+        drafter.wait(30)
+        if args.kind == "mtp":
+            for batch in args.batch:
+                results["batches"][batch]["inproc_propose_ms_median"] = inproc_propose_ms(args, loaded, batch)
         return results
     finally:
         drafter.terminate()
         drafter.wait(30)
+
+
+def inproc_propose_ms(args, loaded, batch: int) -> float:
+    """Median propose() time of an MTPDrafter in this process over the batches the remote run sent."""
+    from drafter_service.mtp.mtp_drafter import MTPDrafter
+    from drafter_service.factory import DrafterConfig
+    from drafter_service.mtp.options import MTPOptions
+    prompt = 64
+    # the sizes `specdec drafter` runs with by default, as the remote one above
+    drafter = MTPDrafter(loaded, args.k, num_blocks=DrafterConfig.num_blocks, block_size=16, device=args.device,
+                         options=MTPOptions())
+    dtype, width = loaded.model.embed_tokens.weight.dtype, loaded.config.hidden_size
+    seqs = [DraftInput(i, 0, list(range(1, prompt + 2)), args.k) for i in range(batch)]
+    drafter.propose(DraftBatch(0, seqs, torch.randn(batch * prompt, width, device=args.device, dtype=dtype)))
+    pos, times = prompt, []
+    for step in range(args.steps):
+        seqs = [DraftInput(i, pos, list(range(5, 5 + args.k + 2)), args.k) for i in range(batch)]
+        hidden = torch.randn(batch * (args.k + 1), width, device=args.device, dtype=dtype)
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        drafter.propose(DraftBatch(step + 1, seqs, hidden))   # ends in its one read of the drafts
+        if step >= args.warmup:
+            times.append((time.perf_counter() - start) * 1e3)
+        pos += args.k + 1
+    return statistics.median(times)
 
 
 def main() -> None:

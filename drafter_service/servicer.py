@@ -16,6 +16,7 @@ from specdec.drafting import DraftBatch, DraftInput
 from specdec.drafting.token_counts import TokenCounter
 from specdec.rpc.v1 import drafter_pb2 as pb
 from specdec.rpc.v1 import drafter_pb2_grpc
+from specdec.step_thread import serial_cpu_ops_in_this_thread
 from specdec.transport.host import host_id
 
 from .factory import DrafterHolder
@@ -45,6 +46,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
 
     def Step(self, request_iterator, context):
         buffers, last_step = StreamBuffers(), 0
+        serial_cpu_ops_in_this_thread(self.holder.config.device)  # this handler thread runs every step
         log.info("verifier connected: step stream open")
         for message in request_iterator:
             if message.HasField("setup"):

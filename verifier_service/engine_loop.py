@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from specdec.sampling_params import SamplingParams
+from specdec.step_thread import serial_cpu_ops_in_this_thread
 
 from .engine import RequestOutput, SpecEngine
 
@@ -121,6 +122,7 @@ class EngineLoop:
 
     # ---- the engine thread ---------------------------------------------------------------
     def _run(self) -> None:
+        serial_cpu_ops_in_this_thread(self.engine.runner.device)
         try:
             while not self._stop:
                 self._apply()
