@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device call: the drafter round trip against the same MTP drafter in-process (bench/drafter_roundtrip.py), the
-# cold start with the widened warm-up (bench/cold_start.py), then the `specdec bench` matrix once more.
+# cold start with the widened warm-up (bench/cold_start.py).
 # Usage on the device machine: bash bench/gpu_round4.sh "$OUT"  (results in $OUT/round4.tar.gz)
 set -u
 out=$1
@@ -15,8 +15,4 @@ timeout 120 python3 -P bench/drafter_roundtrip.py --model $model --kind mtp --tr
 grep -E '"(1|16)"|median' "$res/roundtrip.json"
 timeout 200 python3 -P bench/cold_start.py --model $model --concurrency 64 --out "$res/cold_start.json" \
   > "$res/cold_start.log" 2>&1; echo "cold start exit $?"; grep -E "^(no warm-up|warm-up) " "$res/cold_start.log"
-timeout 250 python3 -m specdec bench --preset baseline --device cuda --model $model --paths inproc gateway peer \
-  --drafters none mtp@3.39 --concurrency 1 16 64 --prompt-tokens 128 --temperatures 0 --max-tokens 64 \
-  --time-budget 240 --out "$res/bench" > "$res/bench.log" 2>&1
-echo "bench exit $?"; grep -A16 "^specdec bench (baseline)" "$res/bench.log" | cut -c1-200
 tar czf "$out/round4.tar.gz" -C /tmp round4
