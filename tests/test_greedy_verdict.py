@@ -68,3 +68,14 @@ def test_verdict_lists_what_each_sequence_emits():
     assert verdict.num_accepted == [1, 1]
     assert verdict.tokens == [[4, 2], [1, 3]]
     assert verdict.logprobs == [None, None]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_verdict_of_a_plain_step_is_each_rows_argmax(seed):
+    """k = 0 for every sequence (plain decoding) takes a one-launch path: the same verdict as the general one."""
+    logits, drafts, nd, rows = case(seed, [0, 0, 0, 0, 0])
+    assert drafts.shape[1] == 0
+    verdict = greedy_verdict(logits, rows, drafts)
+    want_tokens, want_acc = reference(logits, drafts, nd)
+    assert verdict.num_accepted == want_acc.tolist() == [0] * 5
+    assert verdict.tokens == [[t] for t in want_tokens[:, 0].tolist()] and verdict.logprobs == [None] * 5

@@ -81,6 +81,9 @@ def greedy_verdict(logits: torch.Tensor, rows: torch.Tensor, drafts: torch.Tenso
                    forced_accepts: torch.Tensor | None = None) -> Verdict:
     """rejection_sample's verdict when every sequence is greedy without penalties or logprobs: argmax per row
     and the leading run of drafts that match it. rows [B, K+1] from kernels.sampling.row_index."""
+    if drafts.shape[1] == 0:  # plain decoding: one row per sequence, its argmax is the token (one launch)
+        return Verdict(num_accepted=[0] * rows.shape[0], tokens=[[t] for t in logits.argmax(-1).tolist()],
+                       logprobs=[None] * rows.shape[0])
     tokens, num_accepted = greedy_accept(logits.argmax(-1), rows, drafts, forced_accepts)
     return _verdict(torch.cat([tokens, num_accepted[:, None]], dim=1).tolist(), [None] * drafts.shape[0])
 
