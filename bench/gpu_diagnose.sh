@@ -8,9 +8,7 @@
 set -u
 out=$1
 res=/tmp/diagnose; mkdir -p $res
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$res/device.txt"
+source bench/gpu_setup.sh "$res"
 args="--preset baseline --device cuda --model /tmp/specdec-q35-4b-L32 --make-tiny qwen3.5-4b --layers 32
   --prompt-tokens 128 --temperatures 0 --max-tokens 64 --workload-timeout 30"
 bench() {  # $1: name; the rest: environment for the command

@@ -3,9 +3,7 @@
 # matrix (in-process, gateway, peer). Usage on the device machine: bash bench/gpu_round2.sh "$OUT"
 set -u
 out=$1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/device.txt"
+source bench/gpu_setup.sh "$out"
 timeout 200 python3 -m pytest -q -m gpu tests/test_drafter_gpu.py tests/test_graph_runner.py tests/test_gpu.py \
   tests/test_kernel_rotary.py tests/test_kernel_norm.py -p no:cacheprovider > "$out/gpu_tests.log" 2>&1
 echo "gpu tests exit $?"; tail -4 "$out/gpu_tests.log"

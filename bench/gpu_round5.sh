@@ -4,9 +4,7 @@
 # Usage on the device machine: bash bench/gpu_round5.sh "$OUT"
 set -u
 out=$1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$out/device.txt"
+source bench/gpu_setup.sh "$out"
 timeout 150 python3 -m pytest -q -m gpu tests/test_kernel_gdn.py tests/test_gpu.py -k "gdn or fast_path or graphs" \
   -p no:cacheprovider > "$out/gpu_tests.log" 2>&1; echo "gpu tests exit $?"; tail -2 "$out/gpu_tests.log"
 timeout 400 python3 -m specdec bench --preset baseline --device cuda --model /tmp/specdec-q35-4b-L32 \
