@@ -1,12 +1,16 @@
 """Intra-op threads for a thread that runs model steps on the CPU (the verifier's engine thread, the drafter's
 step handler).
 
-PyTorch's CPU ops parallelise with OpenMP (libgomp), whose worker threads stay hot, spinning, only for parallel
-regions started by the process's main thread: started from any other thread they sleep between regions, and every
-op waits for them to wake. Measured on a 2-core CI machine: a 64x256 @ 256x256 matmul + softmax took 55 µs from the
-main thread, 189 µs from another thread with 2 OpenMP threads, 81 µs from another thread with 1; the demo model's
-MTP draft step took 3.3 ms in a main thread and 7.3 ms in the drafter service's handler thread. The OpenMP thread
-count is per calling thread, so setting it here leaves the main thread's alone. CUDA steps do not use it.
+PyTorch's CPU ops parallelise with OpenMP (libgomp). Measured on a 2-core CI machine with 2 OpenMP threads, the
+same ops ran much slower from a thread other than the main one: a 64x256 @ 256x256 matmul + softmax took 55 µs
+from the main thread, 189 µs from another thread, 81 µs from another thread with 1 OpenMP thread; the demo model's
+MTP draft step took 3.3 ms in a main thread and 7.3 ms in the drafter service's handler thread (libgomp's workers
+wait hot for the main thread's parallel regions, not for this thread's: our reading, not traced in its source).
+
+Scope: a thread that already ran a parallel region (the main thread, which loaded the model and warmed up) keeps
+its own count; but libgomp takes this call, from a thread that has not, as the process-wide default, so threads
+that start their first parallel region afterwards (later gRPC handler threads) run with one thread too. CUDA
+steps do not use OpenMP.
 """
 from __future__ import annotations
 

@@ -23,11 +23,12 @@ def _in_thread(fn):
     return seen[0]
 
 
-def test_only_the_calling_thread_on_a_cpu_goes_serial():
-    before = torch.get_num_threads()
+def test_a_cpu_step_thread_goes_serial_and_the_main_thread_keeps_its_count():
+    torch.set_num_threads(2)
+    torch.ones(1 << 20).exp().sum()   # a parallel region in the main thread, as a server runs loading and warming up
+    assert _in_thread(lambda: (serial_cpu_ops_in_this_thread("cuda:0"), torch.get_num_threads())[1]) == 2
     assert _in_thread(lambda: (serial_cpu_ops_in_this_thread("cpu"), torch.get_num_threads())[1]) == 1
-    assert torch.get_num_threads() == before
-    assert _in_thread(lambda: (serial_cpu_ops_in_this_thread("cuda:0"), torch.get_num_threads())[1]) == before
+    assert torch.get_num_threads() == 2
 
 
 def test_the_engine_thread_steps_serially(tiny_model, monkeypatch):
@@ -52,7 +53,8 @@ def test_the_drafter_handler_drafts_serially(tiny_model, tiny_dir, monkeypatch):
     server = start_drafter(DrafterConfig("mtp", 3, str(tiny_dir)), "127.0.0.1", 0)
     m = tiny_model.model
     remote = RemoteDrafter(DrafterLinkConfig(f"127.0.0.1:{server.port}", 3, "auto", 10.0),
-                           tiny_model.config.hidden_size, tiny_model.config.vocab_size, m.embed_tokens.weight.dtype, torch.device("cpu"), 512,
+                           tiny_model.config.hidden_size, tiny_model.config.vocab_size, m.embed_tokens.weight.dtype,
+                           torch.device("cpu"), 512,
                            {"embed_tokens": m.embed_tokens.weight, "lm_head": m.lm_head.weight},
                            tiny_model.config.model_type)
     try:

@@ -1,10 +1,11 @@
 """The verifier's start-up warm-up: it reaches the step shapes a server meets (verify steps at every batch bucket,
 mixed with prefill chunks of several sizes) and leaves the engine as it found it."""
+import pytest
 from engine_factory import make_drafter, make_engine, random_prompts
 
 from specdec.models.cuda_graph_runner import buckets_for
 from specdec.sampling_params import SamplingParams
-from verifier_service.warm_up import PREFILL_SIZES, warm_up
+from verifier_service.warm_up import MIN_CONTEXT, PREFILL_SIZES, warm_up
 
 
 def test_warm_up_mixes_prefill_chunks_with_verify_steps_at_every_bucket(tiny_model):
@@ -14,16 +15,20 @@ def test_warm_up_mixes_prefill_chunks_with_verify_steps_at_every_bucket(tiny_mod
     def spy(seqs, chunks, num_drafts=None, logits="last"):
         drafts = num_drafts or [0] * len(chunks)
         prefills = [len(c) for c, k in zip(chunks, drafts) if k == 0 and len(c) > 1]
-        shapes.add((sum(1 for k in drafts if k == 3), max(prefills, default=0), len(prefills)))
+        verifying = sum(1 for k in drafts if k == 3)
+        plain = sum(1 for c, k in zip(chunks, drafts) if k == 0 and len(c) == 1)
+        shapes.add((verifying, plain, max(prefills, default=0), len(prefills)))
         return forward(seqs, chunks, num_drafts, logits)
     engine.runner.forward = spy
     warm_up(engine, mixed=True)
+    assert engine.drafter is not None and engine.drafter.kind == "ngram"
     for bucket in buckets_for(8):
         decoders = min(bucket - 1, 7)
         for size in PREFILL_SIZES[:2]:   # 16 and 64: the sizes within this engine's prefill chunk
-            assert (decoders, size, 1) in shapes, (bucket, size, sorted(shapes))
+            assert (decoders, 0, size, 1) in shapes, (bucket, size, sorted(shapes))   # decoders verify 3 drafts
+            assert (0, decoders, size, 1) in shapes, (bucket, size, sorted(shapes))   # as while the drafter is away
         if decoders < 7:  # room for more than one prompt beside the decoders: a burst of them in one step
-            assert any(v == decoders and n > 1 for v, _, n in shapes), (bucket, sorted(shapes))
+            assert any(v == decoders and n > 1 for v, _, _, n in shapes), (bucket, sorted(shapes))
 
 
 def test_warm_up_leaves_nothing_behind(tiny_model):
@@ -39,7 +44,24 @@ def test_warm_up_leaves_nothing_behind(tiny_model):
     assert engine.generate(prompts, params) == cold  # no state of the warm-up leaks into real requests
 
 
-def test_plain_decoding_warms_up_without_drafts(tiny_model):
-    engine = make_engine(tiny_model, None, 0, max_running=2)
+@pytest.mark.parametrize("k", [0, 3])
+def test_without_a_drafter_the_warm_up_drafts_nothing(tiny_model, k):
+    """k configured but no drafter (a verifier started without --drafter-address): serving never drafts, so
+    neither does the warm-up."""
+    engine = make_engine(tiny_model, None, k, max_running=2)
+    seen, forward = [], engine.runner.forward
+    engine.runner.forward = lambda seqs, chunks, num_drafts=None, logits="last": (
+        seen.extend(num_drafts or []), forward(seqs, chunks, num_drafts, logits))[1]
     warm_up(engine, mixed=True)
+    assert seen and set(seen) == {0}
     assert engine.drafter is None and not engine.has_work and engine.runner.gdn_slots.num_free == 2
+
+
+def test_a_short_maximum_context_skips_the_warm_up_with_a_warning(tiny_model, caplog):
+    engine = make_engine(tiny_model, make_drafter("ngram", tiny_model, 3), 3, max_running=2)
+    engine.max_len = 20   # a decoder of the mixed steps (3 + 32 tokens) would not fit: refused, not a failed start
+    assert engine.max_len < MIN_CONTEXT
+    calls, forward = [], engine.runner.forward
+    engine.runner.forward = lambda *args, **kwargs: (calls.append(1), forward(*args, **kwargs))[1]
+    warm_up(engine, mixed=True)
+    assert "warm-up skipped" in caplog.text and not calls and not engine.has_work

@@ -9,9 +9,11 @@ accepted while they come up heads (a chosen so that E[1 + J] is the requested me
 
 The quantile u of a sequence's n-th verify step is u = frac(offset(key) + n · φ), φ = (√5 − 1)/2, not a random
 draw: the golden-ratio sequence covers [0, 1) evenly, so every sequence realises the requested mean within a
-few steps (independent draws over the ~20 steps of a 64-token request miss it by ±0.3), and the schedule
-depends only on (key, n): the same requests get the same counts in-process and through the gateway, in a
-warm-up and in the timed run, whatever batches they share.
+few steps (independent draws over the ~20 steps of a 64-token request miss it by ±0.3). Each step's count has
+the law above; consecutive steps of one sequence are not independent. The key is the request's sampling seed,
+so the schedule depends only on (seed, n): requests that carry seeds (the bench's do) get the same counts
+in-process and through the gateway, in a warm-up and in the timed run, whatever batches they share; a request
+without one gets a random seed, and requests sharing a seed share a schedule.
 """
 from __future__ import annotations
 

@@ -9,9 +9,9 @@ What runs (every sequence is gone afterwards, the counters start afresh):
   - short generations: prefills of several lengths (the longest takes the chunked GDN path); greedy and sampled
     rows (the race kernel), penalties and logprobs;
   - on a GPU, for each batch bucket B up to max_running: B - 1 sequences verifying k drafts (the warm-up drafter
-    proposes k copies of each last token, so no drafter needs to be up) in steps mixed with one prefill chunk of
-    each of a few sizes, and with four prompts of half a prefill chunk at once (several sequences prefilling in
-    one step, as when a burst of requests arrives).
+    proposes k copies of each last token, so no drafter needs to be up), then decoding without drafts (as while a
+    drafter is away), in steps mixed with one prefill chunk of each of a few sizes, and with four prompts of half
+    a prefill chunk at once (several sequences prefilling in one step, as when a burst of requests arrives).
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from .engine import SpecEngine
 
 log = logging.getLogger(__name__)
 PREFILL_SIZES = (16, 64, 256)   # prefill chunks mixed with the decoders: attention query tiles 16, and the splits
+MIN_CONTEXT = 40                # the mixed steps' decoders take 3 prompt tokens and up to 32 new ones
 
 
 class EchoDrafter:
@@ -53,21 +54,33 @@ def warm_up(engine: SpecEngine, mixed: bool | None = None) -> None:
     """Run the warm-up (see the module docstring); `mixed`: the mixed steps too (default: on a GPU only)."""
     start, steps = time.perf_counter(), engine.step_count
     drafter = engine.drafter
-    if engine.config.num_drafts > 0:
-        engine.drafter = EchoDrafter(engine.config.num_drafts)
+    k = engine.config.num_drafts if drafter is not None else 0
     try:
-        _short_generations(engine)
-        if mixed if mixed is not None else engine.runner.device.type == "cuda":
-            chunk = engine.scheduler.config.prefill_chunk
-            prefills = [(n, 1) for n in PREFILL_SIZES if n <= chunk] + [(max(1, chunk // 2), 4)]
-            for bucket in tqdm(buckets_for(engine.scheduler.config.max_running), desc="warming up", unit="bucket",
-                               leave=False):
-                for size, count in prefills:
-                    _mixed_step(engine, bucket - 1, size, count)
+        engine.drafter = EchoDrafter(k) if k else None
+        if engine.max_len < MIN_CONTEXT:
+            log.warning("warm-up skipped: a maximum context of %d tokens leaves no room for it (%d needed); the "
+                        "first requests may wait for kernels to compile", engine.max_len, MIN_CONTEXT)
+        else:
+            _short_generations(engine)
+            if mixed if mixed is not None else engine.runner.device.type == "cuda":
+                _mixed_steps(engine, k)
     finally:
         engine.drafter = drafter
-    log.info("warm-up: %d steps in %.1f s", engine.step_count - steps, time.perf_counter() - start)
-    engine.stats, engine.step_count, engine.drafter_fallback_steps = AcceptanceStats(), 0, 0
+        log.info("warm-up: %d steps in %.1f s", engine.step_count - steps, time.perf_counter() - start)
+        engine.stats, engine.step_count, engine.drafter_fallback_steps = AcceptanceStats(), 0, 0
+        engine.scheduler.num_preemptions = 0
+
+
+def _mixed_steps(engine: SpecEngine, k: int) -> None:
+    """Each batch bucket's mixed steps, with k drafts per decoder and without (the steps while a drafter is away)."""
+    chunk = engine.scheduler.config.prefill_chunk
+    prefills = [(n, 1) for n in PREFILL_SIZES if n <= chunk] + [(max(1, chunk // 2), 4)]
+    for bucket in tqdm(buckets_for(engine.scheduler.config.max_running), desc="warming up", unit="bucket",
+                       leave=False):
+        for drafter in ([EchoDrafter(k)] if k else []) + [None]:
+            engine.drafter = drafter
+            for size, count in prefills:
+                _mixed_step(engine, bucket - 1, size, count)
 
 
 def _short_generations(engine: SpecEngine) -> None:
