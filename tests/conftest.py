@@ -34,6 +34,15 @@ def _deterministic_threads():
 
 
 @pytest.fixture
+def cuda() -> str:
+    """The device of a `-m gpu` test: where there is none the test fails, never skips, so a GPU run cannot pass
+    on a machine without one."""
+    if not torch.cuda.is_available():
+        pytest.fail("GPU test: run on the GPU machine")
+    return "cuda"
+
+
+@pytest.fixture
 def nan_outputs(monkeypatch):
     """Every torch.empty made during the test is NaN-filled (floating dtypes): a kernel test sees an output
     element its kernel never wrote."""

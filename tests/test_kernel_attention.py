@@ -153,17 +153,13 @@ GPU_CASES = {
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(GPU_CASES), ids=list(GPU_CASES))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
-def test_gpu_4b_shape(name, dtype):
-    if not torch.cuda.is_available():
-        pytest.fail("GPU test: run on the GPU machine")
+def test_gpu_4b_shape(name, dtype, cuda):
     case, real = make_case(GPU_CASES[name], 16, 4, 256, 16, dtype=dtype, device="cuda", pad_tokens=5, seed=1)
     check_attention(case, real, paged_attention, atol=2e-2 if dtype == torch.bfloat16 else 1e-4)
 
 
 @pytest.mark.gpu
-def test_gpu_write_kv_4b_shape():
-    if not torch.cuda.is_available():
-        pytest.fail("GPU test: run on the GPU machine")
+def test_gpu_write_kv_4b_shape(cuda):
     k, v = (torch.randn(300, 4, 256, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     slots = torch.randperm(64 * 16, device="cuda")[:300]
     caches = [torch.zeros(64, 16, 4, 256, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
@@ -173,11 +169,9 @@ def test_gpu_write_kv_4b_shape():
 
 
 @pytest.mark.gpu
-def test_gpu_verify_replays_in_a_cuda_graph_with_new_lengths():
+def test_gpu_verify_replays_in_a_cuda_graph_with_new_lengths(cuda):
     """One graph for a (batch 8, k+1 = 4) bucket: replayed with other contexts, shorter drafts and padding
     sequences written into the same buffers, it equals the reference; no host sync inside."""
-    if not torch.cuda.is_available():
-        pytest.fail("GPU test: run on the GPU machine")
     first, _ = make_case([(400 + 50 * i, 4) for i in range(8)], 16, 4, 256, 16, dtype=torch.bfloat16,
                          device="cuda", seed=2)
     static = {k: v.clone() if torch.is_tensor(v) else v for k, v in first.items()}

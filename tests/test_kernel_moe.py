@@ -169,11 +169,9 @@ def test_gpu_moe_replays_in_a_cuda_graph():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe", "qwen3_next"])
-def test_gpu_fast_path_greedy_equals_cpu_torch_path(tmp_path, family):
+def test_gpu_fast_path_greedy_equals_cpu_torch_path(tmp_path, family, cuda):
     """Tiny models in fp32 on the GPU (paged attention, fused norms, grouped MoE kernels) decode the same greedy
     tokens as the CPU torch path, with chunked prefill."""
-    if not torch.cuda.is_available():
-        pytest.fail("GPU test: run on the GPU machine")
     from hf_reference import make_hf_model
 
     from specdec.models.loader import load_model

@@ -109,10 +109,8 @@ def test_public_entry_points_dispatch_to_reference_on_cpu():
 # ---- GPU, Qwen3.5-4B shapes: hidden 2560, q/k heads × 256, GDN 32 v-heads × 128, bf16 --------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_tokens", [1, 4, 64, 2048])
-def test_gpu_4b_shapes(num_tokens):
-    if not torch.cuda.is_available():
-        pytest.fail("GPU test: run on the GPU machine")
-    bf16, dev = torch.bfloat16, "cuda"
+def test_gpu_4b_shapes(num_tokens, cuda):
+    bf16, dev = torch.bfloat16, cuda
     x, r = randn(num_tokens, 2560, dtype=bf16, seed=1, device=dev), randn(num_tokens, 2560, dtype=bf16, seed=2,
                                                                             device=dev)
     w = 0.3 * randn(2560, dtype=bf16, seed=3, device=dev)

@@ -118,10 +118,8 @@ def test_public_entry_points_dispatch_to_reference_on_cpu():
 # ---- GPU, Qwen3.5-4B shapes: 16 q heads / 4 kv heads × 256 (rotary 64), intermediate 9216, bf16 --------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_tokens", [1, 4, 64, 2048])
-def test_gpu_4b_shapes(num_tokens):
-    if not torch.cuda.is_available():
-        pytest.fail("GPU test: run on the GPU machine")
-    bf16, dev = torch.bfloat16, "cuda"
+def test_gpu_4b_shapes(num_tokens, cuda):
+    bf16, dev = torch.bfloat16, cuda
     query_gate = randn(num_tokens, 16, 512, dtype=bf16, seed=1, device=dev)
     q = query_gate[..., :256]
     w = 0.3 * randn(256, dtype=bf16, seed=2, device=dev)
