@@ -52,25 +52,12 @@ def run(args) -> dict:
             time.sleep(0.1)
         results = {"transport": link.transport_name, "kind": link.kind, "k": args.k, "device": args.device,
                    "hidden_size": cfg.hidden_size, "vocab": cfg.vocab_size, "batches": {}}
-        step_seq = 0
+        dtype = model.embed_tokens.weight.dtype
         for batch in args.batch:
-            prompt = 64
-            # Prefill: every sequence sends 64 positions once (start_pos 0).
-            seqs = [DraftInput(1000 * batch + i, 0, list(range(1, prompt + 2)), args.k) for i in range(batch)]
-            hidden = torch.randn(batch * prompt, cfg.hidden_size, device=args.device, dtype=model.embed_tokens.weight.dtype)
-            link.propose(DraftBatch(step_seq, seqs, hidden))
-            pos = prompt
             rt, dm = [], []
-            for step in range(args.steps):
-                # A decode step that accepted everything: k+1 new positions per sequence.
-                seqs = [DraftInput(1000 * batch + i, pos, list(range(5, 5 + args.k + 2)), args.k) for i in range(batch)]
-                hidden = torch.randn(batch * (args.k + 1), cfg.hidden_size, device=args.device,
-                                     dtype=model.embed_tokens.weight.dtype)
-                if args.device == "cuda":
-                    torch.cuda.synchronize()
-                out = link.propose(DraftBatch(step_seq, seqs, hidden))
-                assert all(len(d) == args.k for d in out.drafts), "drafter failed"
-                pos += args.k + 1
+            for step, draft_batch in draft_batches(args, batch, 1000 * batch, cfg.hidden_size, dtype):
+                out = link.propose(draft_batch)
+                assert all(len(d) == args.k for d in out.drafts) or step < 0, "drafter failed"
                 if step >= args.warmup:
                     rt.append(link.last_round_trip_ms)
                     dm.append(link.last_drafter_ms)
@@ -96,29 +83,37 @@ def run(args) -> dict:
         drafter.wait(30)
 
 
+def draft_batches(args, batch: int, first_id: int, width: int, dtype: torch.dtype):
+    """(step, DraftBatch): a 64-token prefill of `batch` sequences (step -1), then args.steps decode steps that
+    accepted everything (k + 1 new positions each), random hidden rows; the device is idle at each yield."""
+    prompt, ids = 64, range(first_id, first_id + batch)
+    seqs = [DraftInput(i, 0, list(range(1, prompt + 2)), args.k) for i in ids]
+    yield -1, DraftBatch(0, seqs, torch.randn(batch * prompt, width, device=args.device, dtype=dtype))
+    pos = prompt
+    for step in range(args.steps):
+        seqs = [DraftInput(i, pos, list(range(5, 5 + args.k + 2)), args.k) for i in ids]
+        hidden = torch.randn(batch * (args.k + 1), width, device=args.device, dtype=dtype)
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        yield step, DraftBatch(step + 1, seqs, hidden)
+        pos += args.k + 1
+
+
 def inproc_propose_ms(args, loaded, batch: int) -> float:
     """Median propose() time of an MTPDrafter in this process over the batches the remote run sent."""
     from drafter_service.mtp.mtp_drafter import MTPDrafter
     from drafter_service.factory import DrafterConfig
     from drafter_service.mtp.options import MTPOptions
-    prompt = 64
     # the sizes `specdec drafter` runs with by default, as the remote one above
     drafter = MTPDrafter(loaded, args.k, num_blocks=DrafterConfig.num_blocks, block_size=16, device=args.device,
                          options=MTPOptions())
-    dtype, width = loaded.model.embed_tokens.weight.dtype, loaded.config.hidden_size
-    seqs = [DraftInput(i, 0, list(range(1, prompt + 2)), args.k) for i in range(batch)]
-    drafter.propose(DraftBatch(0, seqs, torch.randn(batch * prompt, width, device=args.device, dtype=dtype)))
-    pos, times = prompt, []
-    for step in range(args.steps):
-        seqs = [DraftInput(i, pos, list(range(5, 5 + args.k + 2)), args.k) for i in range(batch)]
-        hidden = torch.randn(batch * (args.k + 1), width, device=args.device, dtype=dtype)
-        if args.device == "cuda":
-            torch.cuda.synchronize()
+    times = []
+    for step, draft_batch in draft_batches(args, batch, 0, loaded.config.hidden_size,
+                                           loaded.model.embed_tokens.weight.dtype):
         start = time.perf_counter()
-        drafter.propose(DraftBatch(step + 1, seqs, hidden))   # ends in its one read of the drafts
+        drafter.propose(draft_batch)   # ends in its one read of the drafts
         if step >= args.warmup:
             times.append((time.perf_counter() - start) * 1e3)
-        pos += args.k + 1
     return statistics.median(times)
 
 
