@@ -14,6 +14,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import grpc
 import torch
@@ -195,34 +196,46 @@ class RemoteDrafter:
 
     # ---- Drafter protocol ------------------------------------------------------------------
     def propose(self, batch: DraftBatch) -> DraftOutput:
+        return self.propose_later(batch)()
+
+    def propose_later(self, batch: DraftBatch) -> Callable[[], DraftOutput]:
+        """Send this step's message now; the returned call waits for the drafter's answer (AnswersLater)."""
         requests, responses = self._requests, self._responses
         if requests is None:
-            return DraftOutput.failed(len(batch.seqs), "the drafter is not connected")
+            out = DraftOutput.failed(len(batch.seqs), "the drafter is not connected")
+            return lambda: out
         sent, missing, hidden = self._known_part(batch)
         if not sent:
-            return DraftOutput(drafts=[[] for _ in batch.seqs], missing=missing)
+            out = DraftOutput(drafts=[[] for _ in batch.seqs], missing=missing)
+            return lambda: out
         self._step += 1
+        step = self._step
         release, self._pending_release = self._pending_release, []
-        message = pb.StepInput(step=self._step, release_seq_ids=release, seqs=[
+        message = pb.StepInput(step=step, release_seq_ids=release, seqs=[
             pb.SeqInput(seq_id=s.seq_id, start_pos=s.start_pos, token_ids=s.token_ids, num_drafts=s.num_drafts)
             for s in (batch.seqs[i] for i in sent)])
         if hidden is not None and self._sender is not None:
             message.hidden.CopyFrom(_message(pb.TensorRef, self._sender.send(hidden)))
         start = time.perf_counter()
         requests.put(pb.DraftStepRequest(step=message))
+        return lambda: self._answer(requests, responses, step, start, len(batch.seqs), sent, missing)
+
+    def _answer(self, requests, responses, step: int, start: float, num_seqs: int, sent: list[int],
+                missing: list[int]) -> DraftOutput:
+        """The drafter's answer to step `step` (a failure if it is late, wrong or the stream ended)."""
         try:
-            response = responses.get(timeout=self.config.step_timeout_s)
+            response = responses.get(timeout=max(0.0, start + self.config.step_timeout_s - time.perf_counter()))
         except queue.Empty:
             response = None
-            log.warning("drafter step %d timed out after %.1fs", self._step, self.config.step_timeout_s)
-        if response is None or response.step != self._step or len(response.drafts) != len(sent):
+            log.warning("drafter step %d timed out after %.1fs", step, self.config.step_timeout_s)
+        if response is None or response.step != step or len(response.drafts) != len(sent):
             self._disconnect(requests)
-            return DraftOutput.failed(len(batch.seqs), f"drafter step {self._step} got no valid answer")
+            return DraftOutput.failed(num_seqs, f"drafter step {step} got no valid answer")
         if not self._answered:
             self._answered, self._last_problem = True, ""  # a working connection: report the next problem anew
-        self.last_round_trip_ms = (time.perf_counter() - start) * 1e3
+        self.last_round_trip_ms = (time.perf_counter() - start) * 1e3  # sent → read, with what ran meanwhile
         self.last_drafter_ms = response.drafter_ms
-        drafts: list[list[int]] = [[] for _ in batch.seqs]
+        drafts: list[list[int]] = [[] for _ in range(num_seqs)]
         for i, d in zip(sent, response.drafts):
             drafts[i] = list(d.token_ids)
         lost = [i for i in response.missing_seq_ids if i in self._known]

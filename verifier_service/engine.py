@@ -1,6 +1,9 @@
 """The speculative decoding engine: one step = schedule → target forward over [last, drafts] (ragged) →
 rejection sampling → commit (KV by position, GDN state slot by accepted count) → stop checks → drafter
-ingests what was committed and proposes the next drafts (DESIGN §3)."""
+ingests what was committed and proposes the next drafts (DESIGN §3).
+
+A drafter that answers later (the remote link) is asked at the end of step n and its answer read at the start
+of step n + 1: the step's tokens go out to the clients while the drafter drafts."""
 from __future__ import annotations
 
 import itertools
@@ -8,12 +11,13 @@ import time
 import logging
 import random
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
 
 from kernels.sampling import row_index
-from specdec.drafting import DraftBatch, DraftInput, DraftOutput, Drafter, proposal_problem
+from specdec.drafting import AnswersLater, DraftBatch, DraftInput, DraftOutput, Drafter, proposal_problem
 from specdec.models.batch_staging import concat_ranges
 from specdec.models.pinned_upload import PinnedUpload
 from specdec.sampling_params import SamplingParams
@@ -49,6 +53,14 @@ class RequestOutput:
     queue_seconds: float = 0.0              # the request's wait before its first admission
 
 
+@dataclass
+class PendingDrafts:
+    """Drafts asked for at the end of one step, read at the start of the next."""
+    answer: Callable[[], DraftOutput]
+    batch: DraftBatch
+    seqs: list[Sequence]          # batch.seqs's sequences, in order
+
+
 class SpecEngine:
     def __init__(self, runner: ModelRunner, drafter: Drafter | None, config: EngineConfig):
         self.runner, self.drafter, self.config = runner, drafter, config
@@ -59,6 +71,8 @@ class SpecEngine:
         self.drafter_fallback_steps = 0
         self._last_drafter_failure = ""
         self._context_lost: set[int] = set()  # seq ids whose context the drafter reported missing
+        self._pending: PendingDrafts | None = None   # drafts asked for and not yet read
+        self._drafter_seconds, self._drafter_compute = 0.0, None  # this step's, for last_step_seconds
         self._ids = itertools.count()
         self._seeds = random.Random()
         self.by_request: dict[str, Sequence] = {}
@@ -105,6 +119,7 @@ class SpecEngine:
 
     # ---- one step ----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        self._collect_drafts()
         plan = self.scheduler.schedule()
         if self.drafter is not None and self.scheduler.preempted:
             self.drafter.release([s.seq_id for s in self.scheduler.preempted])
@@ -131,11 +146,14 @@ class SpecEngine:
             committed.append((p, old_cached))
             if id(p) in tokens_of:
                 outputs.append(self._commit_tokens(p, tokens_of[id(p)], j, logprobs_of[id(p)]))
-        drafter_compute = self._draft(committed, hidden)
+        self._draft(committed, hidden)
         # Host time per phase; on a GPU the target's kernels finish inside "verify" (its one sync per step).
-        self.last_step_seconds = {"target": t1 - t0, "verify": t2 - t1, "drafter": time.perf_counter() - t2}
-        if drafter_compute is not None:  # inside "drafter": what the drafter itself spent (a remote one reports it)
-            self.last_step_seconds["drafter_compute"] = drafter_compute
+        # "drafter": the host time spent asking for drafts and reading them (for a drafter that answers later,
+        # the wait at the start of this step for the last one's answer); what ran in between is not in it.
+        self.last_step_seconds = {"target": t1 - t0, "verify": t2 - t1, "drafter": self._drafter_seconds}
+        if self._drafter_compute is not None:  # what the drafter itself spent (a remote one reports it)
+            self.last_step_seconds["drafter_compute"] = self._drafter_compute
+        self._drafter_seconds, self._drafter_compute = 0.0, None
         return outputs
 
     def _verify(self, sampled: list[ScheduledSeq], logits: torch.Tensor):
@@ -190,9 +208,9 @@ class SpecEngine:
         if self.drafter is not None:
             self.drafter.release([seq.seq_id])
 
-    def _draft(self, committed: list[tuple[ScheduledSeq, int]], hidden: torch.Tensor) -> float | None:
-        """Send the drafter what each live sequence committed this step; keep its proposals for the next.
-        Returns the drafter's own compute time when it reports one.
+    def _draft(self, committed: list[tuple[ScheduledSeq, int]], hidden: torch.Tensor) -> None:
+        """Send the drafter what each live sequence committed this step; its proposals are for the next (read
+        now from an in-process drafter, at the start of the next step from one that answers later).
 
         A drafter that lacks a sequence's earlier context (it reconnected, or is a new process after a swap)
         says so in DraftOutput.missing; the next step re-sends that context: all its tokens to a token-only
@@ -218,30 +236,58 @@ class SpecEngine:
             first_row += len(p.chunk)
         self._recompute_for_drafter(rebuild)
         if drafter is None or k == 0 or not live:
-            return None
+            return
         rows = None
         if drafter.needs_hidden:
             rows = hidden[self._upload_rows(concat_ranges(row_starts, row_counts))]
-        out = self._propose(DraftBatch(self.step_count, inputs, rows))
+        start = time.perf_counter()
+        batch = DraftBatch(self.step_count, inputs, rows)
+        self._pending = PendingDrafts(self._ask(batch), batch, live)
+        self._drafter_seconds += time.perf_counter() - start
+        if not isinstance(drafter, AnswersLater):
+            self._collect_drafts()
+
+    def _ask(self, batch: DraftBatch) -> Callable[[], DraftOutput]:
+        """The drafter's answer to `batch`, to read once: computed now by an in-process drafter, read later
+        from one that answers later."""
+        try:
+            if isinstance(self.drafter, AnswersLater):
+                return self.drafter.propose_later(batch)
+            out = self.drafter.propose(batch)
+        except Exception as e:  # a drafter's bug must not take the verifier down
+            out = self._raised(e, batch)
+        return lambda: out
+
+    def _raised(self, error: Exception, batch: DraftBatch) -> DraftOutput:
+        log.exception("drafter %s raised; this step decodes without drafts", self.drafter.kind, exc_info=error)
+        return DraftOutput.failed(len(batch.seqs), f"{type(error).__name__}: {error}")
+
+    def _collect_drafts(self) -> None:
+        """Read the pending answer (if any) into its sequences' drafts."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        start = time.perf_counter()
+        try:
+            out = pending.answer()
+        except Exception as e:
+            out = self._raised(e, pending.batch)
+        out = self._checked(out, pending.batch)
+        self._drafter_seconds += time.perf_counter() - start
+        self._drafter_compute = out.compute_seconds
         self._context_lost.update(out.missing)
         if self._context_lost:
             self._context_lost &= {s.seq_id for s in self.scheduler.running}
         start = 0
-        for seq, drafts in zip(live, out.drafts):
+        for seq, drafts in zip(pending.seqs, out.drafts):  # a sequence that ended meanwhile leaves them unused
             seq.drafts = list(drafts)
             if out.probs is not None:
                 seq.draft_probs = out.probs[start:start + len(seq.drafts)]
             start += len(drafts)
-        return out.compute_seconds
 
-    def _propose(self, batch: DraftBatch) -> DraftOutput:
-        """The drafter's answer, checked: a failed, broken or malformed answer is a drafter failure for this
-        step (no drafts for anyone: k = 0), logged, never an error for a request."""
-        try:
-            out = self.drafter.propose(batch)
-        except Exception as e:  # a drafter's bug must not take the verifier down
-            log.exception("drafter %s raised; this step decodes without drafts", self.drafter.kind)
-            out = DraftOutput.failed(len(batch.seqs), f"{type(e).__name__}: {e}")
+    def _checked(self, out: DraftOutput, batch: DraftBatch) -> DraftOutput:
+        """A failed, broken or malformed answer is a drafter failure for this step (no drafts for anyone:
+        k = 0), logged, never an error for a request."""
         problem = out.failure or proposal_problem(out, batch.seqs, self.runner.config.vocab_size)
         if problem:
             self._drafter_failed(problem)

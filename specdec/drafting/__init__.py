@@ -1,9 +1,9 @@
 """The drafter interface both services share (and plugins implement): see interface.py for the contract."""
 from .handshake import refusal_reason, vocabulary_fingerprint
-from .interface import DraftBatch, DraftInput, DraftOutput, Drafter, DrafterInfo, DrafterOptions, ModelFacts
+from .interface import AnswersLater, DraftBatch, DraftInput, DraftOutput, Drafter, DrafterInfo, DrafterOptions, ModelFacts
 from .plugins import ENTRY_POINT_GROUP, load_plugin, plugin_entry_points
 from .proposals import proposal_problem
 
-__all__ = ["DraftBatch", "DraftInput", "DraftOutput", "Drafter", "DrafterInfo", "DrafterOptions", "ModelFacts",
+__all__ = ["AnswersLater", "DraftBatch", "DraftInput", "DraftOutput", "Drafter", "DrafterInfo", "DrafterOptions", "ModelFacts",
            "ENTRY_POINT_GROUP", "load_plugin", "plugin_entry_points", "proposal_problem", "refusal_reason",
            "vocabulary_fingerprint"]

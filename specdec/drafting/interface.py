@@ -5,7 +5,9 @@ drafter, built-in or plugin); neither service imports the other.
 
 What a drafter may assume
 -------------------------
-- One `propose` call per engine step, for the whole batch, never concurrently with another call.
+- One `propose` call per engine step, for the whole batch, never concurrently with another call. A drafter
+  that can answer later (`AnswersLater`: the remote drafter link) is asked at the end of a step and its
+  answer is read at the start of the next, so the verifier streams that step's tokens in the meantime.
 - Per sequence (`DraftInput`) the verifier sends the tokens committed since the previous call:
       token_ids = committed tokens at positions start_pos .. start_pos + n   (n + 1 tokens)
   Consecutive calls for one sequence overlap by one token: the last token of a call (the newest committed
@@ -32,7 +34,7 @@ What a drafter must guarantee
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol
+from typing import Callable, Mapping, Protocol, runtime_checkable
 
 import torch
 
@@ -100,6 +102,15 @@ class Drafter(Protocol):
     def release(self, seq_ids: list[int]) -> None: ...
 
     def clear(self) -> None: ...
+
+
+@runtime_checkable
+class AnswersLater(Protocol):
+    """A drafter whose answer can be read later than it is asked for (the remote drafter link: the request is
+    sent at once, the reply read when the caller needs it). `propose(batch)` equals `propose_later(batch)()`;
+    the caller reads each answer once, in order, before asking again."""
+
+    def propose_later(self, batch: DraftBatch) -> Callable[[], DraftOutput]: ...
 
 
 @dataclass(frozen=True)
