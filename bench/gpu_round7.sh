@@ -2,7 +2,10 @@
 # Same-call comparison, A then B: the engine that waits for the remote drafter inside the step (A: the files in
 # .before/, i.e. verifier_service/engine.py and drafter_client.py of the commit before) against the one that reads
 # the answer at the start of the next step (B: this tree). A: the gateway rows, none and mtp@3.39, batch 1 and
-# 16; B: the same and the in-process rows (the bench skips a row it may not finish within the pass's budget). Usage on the device machine: bash bench/gpu_round7.sh "$OUT" (carry .whl and .before)
+# 16; B: the same and the in-process rows (the bench skips a row it may not finish within the pass's budget).
+# Before the call: mkdir .before; for f in engine drafter_client; do git show 3b42a2a^:verifier_service/$f.py \
+#   > .before/$f.py; done   (.before/ is ignored by git: list it in .git/info/exclude)
+# Usage on the device machine: bash bench/gpu_round7.sh "$OUT" (carry .whl and .before)
 set -u
 out=$1
 here=$PWD
