@@ -9,6 +9,7 @@ from specdec.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.timeout(120)
 K = 3
+STEP_TIMEOUT_S = 2.0    # the remote link's deadline in these tests
 GREEDY = SamplingParams(max_tokens=14, ignore_eos=True)
 
 
@@ -88,6 +89,17 @@ def test_greedy_output_equals_plain_decoding(tiny_model, prompts, plain, faults)
     assert engine.fallback_steps == len(faults.get("fail_at", faults.get("raise_at", ())))
 
 
+def test_each_answer_reaches_the_sequences_it_was_asked_about(tiny_model, prompts, plain):
+    """The same drafter answering at once and answering later: the same drafts verified, so the same counts
+    (drafts read into the wrong sequences would be rejected far more often)."""
+    references = [p + o for p, o in zip(prompts, plain)]
+    at_once = make_engine(tiny_model, make_drafter("synthetic", tiny_model, K, references), k=K)
+    later = make_engine(tiny_model, _later(tiny_model, prompts, plain), k=K)
+    assert at_once.generate(prompts, GREEDY) == later.generate(prompts, GREEDY) == plain
+    counts = [(e.stats.verify_steps, e.stats.drafted, e.stats.accepted) for e in (at_once, later)]
+    assert counts[0] == counts[1] and counts[0][2] > counts[0][1] / 3
+
+
 def test_abort_and_new_requests_while_an_answer_is_unread(tiny_model, prompts, plain):
     drafter = _later(tiny_model, prompts, plain)
     engine = make_engine(tiny_model, drafter, k=K)
@@ -119,7 +131,7 @@ def gated_link(tiny_model, monkeypatch):
     monkeypatch.setattr(NgramDrafter, "propose",
                         lambda self, batch: (entered.set(), gate.wait(30), propose(self, batch))[2])
     server = start_drafter(DrafterConfig("ngram", K), "127.0.0.1", 0)
-    remote = RemoteDrafter(DrafterLinkConfig(f"127.0.0.1:{server.port}", K, "auto", 10.0),
+    remote = RemoteDrafter(DrafterLinkConfig(f"127.0.0.1:{server.port}", K, "auto", STEP_TIMEOUT_S),
                            tiny_model.config.hidden_size, tiny_model.config.vocab_size, torch.float32,
                            torch.device("cpu"), 64, {}, tiny_model.config.model_type)
     deadline = time.monotonic() + 30
@@ -153,3 +165,17 @@ def test_a_drafter_lost_before_its_answer_is_read_is_a_failed_step(gated_link):
     server.server.stop(0)                           # the stream ends with the answer unsent
     out = answer()
     assert out.failure and out.drafts == [[]]
+
+
+def test_an_answer_read_after_the_deadline_counts_if_it_came_in_time(gated_link):
+    """The engine may read an answer long after it asked (it idled in between): one that arrived in time is
+    used, and the link stays up."""
+    import time
+    remote, _, gate, entered = gated_link
+    gate.set()
+    answer = remote.propose_later(_repeating_batch(1))
+    assert entered.wait(30)
+    time.sleep(STEP_TIMEOUT_S + 0.5)
+    out = answer()
+    assert not out.failure and out.drafts == [[6, 4, 5]] and remote.connected
+    assert remote.propose(_repeating_batch(2)).drafts == [[6, 4, 5]]

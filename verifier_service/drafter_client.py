@@ -231,7 +231,7 @@ class RemoteDrafter:
         if response is None or response.step != step or len(response.drafts) != len(sent):
             self._disconnect(requests)
             return DraftOutput.failed(num_seqs, f"drafter step {step} got no valid answer")
-        if not self._answered:
+        if not self._answered and requests is self._requests:  # (an answer of an older connection is not)
             self._answered, self._last_problem = True, ""  # a working connection: report the next problem anew
         self.last_round_trip_ms = (time.perf_counter() - start) * 1e3  # sent → read, with what ran meanwhile
         self.last_drafter_ms = response.drafter_ms

@@ -259,7 +259,8 @@ class SpecEngine:
         return lambda: out
 
     def _raised(self, error: Exception, batch: DraftBatch) -> DraftOutput:
-        log.exception("drafter %s raised; this step decodes without drafts", self.drafter.kind, exc_info=error)
+        kind = getattr(self.drafter, "kind", "(detached)")  # an answer read after the drafter was detached
+        log.exception("drafter %s raised; this step decodes without drafts", kind, exc_info=error)
         return DraftOutput.failed(len(batch.seqs), f"{type(error).__name__}: {error}")
 
     def _collect_drafts(self) -> None:

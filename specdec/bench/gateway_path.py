@@ -4,8 +4,10 @@ N concurrent gRPC streams through the public Gateway API, one request each.
 The step split comes from the verifier's Prometheus endpoint (`--metrics-port`): the mean per engine step of
 each phase of `specdec_step_seconds` (the engine's host time per phase), scraped before and after the
 workload: target (host time: on a GPU the forward's kernels finish inside the next phase), verify (sampling),
-drafter (round trip), and drafter_compute once the engine reports it (today it does not: null).
-host = workload wall time / engine steps - target - verify - drafter (scheduling, gRPC, queues, idle).
+drafter (the engine's host time sending the step message and waiting for the answer at the start of the next
+step) and drafter_compute (the drafter service's own time per step, as it reports it: it overlaps the engine's
+work between the send and the wait, so it may exceed drafter). host = workload wall time / engine steps -
+target - verify - drafter (commit, stop checks, scheduling, output streams, idle).
 """
 from __future__ import annotations
 
@@ -150,7 +152,7 @@ class GatewayBench:
                "drafter_compute": ms.get("drafter_compute") if has_drafter else None}
         if wall_per_step:
             out["total"] = round(wall_per_step * 1e3, 4)
-            phases = sum(ms.get(p, 0.0) for p in ("target", "verify", "drafter"))  # drafter_compute is inside drafter
+            phases = sum(ms.get(p, 0.0) for p in ("target", "verify", "drafter"))  # not drafter_compute
             out["host"] = round(max(0.0, out["total"] - phases), 4)
         return out
 

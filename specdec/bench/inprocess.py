@@ -6,9 +6,10 @@ Step split (DESIGN §5 words), mean over decode steps (those after every request
                         its host time
     sampling            the engine's "verify" phase (rejection sampling; its one host sync waits for the
                         target's remaining GPU work, which is counted in target_forward instead)
-    drafter_round_trip  the engine's "drafter" phase (in-process: the drafter call and its bookkeeping)
+    drafter_round_trip  the engine's "drafter" phase (in-process: the drafter call and reading its answer)
     drafter_compute     drafter.propose: GPU time between CUDA events (host time on a CPU)
-    host                step wall time - the engine's three phases (scheduling, commit, stop checks)
+    host                step wall time - the engine's three phases (scheduling, commit, stop checks,
+                        the drafter's inputs and hidden rows)
 so target_forward + sampling + drafter_round_trip + host = the step's wall time.
 """
 from __future__ import annotations
