@@ -242,21 +242,20 @@ class SpecEngine:
             rows = hidden[self._upload_rows(concat_ranges(row_starts, row_counts))]
         start = time.perf_counter()
         batch = DraftBatch(self.step_count, inputs, rows)
-        self._pending = PendingDrafts(self._ask(batch), batch, live)
+        later = isinstance(drafter, AnswersLater)
+        answer = self._send(drafter, batch) if later else (lambda: drafter.propose(batch))
+        self._pending = PendingDrafts(answer, batch, live)
         self._drafter_seconds += time.perf_counter() - start
-        if not isinstance(drafter, AnswersLater):
+        if not later:  # an in-process drafter answers now
             self._collect_drafts()
 
-    def _ask(self, batch: DraftBatch) -> Callable[[], DraftOutput]:
-        """The drafter's answer to `batch`, to read once: computed now by an in-process drafter, read later
-        from one that answers later."""
+    def _send(self, drafter: AnswersLater, batch: DraftBatch) -> Callable[[], DraftOutput]:
+        """Ask a drafter that answers later; a send that raises is a failed answer."""
         try:
-            if isinstance(self.drafter, AnswersLater):
-                return self.drafter.propose_later(batch)
-            out = self.drafter.propose(batch)
+            return drafter.propose_later(batch)
         except Exception as e:  # a drafter's bug must not take the verifier down
             out = self._raised(e, batch)
-        return lambda: out
+            return lambda: out
 
     def _raised(self, error: Exception, batch: DraftBatch) -> DraftOutput:
         kind = getattr(self.drafter, "kind", "(detached)")  # an answer read after the drafter was detached
@@ -271,7 +270,7 @@ class SpecEngine:
         start = time.perf_counter()
         try:
             out = pending.answer()
-        except Exception as e:
+        except Exception as e:  # a drafter's bug must not take the verifier down
             out = self._raised(e, pending.batch)
         out = self._checked(out, pending.batch)
         self._drafter_seconds += time.perf_counter() - start
