@@ -47,6 +47,7 @@ class DrafterConfig:
     options: tuple[tuple[str, str], ...] = ()  # plugins: --option KEY=VALUE
     count_tokens: str | None = None    # a token-counts file: count the served tokens into it (needs vocab_size)
     count_every_s: float = 60.0        # save the counts this often (and when the server stops)
+    trace_steps: str | None = None     # diagnostics: a specdec.step_trace file
 
 
 class DrafterHolder:

@@ -6,6 +6,7 @@ import logging
 from specdec.drafting.token_counts import TokenCounter
 from specdec.rpc import serving
 from specdec.rpc.v1 import drafter_pb2, drafter_pb2_grpc
+from specdec.step_trace import StepTrace
 
 from .factory import DrafterConfig, DrafterHolder
 from .servicer import DrafterServicer
@@ -24,7 +25,7 @@ def start(config: DrafterConfig, host: str, port: int) -> serving.RunningServer:
     if config.device.startswith("cuda"):
         from specdec.transport.cuda_ipc import gpu_uuid
         uuid = gpu_uuid(config.device)
-    servicer = DrafterServicer(holder, uuid, counter)
+    servicer = DrafterServicer(holder, uuid, counter, StepTrace(config.trace_steps, "drafter"))
     running = serving.start_server(lambda s: drafter_pb2_grpc.add_DrafterServicer_to_server(servicer, s),
                                    [SERVICE], host, port)
     running.on_stop.append(servicer.close)

@@ -17,6 +17,7 @@ from specdec.drafting.token_counts import TokenCounter
 from specdec.rpc.v1 import drafter_pb2 as pb
 from specdec.rpc.v1 import drafter_pb2_grpc
 from specdec.step_thread import serial_cpu_ops_in_this_thread
+from specdec.step_trace import OFF, StepTrace
 from specdec.transport.host import host_id
 
 from .factory import DrafterHolder
@@ -27,8 +28,10 @@ log = logging.getLogger(__name__)
 
 
 class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
-    def __init__(self, holder: DrafterHolder, gpu_uuid: str = "", counter: TokenCounter | None = None):
+    def __init__(self, holder: DrafterHolder, gpu_uuid: str = "", counter: TokenCounter | None = None,
+                 trace: StepTrace = OFF):
         self.holder, self.gpu_uuid, self.counter = holder, gpu_uuid, counter  # counter: --count-tokens
+        self.trace = trace  # --trace-steps
         self.lock = threading.Lock()  # one step at a time: the drafter's caches are not thread-safe
 
     def Info(self, request, context):
@@ -53,6 +56,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
                 self._setup(message.setup, buffers, context)
                 continue
             step = message.step
+            self.trace.mark("drafter.received", step.step)
             problem = step_problem(step, last_step, self.holder.info, buffers)
             if problem:
                 log.warning("refused step %d: %s", step.step, problem)
@@ -63,6 +67,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             except Exception as e:  # the drafter's bug: end this stream, keep serving
                 log.exception("drafter %s failed at step %d", self.holder.config.kind, step.step)
                 context.abort(grpc.StatusCode.INTERNAL, f"drafter failed at step {step.step}: {e}")
+            self.trace.mark("drafter.answered", step.step)
             yield response
         log.info("verifier disconnected: step stream closed after step %d", last_step)
 
@@ -99,6 +104,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             if hidden is not None:
                 hidden = hidden.to(self.holder.config.device, non_blocking=True)  # INLINE / SHM arrive on the host
             out = drafter.propose(DraftBatch(step.step, seqs, hidden))
+            self.trace.mark("drafter.proposed", step.step)
             if self.counter is not None:
                 self.counter.release(step.release_seq_ids)
                 self.counter.add(seqs)
@@ -127,4 +133,5 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         with self.lock:
             if self.counter is not None:
                 self.counter.close()
-                self.counter = None   # a step still waiting for the lock counts nothing after the final save
+                self.counter = None
+            self.trace.close()   # a step still waiting for the lock counts nothing after the final save

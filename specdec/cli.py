@@ -5,11 +5,11 @@ import argparse
 import logging
 import sys
 
-from .commands import (bench_cmd, draft_vocab_cmd, drafter_cmd, gateway_cmd, generate_cmd, health_cmd, make_tiny_cmd, serve_cmd,
-                       train_demo_cmd, verifier_cmd)
+from .commands import (bench_cmd, draft_vocab_cmd, drafter_cmd, gateway_cmd, generate_cmd, health_cmd, make_tiny_cmd,
+                       serve_cmd, trace_report_cmd, train_demo_cmd, verifier_cmd)
 
 COMMANDS = [serve_cmd, generate_cmd, verifier_cmd, drafter_cmd, gateway_cmd, health_cmd, make_tiny_cmd,
-            train_demo_cmd, bench_cmd, draft_vocab_cmd]
+            train_demo_cmd, bench_cmd, draft_vocab_cmd, trace_report_cmd]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -96,7 +96,7 @@ def test_drafter_probabilities_reach_the_rejection_sampler(tiny_model, monkeypat
     seen = []
     real = engine_module.rejection_sample
 
-    def spy(logits, drafts, num_drafts, sampling, draft_probs=None, forced_accepts=None):
+    def spy(logits, drafts, num_drafts, sampling, draft_probs=None, forced_accepts=None, before_sync=None):
         if draft_probs is not None:
             seen.append(draft_probs.shape)
             assert draft_probs.shape == logits.shape  # q on the draft rows of the sequences that sent it
@@ -104,7 +104,7 @@ def test_drafter_probabilities_reach_the_rejection_sampler(tiny_model, monkeypat
                                     zip(num_drafts.tolist(), torch.cumsum(num_drafts + 1, 0) - num_drafts - 1)])
             assert sampling.uses_q.any()
             assert torch.allclose(draft_probs[draft_rows].sum(-1), torch.ones(len(draft_rows)))
-        return real(logits, drafts, num_drafts, sampling, draft_probs, forced_accepts)
+        return real(logits, drafts, num_drafts, sampling, draft_probs, forced_accepts, before_sync)
     monkeypatch.setattr(engine_module, "rejection_sample", spy)
     import torch
     prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 9, 9, 9, 9, 9]]

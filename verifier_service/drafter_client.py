@@ -23,6 +23,7 @@ from specdec.drafting import DraftBatch, DrafterInfo, DraftOutput, ModelFacts, r
 from specdec.rpc.serving import channel_options
 from specdec.rpc.v1 import drafter_pb2 as pb
 from specdec.rpc.v1 import drafter_pb2_grpc
+from specdec.step_trace import OFF, StepTrace
 from specdec.transport import tensor_bytes
 from specdec.transport.host import host_id
 
@@ -61,8 +62,9 @@ class DrafterLinkConfig:
 class RemoteDrafter:
     def __init__(self, config: DrafterLinkConfig, hidden_size: int, vocab_size: int, dtype: torch.dtype,
                  device: torch.device, max_rows: int, shared_weights: dict[str, torch.Tensor], model_type: str,
-                 vocab_fingerprint: str = ""):
+                 vocab_fingerprint: str = "", trace: StepTrace = OFF):
         self.config, self.device, self.max_rows, self.shared_weights = config, device, max_rows, shared_weights
+        self.trace = trace
         self.dtype = dtype
         self.target = ModelFacts(hidden_size, vocab_size, tensor_bytes.DTYPE_NAMES[dtype], model_type,
                                  vocab_fingerprint)
@@ -153,7 +155,7 @@ class RemoteDrafter:
         shared = self.shared_weights if info.needs_shared_weights else {}
         buffers = [_message(pb.SharedBuffer, b) for b in sender.setup(shared)] if sender else []
         requests.put(pb.DraftStepRequest(setup=pb.Setup(buffers=buffers)))
-        call = stub.Step(iter(requests.get, _END), timeout=None)
+        call = stub.Step(self._outgoing(requests), timeout=None)
         with self._lock:
             if self._sender is not None:
                 self._sender.close()
@@ -173,9 +175,16 @@ class RemoteDrafter:
         # Read only once the connection is published: a stream that fails at once must find itself current.
         threading.Thread(target=self._read_responses, args=(call, requests), daemon=True).start()
 
+    def _outgoing(self, requests: queue.Queue):
+        """The stream's messages as gRPC's sending thread takes them (traced: when it took each step)."""
+        if not self.trace.enabled:
+            return iter(requests.get, _END)
+        return _traced_outgoing(requests, self.trace)
+
     def _read_responses(self, call, requests) -> None:
         try:
             for response in call:
+                self.trace.mark("link.answer", response.step)
                 self._responses.put(response)
         except grpc.RpcError as e:
             if self._requests is requests:
@@ -214,10 +223,12 @@ class RemoteDrafter:
         message = pb.StepInput(step=step, release_seq_ids=release, seqs=[
             pb.SeqInput(seq_id=s.seq_id, start_pos=s.start_pos, token_ids=s.token_ids, num_drafts=s.num_drafts)
             for s in (batch.seqs[i] for i in sent)])
+        self.trace.mark("link.message", step)
         if hidden is not None and self._sender is not None:
             message.hidden.CopyFrom(_message(pb.TensorRef, self._sender.send(hidden)))
         start = time.perf_counter()
         requests.put(pb.DraftStepRequest(step=message))
+        self.trace.mark("link.sent", step)
         return lambda: self._answer(requests, responses, step, start, len(batch.seqs), sent, missing)
 
     def _answer(self, requests, responses, step: int, start: float, num_seqs: int, sent: list[int],
@@ -228,6 +239,7 @@ class RemoteDrafter:
         except queue.Empty:
             response = None
             log.warning("drafter step %d timed out after %.1fs", step, self.config.step_timeout_s)
+        self.trace.mark("link.read", step)
         if response is None or response.step != step or len(response.drafts) != len(sent):
             self._disconnect(requests)
             return DraftOutput.failed(num_seqs, f"drafter step {step} got no valid answer")
@@ -269,6 +281,13 @@ class RemoteDrafter:
         self._disconnect(self._requests)
         if self._sender is not None:
             self._sender.close()
+
+
+def _traced_outgoing(requests: queue.Queue, trace: StepTrace):
+    for message in iter(requests.get, _END):
+        if message.HasField("step"):
+            trace.mark("link.taken", message.step.step)
+        yield message
 
 
 def _short(e: BaseException) -> str:

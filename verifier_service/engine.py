@@ -21,9 +21,11 @@ from specdec.drafting import AnswersLater, DraftBatch, DraftInput, DraftOutput, 
 from specdec.models.batch_staging import concat_ranges
 from specdec.models.pinned_upload import PinnedUpload
 from specdec.sampling_params import SamplingParams
+from specdec.step_trace import OFF, StepTrace
 
 from .acceptance_stats import AcceptanceStats
 from .forced_acceptance import ForcedAcceptance
+from .hidden_staging import HiddenStaging
 from .model_runner import ModelRunner
 from .rejection_sampler import greedy_verdict, rejection_sample
 from .sampling_batch import SamplingBatch, draft_probs_rows
@@ -62,8 +64,8 @@ class PendingDrafts:
 
 
 class SpecEngine:
-    def __init__(self, runner: ModelRunner, drafter: Drafter | None, config: EngineConfig):
-        self.runner, self.drafter, self.config = runner, drafter, config
+    def __init__(self, runner: ModelRunner, drafter: Drafter | None, config: EngineConfig, trace: StepTrace = OFF):
+        self.runner, self.drafter, self.config, self.trace = runner, drafter, config, trace
         self.scheduler = Scheduler(runner, config.scheduler)
         self.stats = AcceptanceStats()
         self.step_count = 0
@@ -72,6 +74,7 @@ class SpecEngine:
         self._last_drafter_failure = ""
         self._context_lost: set[int] = set()  # seq ids whose context the drafter reported missing
         self._pending: PendingDrafts | None = None   # drafts asked for and not yet read
+        self._staging: HiddenStaging | None = None   # the drafter's hidden rows, placed before the sync
         self._drafter_seconds, self._drafter_compute = 0.0, None  # this step's, for last_step_seconds
         self._ids = itertools.count()
         self._seeds = random.Random()
@@ -119,6 +122,7 @@ class SpecEngine:
 
     # ---- one step ----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        self.trace.mark("step.begin")
         self._collect_drafts()
         plan = self.scheduler.schedule()
         if self.drafter is not None and self.scheduler.preempted:
@@ -127,13 +131,19 @@ class SpecEngine:
             return []
         self.step_count += 1
         seqs = [p.seq for p in plan]
+        self.trace.mark("forward.begin", batch=len(plan))
         t0 = time.perf_counter()
         hidden, logits = self.runner.forward(seqs, [p.chunk for p in plan], [p.num_drafts for p in plan],
                                              logits=[p.num_drafts + 1 if p.samples else 0 for p in plan])
         t1 = time.perf_counter()
+        self.trace.mark("forward.launched")
         sampled = [p for p in plan if p.samples]
-        verdict = self._verify(sampled, logits) if sampled else None
+        stage = self._stage_hidden(plan, hidden)
+        verdict = self._verify(sampled, logits, stage) if sampled else None
+        if stage is not None and verdict is None:
+            stage(None)   # no sampling, no sync: every row of a prefill chunk is committed
         t2 = time.perf_counter()
+        self.trace.mark("verified")
         tokens_of = {id(p): t for p, t in zip(sampled, verdict.tokens)} if verdict else {}
         accepted_of = {id(p): j for p, j in zip(sampled, verdict.num_accepted)} if verdict else {}
         logprobs_of = {id(p): lp for p, lp in zip(sampled, verdict.logprobs)} if verdict else {}
@@ -146,6 +156,7 @@ class SpecEngine:
             committed.append((p, old_cached))
             if id(p) in tokens_of:
                 outputs.append(self._commit_tokens(p, tokens_of[id(p)], j, logprobs_of[id(p)]))
+        self.trace.mark("committed")
         self._draft(committed, hidden)
         # Host time per phase; on a GPU the target's kernels finish inside "verify" (its one sync per step).
         # "drafter": the host time spent asking for drafts and reading them (for a drafter that answers later,
@@ -154,9 +165,27 @@ class SpecEngine:
         if self._drafter_compute is not None:  # what the drafter itself spent (a remote one reports it)
             self.last_step_seconds["drafter_compute"] = self._drafter_compute
         self._drafter_seconds, self._drafter_compute = 0.0, None
+        self.trace.mark("step.end")
         return outputs
 
-    def _verify(self, sampled: list[ScheduledSeq], logits: torch.Tensor):
+    def _stage_hidden(self, plan: list[ScheduledSeq], hidden: torch.Tensor):
+        """Lay out this step's hidden rows for a drafter that takes them; returns what places them once the
+        accepted counts are on the device (before the sync), or None."""
+        if self._staging is not None:
+            self._staging.staged = False
+        drafter = self.drafter
+        if drafter is None or self.num_drafts == 0 or not drafter.needs_hidden:
+            return None
+        rows = hidden.shape[0]
+        if self._staging is None or self._staging.max_rows < rows or self._staging.buffer.dtype != hidden.dtype:
+            size = max(rows, self.config.scheduler.max_batched_tokens)
+            self._staging = HiddenStaging(size, hidden.shape[1], hidden.dtype, hidden.device)
+        staging = self._staging
+        staging.plan([len(p.chunk) for p in plan], [p.num_drafts for p in plan],
+                     [i for i, p in enumerate(plan) if p.samples])
+        return lambda accepted: staging.gather(hidden, accepted)
+
+    def _verify(self, sampled: list[ScheduledSeq], logits: torch.Tensor, before_sync=None):
         width = max(p.num_drafts for p in sampled)
         num_drafts = np.fromiter((p.num_drafts for p in sampled), np.int64, count=len(sampled))
         host = np.full((len(sampled), 2 + 2 * width), -1, np.int64)    # [B, 1 + K + (K + 1)]: k_b, drafts, rows
@@ -172,11 +201,11 @@ class SpecEngine:
             counts = forced.draw([(p.seq.seed, p.seq.stats.verify_steps) for p in sampled])
             forced_accepts = self._upload_forced(np.asarray(counts, np.int64))
         if all(p.seq.params.argmax_only for p in sampled):  # no sampling state, no draws
-            return greedy_verdict(logits, rows, drafts, forced_accepts)
+            return greedy_verdict(logits, rows, drafts, forced_accepts, before_sync)
         uses_q = [p.seq.draft_probs is not None and p.num_drafts > 0 and not p.seq.params.greedy for p in sampled]
         sampling = SamplingBatch.of([p.seq for p in sampled], uses_q, logits.shape[-1], self._upload_sampling)
         return rejection_sample(logits, drafts, host[:, 0], sampling, draft_probs_rows(sampled, uses_q, logits),
-                                forced_accepts)
+                                forced_accepts, before_sync)
 
     def _commit_tokens(self, p: ScheduledSeq, tokens: list[int], num_accepted: int,
                        logprobs: list | None) -> RequestOutput:
@@ -238,8 +267,11 @@ class SpecEngine:
         if drafter is None or k == 0 or not live:
             return
         rows = None
-        if drafter.needs_hidden:
-            rows = hidden[self._upload_rows(concat_ranges(row_starts, row_counts))]
+        if drafter.needs_hidden:  # every sequence's committed rows in batch order: staged before the sync
+            staged = self._staging is not None and self._staging.staged and len(row_starts) == len(committed)
+            rows = self._staging.rows(sum(row_counts)) if staged else \
+                hidden[self._upload_rows(concat_ranges(row_starts, row_counts))]
+        self.trace.mark("draft.inputs")
         start = time.perf_counter()
         batch = DraftBatch(self.step_count, inputs, rows)
         later = isinstance(drafter, AnswersLater)

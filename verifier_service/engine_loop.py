@@ -136,6 +136,7 @@ class EngineLoop:
                     self.on_step(self.engine, outputs, time.perf_counter() - start)
                 for o in outputs:
                     self._deliver(o)
+                self.engine.trace.mark("outputs.delivered")
         except BaseException as e:  # noqa: BLE001 - whatever it is, the requests must hear of it
             self._die(e)
 

@@ -8,6 +8,7 @@ q, argmax for greedy rows). Vectorised over rows; the step's one host transfer h
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -16,6 +17,9 @@ from kernels.sampling.reference import row_layout
 
 from .logits_processors import Penalties, RowParams, apply_penalties, processed_logits
 from .sampling_batch import SamplingBatch
+
+
+BeforeSync = Callable[[torch.Tensor | None], None]   # accepted counts [B] on the device (None: all zero)
 
 
 @dataclass
@@ -53,10 +57,12 @@ def _penalties(s: SamplingBatch, drafts: torch.Tensor, seq_of_row: torch.Tensor,
 
 
 def rejection_sample(logits: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor, sampling: SamplingBatch,
-                     draft_probs: torch.Tensor | None = None, forced_accepts: torch.Tensor | None = None) -> Verdict:
+                     draft_probs: torch.Tensor | None = None, forced_accepts: torch.Tensor | None = None,
+                     before_sync: BeforeSync | None = None) -> Verdict:
     """logits [R, V] fp32; drafts [B, K] int64 padded with -1; num_drafts [B] int64; draft_probs [R, V] (q on
     the draft rows of sequences with sampling.uses_q) or None. `forced_accepts` [B] (benchmarks only) imposes
-    the accepted count; the emitted token is still the target's."""
+    the accepted count; the emitted token is still the target's. `before_sync` gets the accepted counts [B] on the
+    device before the host reads them (to queue work that depends on them)."""
     vocab, num_rows = logits.shape[-1], logits.shape[0]
     cu_rows, seq_of_row, pos = _rows(num_drafts, num_rows)
     if sampling.penalised:
@@ -70,6 +76,8 @@ def rejection_sample(logits: torch.Tensor, drafts: torch.Tensor, num_drafts: tor
     tokens, num_accepted, row_tokens = speculative_sample(
         processed, logits.argmax(-1), draft_probs, drafts, num_drafts, cu_rows, sampling.greedy, sampling.uses_q,
         sampling.seeds, sampling.offsets, forced_accepts)
+    if before_sync is not None:
+        before_sync(num_accepted)
     host = torch.cat([tokens, num_accepted[:, None]], dim=1).tolist()                         # the one sync
     logprobs = [None] * len(host)
     if sampling.max_logprobs is not None:
@@ -78,13 +86,19 @@ def rejection_sample(logits: torch.Tensor, drafts: torch.Tensor, num_drafts: tor
 
 
 def greedy_verdict(logits: torch.Tensor, rows: torch.Tensor, drafts: torch.Tensor,
-                   forced_accepts: torch.Tensor | None = None) -> Verdict:
+                   forced_accepts: torch.Tensor | None = None, before_sync: BeforeSync | None = None) -> Verdict:
     """rejection_sample's verdict when every sequence is greedy without penalties or logprobs: argmax per row
-    and the leading run of drafts that match it. rows [B, K+1] from kernels.sampling.row_index."""
+    and the leading run of drafts that match it. rows [B, K+1] from kernels.sampling.row_index. `before_sync`: as
+    in rejection_sample (None for the counts when there are no drafts)."""
     if drafts.shape[1] == 0:  # plain decoding: one row per sequence, its argmax is the token (one launch)
-        return Verdict(num_accepted=[0] * rows.shape[0], tokens=[[t] for t in logits.argmax(-1).tolist()],
+        argmax = logits.argmax(-1)
+        if before_sync is not None:
+            before_sync(None)
+        return Verdict(num_accepted=[0] * rows.shape[0], tokens=[[t] for t in argmax.tolist()],
                        logprobs=[None] * rows.shape[0])
     tokens, num_accepted = greedy_accept(logits.argmax(-1), rows, drafts, forced_accepts)
+    if before_sync is not None:
+        before_sync(num_accepted)
     return _verdict(torch.cat([tokens, num_accepted[:, None]], dim=1).tolist(), [None] * drafts.shape[0])
 
 

@@ -13,6 +13,7 @@ from specdec.drafting import vocabulary_fingerprint
 from specdec.models.loader import load_model
 from specdec.rpc import serving
 from specdec.rpc.v1 import gateway_pb2, verifier_pb2, verifier_pb2_grpc
+from specdec.step_trace import StepTrace
 
 from .drafter_client import DrafterLinkConfig, RemoteDrafter
 from .engine import EngineConfig, SpecEngine
@@ -49,6 +50,7 @@ class VerifierConfig:
     unsafe_forced_acceptance: bool = False
     enforce_eager: bool = False            # no CUDA graphs
     warm_up: bool = True                   # run verifier_service.warm_up before reporting SERVING
+    trace_steps: str | None = None         # diagnostics: a specdec.step_trace file
 
 
 def build_engine(config: VerifierConfig) -> SpecEngine:
@@ -58,6 +60,7 @@ def build_engine(config: VerifierConfig) -> SpecEngine:
     runner = ModelRunner(loaded, blocks, config.block_size, config.max_running, config.num_drafts, config.device,
                          max_model_len=max_context, max_batched_tokens=config.max_batched_tokens,
                          enforce_eager=config.enforce_eager)
+    trace = StepTrace(config.trace_steps, "verifier")
     drafter = None
     if config.drafter_address and config.num_drafts > 0:
         model = loaded.model
@@ -66,7 +69,7 @@ def build_engine(config: VerifierConfig) -> SpecEngine:
             loaded.config.hidden_size, loaded.config.vocab_size, model.embed_tokens.weight.dtype,
             torch.device(config.device), config.max_batched_tokens,
             {"embed_tokens": model.embed_tokens.weight, "lm_head": model.lm_head.weight}, loaded.config.model_type,
-            vocabulary_fingerprint(config.model_dir))
+            vocabulary_fingerprint(config.model_dir), trace)
     forced = None
     if config.forced_acceptance_length:
         forced = ForcedAcceptance(config.forced_acceptance_length, config.num_drafts,
@@ -74,7 +77,7 @@ def build_engine(config: VerifierConfig) -> SpecEngine:
         log.warning("FORCED ACCEPTANCE (mean length %.2f): output is not the target's; benchmarks only",
                     config.forced_acceptance_length)
     scheduler = SchedulerConfig(config.max_running, config.max_batched_tokens, config.prefill_chunk)
-    return SpecEngine(runner, drafter, EngineConfig(config.num_drafts, scheduler, forced, max_context))
+    return SpecEngine(runner, drafter, EngineConfig(config.num_drafts, scheduler, forced, max_context), trace)
 
 
 async def start(engine: SpecEngine, config: VerifierConfig, host: str,
@@ -114,6 +117,7 @@ async def _serve(engine: SpecEngine, config: VerifierConfig, host: str, port: in
     loop.stop()
     if loop.engine.drafter is not None:
         loop.engine.drafter.close()
+    loop.engine.trace.close()
     log.info("verifier: stopped")
 
 

@@ -44,6 +44,7 @@ class BenchConfig:
     stack_start_estimate_s: float = 90.0
     profile: bool = False
     profile_steps: int = 10
+    trace_steps_dir: str | None = None   # gateway path: the services' --trace-steps files go here
     plot: bool = True
     seed: int = 0
     command: str = ""
@@ -77,7 +78,8 @@ class BenchRun:
     def gateway(self):
         if self._gateway is None:
             from .gateway_path import GatewayBench
-            self._gateway = GatewayBench(self.config.model, self.config.device, self.config.dtype)
+            self._gateway = GatewayBench(self.config.model, self.config.device, self.config.dtype,
+                                         trace_dir=self.config.trace_steps_dir)
         return self._gateway
 
     # ---- the run ------------------------------------------------------------------------

@@ -59,8 +59,10 @@ def phase_means(before: dict, after: dict) -> tuple[dict[str, float], int]:
 class GatewayBench:
     """Keeps one stack running per stack key (drafter, forced length, k); restarts it when the key changes."""
 
-    def __init__(self, model: str, device: str, dtype: str, startup_timeout_s: float = 300.0):
+    def __init__(self, model: str, device: str, dtype: str, startup_timeout_s: float = 300.0,
+                 trace_dir: str | None = None):
         self.model, self.device, self.dtype, self.startup_timeout_s = model, device, dtype, startup_timeout_s
+        self.trace_dir = trace_dir  # the services' --trace-steps files: <drafter label>-<service>.jsonl
         self.stack: LocalStack | None = None
         self.key = None
         self.metrics_port = 0
@@ -81,6 +83,10 @@ class GatewayBench:
                     "--max-context", str(context), "--metrics-port", str(self.metrics_port)]
         drafter = ["--max-seqs", str(running), "--max-context", str(context)] if w.drafter == "mtp" else []
         drafter += ["--draft-vocab", w.draft_vocab] if w.draft_vocab else []
+        if self.trace_dir:
+            stem = Path(self.trace_dir) / w.drafter_label.replace("@", "-at-")
+            verifier += ["--trace-steps", f"{stem}-verifier.jsonl"]
+            drafter += ["--trace-steps", f"{stem}-drafter.jsonl"] if w.drafter != "none" else []
         if w.forced_length:
             verifier += ["--forced-acceptance-length", str(w.forced_length), "--unsafe-forced-acceptance"]
         config = StackConfig(model=self.model, drafter=w.drafter, num_drafts=w.num_drafts or 3, device=self.device,

@@ -48,6 +48,9 @@ def add_parser(sub) -> None:
                    help="seconds for the whole run: a workload that might not finish within it is skipped")
     p.add_argument("--profile", action="store_true", help="torch.profiler summary of in-process decode steps")
     p.add_argument("--profile-steps", type=int, default=10)
+    p.add_argument("--trace-steps", default=None, metavar="DIR",
+                   help="gateway path: the verifier and the drafter write --trace-steps files into DIR, one pair "
+                        "per stack (see `specdec trace-report`)")
     p.add_argument("--out", default="bench/results", help="folder for the JSON, table and PNG")
     p.add_argument("--tag", default=None, help="file-name suffix (default: the device, e.g. h100, cpu)")
     p.add_argument("--seed", type=int, default=0, help="prompts and the checkpoint")
@@ -81,7 +84,8 @@ def build_config(args: argparse.Namespace):
         cut=tuple(cut) + (("filtered: " + ", ".join(filters),) if filters else ()), out_dir=args.out, tag=args.tag,
         make_tiny=args.make_tiny, layers=args.layers,
         workload_timeout_s=args.workload_timeout or PRESET_TIMEOUTS[args.preset], time_budget_s=args.time_budget,
-        profile=args.profile, profile_steps=args.profile_steps, plot=not args.no_plot, seed=args.seed,
+        profile=args.profile, profile_steps=args.profile_steps, trace_steps_dir=args.trace_steps,
+        plot=not args.no_plot, seed=args.seed,
         command="specdec " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
 
 

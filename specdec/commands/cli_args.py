@@ -15,6 +15,12 @@ def add_enforce_eager_arg(p: argparse.ArgumentParser) -> None:
                    help="run every step eagerly: no CUDA graphs (slower; for debugging and comparisons)")
 
 
+def add_trace_steps_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace-steps", default=None, metavar="FILE",
+                   help="diagnostics: write timestamps of each step's phases to FILE (JSON lines); "
+                        "`specdec trace-report` lines up the verifier's and the drafter's files")
+
+
 def add_listen_args(p: argparse.ArgumentParser, default_port: int) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 in containers)")
     p.add_argument("--port", type=int, default=default_port, help="port to listen on (0: any free port)")

@@ -1,7 +1,7 @@
 """`specdec drafter`: serve a drafter (mtp | draft_model | ngram | synthetic | an installed plugin) over gRPC."""
 import argparse
 
-from .cli_args import add_enforce_eager_arg, add_listen_args, add_model_args, resolve
+from .cli_args import add_enforce_eager_arg, add_listen_args, add_model_args, add_trace_steps_arg, resolve
 
 KINDS_HELP = ("mtp (the target's MTP head; needs --model), draft_model (a smaller model; needs --draft-model), "
               "ngram (prompt lookup), synthetic (benchmarks), or the name of an installed plugin "
@@ -41,6 +41,7 @@ def add_parser(sub) -> None:
                    help="how often --count-tokens saves its file (default: 60)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="plugins: an option passed to the plugin's factory (repeatable)")
+    add_trace_steps_arg(p)
     p.add_argument("--list-kinds", action="store_true", help="print the kinds this install can serve and exit")
     p.set_defaults(run=run)
 
@@ -90,6 +91,6 @@ def run(args: argparse.Namespace) -> int:
                            draft_model_dir=args.draft_model, max_seqs=args.max_seqs, max_context=args.max_context,
                            enforce_eager=args.enforce_eager, draft_vocab=args.draft_vocab,
                            options=parse_options(args.option), count_tokens=args.count_tokens,
-                           count_every_s=args.count_every)
+                           count_every_s=args.count_every, trace_steps=args.trace_steps)
     serve(config, args.host, args.port)
     return 0

@@ -1,7 +1,7 @@
 """`specdec verifier`: serve the target model with speculative decoding over gRPC."""
 import argparse
 
-from .cli_args import add_enforce_eager_arg, add_listen_args, add_model_args, resolve
+from .cli_args import add_enforce_eager_arg, add_listen_args, add_model_args, add_trace_steps_arg, resolve
 
 
 def add_parser(sub) -> None:
@@ -27,6 +27,7 @@ def add_parser(sub) -> None:
                    help="report SERVING without the start-up warm-up (on a GPU the first requests of each step "
                         "shape then wait for its kernels to compile)")
     p.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)")
+    add_trace_steps_arg(p)
     p.add_argument("--forced-acceptance-length", type=float, default=0.0,
                    help="BENCHMARKS ONLY: force this mean acceptance length (output is not the target's)")
     p.add_argument("--unsafe-forced-acceptance", action="store_true", help="allow --forced-acceptance-length")
@@ -48,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
         max_batched_tokens=args.max_batched_tokens,
         prefill_chunk=args.prefill_chunk, kv_blocks=args.kv_blocks, metrics_port=args.metrics_port,
         forced_acceptance_length=args.forced_acceptance_length, unsafe_forced_acceptance=args.unsafe_forced_acceptance,
-        enforce_eager=args.enforce_eager, warm_up=args.warm_up)
+        enforce_eager=args.enforce_eager, warm_up=args.warm_up,
+        trace_steps=args.trace_steps)
     serve(config, args.host, args.port)
     return 0

@@ -1,0 +1,120 @@
+"""Where a step's wall time goes, from `--trace-steps` files of the verifier and the drafter (specdec.step_trace).
+
+Every verifier mark without a link step belongs to the engine step it falls in (counted by "step.begin"); a
+mark of the drafter link (`link.*` in the verifier, `drafter.*` in the drafter) carries the link's step counter
+and belongs to the engine step that sent that message. One engine step then reads, in time order:
+
+    forward.begin → forward.launched → verified → link.sent → link.taken → drafter.received → drafter.proposed
+    → drafter.answered → link.answer → link.read → the next step's forward.begin
+
+(link.read falls in the next engine step: the engine reads the answer at the start of it). Each segment's
+median is taken over the steps that have both of its ends, per batch size (the sequences in forward.begin).
+"""
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+
+# (label, (event, step offset), (event, step offset)): the critical path of one step, in order
+CHAIN = [
+    ("target forward: host launch", ("forward.begin", 0), ("forward.launched", 0)),
+    ("target forward: GPU wait + sampling", ("forward.launched", 0), ("verified", 0)),
+    ("commit, stop checks", ("verified", 0), ("committed", 0)),
+    ("drafter inputs, hidden rows gathered", ("committed", 0), ("draft.inputs", 0)),
+    ("step message built", ("draft.inputs", 0), ("link.message", 0)),
+    ("hidden rows to the shared buffer, queued", ("link.message", 0), ("link.sent", 0)),
+    ("verifier: gRPC thread takes the message", ("link.sent", 0), ("link.taken", 0)),
+    ("wire + drafter thread wakes", ("link.taken", 0), ("drafter.received", 0)),
+    ("drafter: propose (its GPU work included)", ("drafter.received", 0), ("drafter.proposed", 0)),
+    ("drafter: answer message", ("drafter.proposed", 0), ("drafter.answered", 0)),
+    ("wire back + verifier reader thread", ("drafter.answered", 0), ("link.answer", 0)),
+    ("engine reads the answer", ("link.answer", 0), ("link.read", 0)),
+    ("schedule, batch, drafts into it", ("link.read", 0), ("forward.begin", 1)),
+]
+PLAIN_CHAIN = [  # no drafter link: the step ends, outputs go out, the next one starts
+    ("target forward: host launch", ("forward.begin", 0), ("forward.launched", 0)),
+    ("target forward: GPU wait + sampling", ("forward.launched", 0), ("verified", 0)),
+    ("commit, stop checks", ("verified", 0), ("step.end", 0)),
+    ("outputs to the streams", ("step.end", 0), ("outputs.delivered", 0)),
+    ("next step: schedule, batch", ("outputs.delivered", 0), ("forward.begin", 1)),
+]
+ASIDE = [  # off the chain: what the engine does while the drafter drafts
+    ("engine after sending: outputs to the streams", ("link.sent", 0), ("outputs.delivered", 0)),
+    ("engine waits for the answer", ("step.begin", 1), ("link.read", 0)),
+]
+CYCLE = ("step (forward.begin to the next)", ("forward.begin", 0), ("forward.begin", 1))
+
+
+@dataclass
+class Segment:
+    label: str
+    median_ms: float
+    p90_ms: float
+    count: int
+
+
+def by_engine_step(marks: list[dict]) -> tuple[dict[int, dict[str, float]], dict[int, int]]:
+    """Time-ordered marks → ({engine step: {event: first time}}, {engine step: batch size})."""
+    steps: dict[int, dict[str, float]] = defaultdict(dict)
+    batch: dict[int, int] = {}
+    link_to_engine: dict[int, int] = {}            # link step → the engine step that sent it
+    engine = -1
+    for m in marks:
+        event = m["event"]
+        if m["process"] == "verifier" and m["step"] < 0:
+            if event == "step.begin":
+                engine += 1
+            if engine < 0:
+                continue
+            steps[engine].setdefault(event, m["t"])
+            if event == "forward.begin":
+                batch[engine] = m.get("batch", 0)
+            continue
+        if m["process"] == "verifier":   # the link's first mark of a step is made while the engine sends it
+            link_to_engine.setdefault(m["step"], engine)
+        n = link_to_engine.get(m["step"])
+        if n is not None and n >= 0:
+            steps[n].setdefault(event, m["t"])
+    return steps, batch
+
+
+def _deltas(steps: dict[int, dict[str, float]], numbers: list[int], start, end) -> list[float]:
+    (e0, o0), (e1, o1) = start, end
+    out = []
+    for n in numbers:
+        a, b = steps.get(n + o0, {}).get(e0), steps.get(n + o1, {}).get(e1)
+        if a is not None and b is not None and b >= a:
+            out.append((b - a) * 1e3)
+    return out
+
+
+def segments(steps: dict[int, dict[str, float]], numbers: list[int]) -> list[Segment]:
+    """The chain (spec or plain, whichever these steps ran), the asides and the whole step, for `numbers`."""
+    spec = any("link.sent" in steps[n] for n in numbers)
+    rows = (CHAIN + ASIDE if spec else PLAIN_CHAIN) + [CYCLE]
+    out = []
+    for label, start, end in rows:
+        d = _deltas(steps, numbers, start, end)
+        if d:
+            p90 = statistics.quantiles(d, n=10)[-1] if len(d) > 1 else d[0]
+            out.append(Segment(label, statistics.median(d), p90, len(d)))
+    return out
+
+
+def report(marks: list[dict], min_steps: int = 20) -> str:
+    """A table per batch size seen in at least `min_steps` steps."""
+    steps, batch = by_engine_step(marks)
+    sizes: dict[int, list[int]] = defaultdict(list)
+    for n, b in batch.items():
+        sizes[b].append(n)
+    lines = []
+    for b in sorted(sizes):
+        numbers = sizes[b]
+        if len(numbers) < min_steps:
+            continue
+        lines.append(f"batch {b}: {len(numbers)} steps")
+        lines.append(f"  {'segment':<48} {'median ms':>10} {'p90 ms':>8} {'steps':>6}")
+        for s in segments(steps, numbers):
+            lines.append(f"  {s.label:<48} {s.median_ms:>10.3f} {s.p90_ms:>8.3f} {s.count:>6}")
+    return "\n".join(lines) if lines else f"no batch size has {min_steps} traced steps"

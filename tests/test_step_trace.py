@@ -1,0 +1,94 @@
+"""--trace-steps: the verifier's and the drafter's marks line up into each step's critical path."""
+import time
+
+import pytest
+import torch
+from engine_factory import make_engine, random_prompts
+
+from specdec.sampling_params import SamplingParams
+from specdec.step_trace import StepTrace, read_marks
+from specdec.trace_report import CHAIN, by_engine_step, report, segments
+
+pytestmark = pytest.mark.timeout(120)
+K = 3
+
+
+def _marks(process, events):
+    return [{"t": t, "process": process, "event": e, "step": s, "batch": b} for t, e, s, b in events]
+
+
+def test_marks_are_assigned_to_the_step_that_sent_the_message():
+    """Two engine steps; the answer to step 0's message is read at the start of step 1."""
+    v = _marks("verifier", [
+        (0.0, "step.begin", -1, 0), (1.0, "forward.begin", -1, 1), (2.0, "forward.launched", -1, 0),
+        (5.0, "verified", -1, 0), (5.1, "committed", -1, 0), (5.2, "draft.inputs", -1, 0),
+        (5.3, "link.message", 7, 0), (5.5, "link.sent", 7, 0), (5.6, "link.taken", 7, 0), (6.0, "step.end", -1, 0),
+        (6.2, "outputs.delivered", -1, 0), (6.3, "step.begin", -1, 0), (8.9, "link.answer", 7, 0),
+        (9.0, "link.read", 7, 0), (9.4, "forward.begin", -1, 1)])
+    d = _marks("drafter", [(5.8, "drafter.received", 7, 0), (8.5, "drafter.proposed", 7, 0),
+                           (8.6, "drafter.answered", 7, 0)])
+    marks = sorted(v + d, key=lambda m: m["t"])
+    steps, batch = by_engine_step(marks)
+    assert steps[0]["drafter.received"] == 5.8 and steps[0]["link.read"] == 9.0   # step 0's message
+    assert steps[1]["forward.begin"] == 9.4 and batch == {0: 1, 1: 1}
+    got = {s.label: round(s.median_ms) for s in segments(steps, [0])}
+    assert got["drafter: propose (its GPU work included)"] == 2700
+    assert got["engine reads the answer"] == 100 and got["schedule, batch, drafts into it"] == 400
+    assert got["engine waits for the answer"] == 2700          # step 1 began at 6.3, read at 9.0
+    assert got["step (forward.begin to the next)"] == 8400
+    chain = sum(got[label] for label, _, _ in CHAIN)
+    assert chain == got["step (forward.begin to the next)"]    # the chain covers the step, nothing twice
+
+
+def test_off_by_default_writes_nothing(tmp_path):
+    trace = StepTrace()
+    trace.mark("step.begin")
+    trace.close()
+    assert not trace.enabled and list(tmp_path.iterdir()) == []
+
+
+def test_flushes_every_n_marks_and_at_close(tmp_path):
+    trace = StepTrace(tmp_path / "t.jsonl", "verifier", flush_every=3)
+    for i in range(4):
+        trace.mark("link.sent", i)
+    assert len(read_marks([tmp_path / "t.jsonl"])) == 3
+    trace.close()
+    marks = read_marks([tmp_path / "t.jsonl"])
+    assert [m["step"] for m in marks] == [0, 1, 2, 3] and {m["process"] for m in marks} == {"verifier"}
+
+
+def test_a_traced_engine_and_drafter_service_give_every_segment(tiny_model, tmp_path):
+    """A real engine over the remote link to an ngram drafter service, both traced: every segment of the
+    chain is measured once per drafted step, and the chain adds up to the step."""
+    from drafter_service.factory import DrafterConfig
+    from drafter_service.server import start as start_drafter
+    from verifier_service.drafter_client import DrafterLinkConfig, RemoteDrafter
+
+    server = start_drafter(DrafterConfig("ngram", K, trace_steps=str(tmp_path / "d.jsonl")), "127.0.0.1", 0)
+    trace = StepTrace(tmp_path / "v.jsonl", "verifier")
+    cfg = tiny_model.config
+    remote = RemoteDrafter(DrafterLinkConfig(f"127.0.0.1:{server.port}", K), cfg.hidden_size, cfg.vocab_size,
+                           torch.float32, torch.device("cpu"), 64, {}, cfg.model_type, trace=trace)
+    try:
+        deadline = time.monotonic() + 30
+        while not remote.connected:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        engine = make_engine(tiny_model, remote, k=K)
+        engine.trace = trace
+        prompt = random_prompts([6], cfg.vocab_size)[0] * 3              # repeats: the n-gram drafter drafts
+        engine.generate([prompt], SamplingParams(max_tokens=30, ignore_eos=True))
+    finally:
+        remote.close()
+        server.stop(0)     # closes the drafter's trace
+        trace.close()
+    marks = read_marks([tmp_path / "v.jsonl", tmp_path / "d.jsonl"])
+    steps, batch = by_engine_step(marks)
+    sent = [n for n in steps if "link.sent" in steps[n] and "link.read" in steps[n] and n + 1 in steps]
+    assert len(sent) >= 5 and engine.stats.drafted > 0
+    got = {s.label: s for s in segments(steps, sent)}
+    for label, _, _ in CHAIN:
+        assert got[label].count == len(sent), label
+    assert sum(got[label].median_ms for label, _, _ in CHAIN) == pytest.approx(
+        got["step (forward.begin to the next)"].median_ms, rel=0.5)
+    assert "batch 1:" in report(marks, min_steps=5)
