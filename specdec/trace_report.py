@@ -55,7 +55,10 @@ class Segment:
 
 
 def by_engine_step(marks: list[dict]) -> tuple[dict[int, dict[str, float]], dict[int, int]]:
-    """Time-ordered marks → ({engine step: {event: first time}}, {engine step: batch size})."""
+    """Time-ordered marks → ({engine step: {event: first time}}, {engine step: batch size}). Marks before the
+    verifier's "serving" mark (the start-up warm-up's steps) are left out."""
+    serving = [m["t"] for m in marks if m["event"] == "serving"]
+    marks = [m for m in marks if m["t"] > serving[0]] if serving else marks
     steps: dict[int, dict[str, float]] = defaultdict(dict)
     batch: dict[int, int] = {}
     link_to_engine: dict[int, int] = {}            # link step → the engine step that sent it

@@ -40,6 +40,13 @@ def test_marks_are_assigned_to_the_step_that_sent_the_message():
     assert chain == got["step (forward.begin to the next)"]    # the chain covers the step, nothing twice
 
 
+def test_the_warm_up_before_serving_is_left_out():
+    warm = _marks("verifier", [(0.0, "step.begin", -1, 0), (0.1, "forward.begin", -1, 4), (0.2, "serving", -1, 0)])
+    served = _marks("verifier", [(1.0, "step.begin", -1, 0), (1.1, "forward.begin", -1, 1)])
+    steps, batch = by_engine_step(warm + served)
+    assert batch == {0: 1} and steps[0]["forward.begin"] == 1.1
+
+
 def test_off_by_default_writes_nothing(tmp_path):
     trace = StepTrace()
     trace.mark("step.begin")

@@ -227,8 +227,8 @@ class RemoteDrafter:
         if hidden is not None and self._sender is not None:
             message.hidden.CopyFrom(_message(pb.TensorRef, self._sender.send(hidden)))
         start = time.perf_counter()
+        self.trace.mark("link.sent", step)   # before the put: gRPC's thread may take it at once
         requests.put(pb.DraftStepRequest(step=message))
-        self.trace.mark("link.sent", step)
         return lambda: self._answer(requests, responses, step, start, len(batch.seqs), sent, missing)
 
     def _answer(self, requests, responses, step: int, start: float, num_seqs: int, sent: list[int],

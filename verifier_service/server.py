@@ -125,4 +125,5 @@ def serve(config: VerifierConfig, host: str, port: int) -> None:
     engine = build_engine(config)  # before the event loop: Ctrl-C / SIGTERM while loading stop the process at once
     if config.warm_up:
         warm_up(engine)
+    engine.trace.mark("serving")   # trace-report leaves the warm-up's steps out
     asyncio.run(_serve(engine, config, host, port))

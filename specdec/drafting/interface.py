@@ -16,7 +16,8 @@ What a drafter may assume
   must then forget what it held for it. `num_drafts` = 0 means "ingest only" (prompt chunks).
 - With `needs_hidden`, `DraftBatch.hidden` holds the target's hidden states (after its final norm) for the
   positions start_pos .. start_pos + n - 1 of every sequence, rows in `seqs` order ([Σ n_i, hidden]); pair i
-  of a sequence is (token at start_pos + i + 1, hidden at start_pos + i): the MTP input convention.
+  of a sequence is (token at start_pos + i + 1, hidden at start_pos + i): the MTP input convention. The
+  tensor may be a view of a buffer the verifier's next step overwrites: use or copy it within the call.
 - `release(seq_ids)` when sequences end (or are preempted); `clear()` when the verifier (re)connects.
 
 What a drafter must guarantee
