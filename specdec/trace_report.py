@@ -17,9 +17,11 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 # (label, (event, step offset), (event, step offset)): the critical path of one step, in order
-CHAIN = [
+FORWARD = [
     ("target forward: host launch", ("forward.begin", 0), ("forward.launched", 0)),
     ("target forward: GPU wait + sampling", ("forward.launched", 0), ("verified", 0)),
+]
+CHAIN = FORWARD + [
     ("commit, stop checks", ("verified", 0), ("committed", 0)),
     ("drafter inputs, hidden rows gathered", ("committed", 0), ("draft.inputs", 0)),
     ("step message built", ("draft.inputs", 0), ("link.message", 0)),
@@ -32,9 +34,7 @@ CHAIN = [
     ("engine reads the answer", ("link.answer", 0), ("link.read", 0)),
     ("schedule, batch, drafts into it", ("link.read", 0), ("forward.begin", 1)),
 ]
-PLAIN_CHAIN = [  # no drafter link: the step ends, outputs go out, the next one starts
-    ("target forward: host launch", ("forward.begin", 0), ("forward.launched", 0)),
-    ("target forward: GPU wait + sampling", ("forward.launched", 0), ("verified", 0)),
+PLAIN_CHAIN = FORWARD + [  # no drafter link: the step ends, outputs go out, the next one starts
     ("commit, stop checks", ("verified", 0), ("step.end", 0)),
     ("outputs to the streams", ("step.end", 0), ("outputs.delivered", 0)),
     ("next step: schedule, batch", ("outputs.delivered", 0), ("forward.begin", 1)),

@@ -42,7 +42,6 @@ class HiddenStaging:
         b = len(lens)
         self._layout = (flat[:rows], flat[rows:2 * rows], flat[2 * rows:3 * rows], flat[3 * rows:3 * rows + b],
                         flat[3 * rows + b:])
-        self.staged = False
 
     def gather(self, hidden: torch.Tensor, accepted: torch.Tensor | None) -> None:
         """hidden [R, H] of the step; accepted [S] accepted drafts of the sampled sequences (device), or None
@@ -51,7 +50,7 @@ class HiddenStaging:
         counts = base if accepted is None else base.index_add(0, sampled, accepted.to(base.dtype))   # [B]
         offset = torch.cumsum(counts, 0) - counts                                                     # [B]
         dest = torch.where(pos < counts[seq_of_row], offset[seq_of_row] + pos, spare)                 # [R]
-        self.buffer.index_copy_(0, dest, hidden.to(self.buffer.dtype))
+        self.buffer.index_copy_(0, dest, hidden)   # the engine sizes the buffer in hidden's dtype
         self.staged = True
 
     def rows(self, count: int) -> torch.Tensor:
