@@ -172,7 +172,9 @@ def test_tls_gateway_with_api_key(stack, model_dir, expected, tmp_path, certs):
 def test_client_certificates_required(stack, model_dir, expected, tmp_path, certs):
     proc, address = secure_gateway(stack, model_dir, tmp_path, certs, "--tls-client-ca", str(certs["ca"]))
     try:
-        wait_for(lambda: answers_health(address, credentials(certs, "client")), 60, "mTLS gateway up")
+        client = credentials(certs, "client")  # SERVING: the gateway reaches the verifier, not just listens
+        wait_for(lambda: answers_health(address, client) and health(address, credentials=client) == SERVING, 60,
+                 "mTLS gateway serving")
         for who in (None, "stranger"):  # no certificate, or one from another CA: the handshake fails
             with grpc.secure_channel(address, credentials(certs, who)) as channel:
                 with pytest.raises(grpc.RpcError) as error:
