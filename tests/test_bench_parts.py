@@ -156,15 +156,21 @@ def test_profile_summary_on_cpu(tiny_model):
 
 def test_presets():
     full, baseline, quick = wl.full(), wl.baseline(), wl.quick()
-    assert len(full) == 2 * 5 * 4 * 2 * 2 + 4 * 2 * 2 and len(set(full)) == len(full)
+    per_drafter = 4 * 2 * 2   # concurrencies x prompts x temperatures
+    # inproc and gateway: 5 drafters; colocated: the 4 that draft; the peer: none
+    assert len(full) == (2 * 5 + 4 + 1) * per_drafter and len(set(full)) == len(full)
     as_full = {wl.Workload(w.path, w.drafter, w.concurrency, w.prompt_tokens, 256, w.temperature, w.forced_length)
                for w in baseline}
     assert as_full <= set(full) and len(set(baseline)) == len(baseline)
     assert {w.path for w in quick} == set(wl.PATHS) == {w.path for w in baseline}
-    gateway = [w.stack_key for w in full if w.path == "gateway"]
-    assert len(set(gateway)) == sum(1 for a, b in zip([None] + gateway, gateway) if a != b)  # one start per stack
+    stacks = [w.stack_key for w in full if w.on_stack]
+    assert len(set(stacks)) == sum(1 for a, b in zip([None] + stacks, stacks) if a != b)  # one start per stack
+    twin = wl.Workload("colocated", "mtp", 1, 8, 8, forced_length=3.39)
+    assert twin.stack_key != wl.replace(twin, path="gateway").stack_key and twin.plain_path == "gateway"
     with pytest.raises(ValueError, match="peer"):
         wl.Workload("peer", "mtp", 1, 8, 8)
+    with pytest.raises(ValueError, match="colocated"):
+        wl.Workload("colocated", "none", 1, 8, 8)
     assert wl.select(full, paths=["peer"], concurrencies=[4], max_tokens=5)[0].max_tokens == 5
 
 
@@ -201,3 +207,17 @@ def test_step_split_parts_add_up_without_a_drafter():
     split = step_split(steps, {i: 0.0092 for i in range(5)}, {}, False, 0.0)
     parts = split["target_forward"] + split["sampling"] + split["host"]
     assert abs(parts - split["total"]) < 1e-3 and split["drafter_round_trip"] is None
+
+
+def test_colocated_rows_compare_with_the_gateways_plain_row():
+    """x plain of a colocated row is over the gateway's drafter-less row (the colocated path has none)."""
+    from specdec.bench.report import table_rows
+
+    def result(path, drafter, forced, tps):
+        w = wl.Workload(path, drafter, 1, 16, 8, forced_length=forced)
+        return {"workload": w.to_json(), "bandwidth": {"vs_copy": None, "vs_chain": None},
+                "metrics": {"output_tokens_per_s": tps, "truncated": False, "ttft_ms_p50": 1.0, "itl_ms_p50": 1.0,
+                            "itl_ms_p99": 1.0}}
+    rows = table_rows([result("gateway", "none", None, 100.0), result("gateway", "mtp", 3.39, 180.0),
+                       result("colocated", "mtp", 3.39, 200.0)])
+    assert [r[7] for r in rows] == ["1.00", "1.80", "2.00"]

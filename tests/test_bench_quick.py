@@ -25,7 +25,7 @@ def test_every_path_ran_and_nothing_was_cut(quick):
     _, record, _ = quick
     assert record["schema"] == "specdec-bench/1" and record["preset"] == "quick"
     assert record["problems"] == [] and record["skipped"] == []
-    assert {r["workload"]["path"] for r in record["results"]} == {"inproc", "gateway", "peer"}
+    assert {r["workload"]["path"] for r in record["results"]} == {"inproc", "gateway", "colocated", "peer"}
     assert len(record["results"]) == record["settings"]["planned"]
     assert not any(r["metrics"]["truncated"] for r in record["results"])
     assert record["device"]["kind"] == "cpu" and record["model"]["name"] == "demo_model"
@@ -64,6 +64,17 @@ def test_token_accounting_is_consistent(quick):
         if w["path"] == "inproc":
             parts = split["target_forward"] + split["sampling"] + (split["drafter_round_trip"] or 0) + split["host"]
             assert parts == pytest.approx(split["total"], rel=0.02)
+
+
+def test_colocated_runs_the_drafter_inside_the_verifier(quick):
+    """The colocated row drafts (its verifier holds the drafter) with no drafter process."""
+    _, record, _ = quick
+    rows = {(r["workload"]["path"], r["workload"]["drafter_label"], r["workload"]["concurrency"]): r
+            for r in record["results"]}
+    colocated, split = rows[("colocated", "mtp@2.5", 1)], rows[("gateway", "mtp@2.5", 1)]
+    assert colocated["metrics"]["draft_tokens"] > 0
+    assert "drafter_rss_mib" not in colocated["metrics"]["memory"]     # no drafter process
+    assert {"verifier_rss_mib", "drafter_rss_mib"} <= set(split["metrics"]["memory"])
 
 
 def test_profile_table_and_plot(quick):

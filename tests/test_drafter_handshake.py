@@ -129,3 +129,25 @@ def test_drafter_dropping_the_stream_after_the_handshake_is_retried_ever_later(t
     finally:
         remote.close()
         server.stop(0)
+
+
+def test_a_stale_streams_answers_stay_with_its_connection(tiny_model):
+    """Reconnects race with steps: the engine takes one connection per step and each reader answers into its own
+    connection's queue. A reader of a replaced stream (its answers still arriving) must not feed the current
+    connection (whose next step would read a wrong step number and drop the new drafter), and ending it must not
+    end the current one."""
+    import queue
+
+    from verifier_service.drafter_client import _Connection
+    remote = _remote(tiny_model, "127.0.0.1:1")   # nothing listens: the link thread only retries
+    try:
+        cancelled = []
+        old = _Connection(iter([SimpleNamespace(step=7)]), queue.Queue(), queue.Queue(), None)
+        current = _Connection(SimpleNamespace(cancel=lambda: cancelled.append(True)), queue.Queue(), queue.Queue(),
+                              None)
+        remote._connection = current
+        remote._read_responses(old)                    # the stale stream delivers step 7, then ends
+        assert current.responses.empty() and remote.connected and not cancelled
+        assert old.responses.get_nowait().step == 7
+    finally:
+        remote.close()

@@ -51,6 +51,17 @@ def drafter_info(response: pb.DrafterInfoResponse) -> DrafterInfo:
 
 
 @dataclass(frozen=True)
+class _Connection:
+    """One stream to the drafter. The engine thread takes `self._connection` once per step (one reference, so
+    it never pairs one connection's request queue with another's answers) and the reader thread answers into
+    its own connection's queue."""
+    call: object                   # the Step stream
+    requests: queue.Queue          # DraftStepRequest messages for gRPC's sending thread; _END ends the stream
+    responses: queue.Queue         # DraftStepResponse messages; None: the stream ended
+    sender: "HiddenSender | None"  # the hidden-state buffers this connection registered
+
+
+@dataclass(frozen=True)
 class DrafterLinkConfig:
     address: str
     max_drafts: int
@@ -71,11 +82,9 @@ class RemoteDrafter:
         self.kind, self.needs_hidden, self.max_drafts, self.facts = "none", False, 0, ModelFacts()
         self.transport_name, self.last_round_trip_ms, self.last_drafter_ms = "none", 0.0, 0.0
         self._lock = threading.Lock()
-        self._requests: queue.Queue | None = None
-        self._responses: queue.Queue = queue.Queue()
-        self._call = None
-        self._channel: grpc.Channel | None = None
-        self._sender: HiddenSender | None = None
+        self._connection: _Connection | None = None   # None: not connected (decode without drafts)
+        self._channel: grpc.Channel | None = None     # the last connection's, closed when the next one opens
+        self._sender: HiddenSender | None = None      # likewise (the drafter may still read its buffers)
         self._pending_release: list[int] = []
         self._known: set[int] = set()   # seq ids this connection has seen from position 0
         self._answered = False          # this connection answered a step: the next outage starts a fresh backoff
@@ -87,7 +96,7 @@ class RemoteDrafter:
 
     @property
     def connected(self) -> bool:
-        return self._requests is not None
+        return self._connection is not None
 
     # ---- connection ----------------------------------------------------------------------
     def _connect_loop(self) -> None:
@@ -155,25 +164,23 @@ class RemoteDrafter:
         shared = self.shared_weights if info.needs_shared_weights else {}
         buffers = [_message(pb.SharedBuffer, b) for b in sender.setup(shared)] if sender else []
         requests.put(pb.DraftStepRequest(setup=pb.Setup(buffers=buffers)))
-        call = stub.Step(self._outgoing(requests), timeout=None)
+        connection = _Connection(stub.Step(self._outgoing(requests), timeout=None), requests, queue.Queue(), sender)
         with self._lock:
             if self._sender is not None:
                 self._sender.close()
             if self._channel is not None:
                 self._channel.close()
-            self._sender = sender
-            self._call, self._requests, self._channel = call, requests, channel
-            self._responses = queue.Queue()
+            self._pending_release.clear()   # the new drafter holds no context: cleared before the engine sees it
+            self._known.clear()
+            self._answered = False
             self.kind, self.needs_hidden, self.facts = info.kind, info.needs_hidden, info.facts
             self.max_drafts = info.max_drafts
             self.transport_name = transport if sender else "none"
-            self._pending_release.clear()
-            self._known.clear()
-            self._answered = False
+            self._sender, self._channel, self._connection = sender, channel, connection  # published last
         log.info("drafter %s connected at %s: k=%d, transport %s, hidden states %s", info.kind,
                  self.config.address, info.max_drafts, self.transport_name, info.needs_hidden)
         # Read only once the connection is published: a stream that fails at once must find itself current.
-        threading.Thread(target=self._read_responses, args=(call, requests), daemon=True).start()
+        threading.Thread(target=self._read_responses, args=(connection,), daemon=True).start()
 
     def _outgoing(self, requests: queue.Queue):
         """The stream's messages as gRPC's sending thread takes them (traced: when it took each step)."""
@@ -181,25 +188,24 @@ class RemoteDrafter:
             return iter(requests.get, _END)
         return _traced_outgoing(requests, self.trace)
 
-    def _read_responses(self, call, requests) -> None:
+    def _read_responses(self, connection: _Connection) -> None:
         try:
-            for response in call:
+            for response in connection.call:
                 self.trace.mark("link.answer", response.step)
-                self._responses.put(response)
+                connection.responses.put(response)
         except grpc.RpcError as e:
-            if self._requests is requests:
+            if self._connection is connection:
                 log.warning("drafter stream ended: %s", _short(e))
-        self._disconnect(requests)
+        self._disconnect(connection)
 
-    def _disconnect(self, requests) -> None:
+    def _disconnect(self, connection: _Connection | None) -> None:
         with self._lock:
-            if self._requests is not requests or requests is None:
+            if connection is None or self._connection is not connection:
                 return
-            requests.put(_END)
-            if self._call is not None:
-                self._call.cancel()
-            self._requests, self._call, self.max_drafts = None, None, 0
-        self._responses.put(None)
+            connection.requests.put(_END)
+            connection.call.cancel()
+            self._connection, self.max_drafts = None, 0
+        connection.responses.put(None)
         log.warning("drafter %s lost: decoding without drafts until it is back", self.config.address)
         self._wake.set()
 
@@ -209,8 +215,8 @@ class RemoteDrafter:
 
     def propose_later(self, batch: DraftBatch) -> Callable[[], DraftOutput]:
         """Send this step's message now; the returned call waits for the drafter's answer (AnswersLater)."""
-        requests, responses = self._requests, self._responses
-        if requests is None:
+        connection = self._connection   # this step's connection, whatever the link thread does meanwhile
+        if connection is None:
             out = DraftOutput.failed(len(batch.seqs), "the drafter is not connected")
             return lambda: out
         sent, missing, hidden = self._known_part(batch)
@@ -224,26 +230,26 @@ class RemoteDrafter:
             pb.SeqInput(seq_id=s.seq_id, start_pos=s.start_pos, token_ids=s.token_ids, num_drafts=s.num_drafts)
             for s in (batch.seqs[i] for i in sent)])
         self.trace.mark("link.message", step)
-        if hidden is not None and self._sender is not None:
-            message.hidden.CopyFrom(_message(pb.TensorRef, self._sender.send(hidden)))
+        if hidden is not None and connection.sender is not None:
+            message.hidden.CopyFrom(_message(pb.TensorRef, connection.sender.send(hidden)))
         start = time.perf_counter()
         self.trace.mark("link.sent", step)   # before the put: gRPC's thread may take it at once
-        requests.put(pb.DraftStepRequest(step=message))
-        return lambda: self._answer(requests, responses, step, start, len(batch.seqs), sent, missing)
+        connection.requests.put(pb.DraftStepRequest(step=message))
+        return lambda: self._answer(connection, step, start, len(batch.seqs), sent, missing)
 
-    def _answer(self, requests, responses, step: int, start: float, num_seqs: int, sent: list[int],
+    def _answer(self, connection: _Connection, step: int, start: float, num_seqs: int, sent: list[int],
                 missing: list[int]) -> DraftOutput:
         """The drafter's answer to step `step` (a failure if it is late, wrong or the stream ended)."""
         try:
-            response = responses.get(timeout=max(0.0, start + self.config.step_timeout_s - time.perf_counter()))
+            response = connection.responses.get(timeout=max(0.0, start + self.config.step_timeout_s - time.perf_counter()))
         except queue.Empty:
             response = None
             log.warning("drafter step %d timed out after %.1fs", step, self.config.step_timeout_s)
         self.trace.mark("link.read", step)
         if response is None or response.step != step or len(response.drafts) != len(sent):
-            self._disconnect(requests)
+            self._disconnect(connection)
             return DraftOutput.failed(num_seqs, f"drafter step {step} got no valid answer")
-        if not self._answered and requests is self._requests:  # (an answer of an older connection is not)
+        if not self._answered and connection is self._connection:  # (an answer of an older connection is not)
             self._answered, self._last_problem = True, ""  # a working connection: report the next problem anew
         self.last_round_trip_ms = (time.perf_counter() - start) * 1e3  # sent → read, with what ran meanwhile
         self.last_drafter_ms = response.drafter_ms
@@ -278,7 +284,7 @@ class RemoteDrafter:
 
     def close(self) -> None:
         self._closed = True
-        self._disconnect(self._requests)
+        self._disconnect(self._connection)
         if self._sender is not None:
             self._sender.close()
 

@@ -6,11 +6,12 @@ import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
-from specdec.drafting import vocabulary_fingerprint
-from specdec.models.loader import load_model
+from specdec.drafting import Drafter, vocabulary_fingerprint
+from specdec.models.loader import LoadedModel, load_model
 from specdec.rpc import serving
 from specdec.rpc.v1 import gateway_pb2, verifier_pb2, verifier_pb2_grpc
 from specdec.step_trace import StepTrace
@@ -35,7 +36,8 @@ class VerifierConfig:
     device: str = "cpu"
     dtype: str = "float32"
     num_drafts: int = 3
-    drafter_address: str | None = None     # None: plain decoding (k = 0)
+    drafter_address: str | None = None     # None: plain decoding (k = 0), or the in-process drafter
+    in_process_drafter: str | None = None  # a drafter kind run inside this process (built by the caller)
     transport: str = "auto"
     drafter_timeout_s: float = 10.0
     max_context: int = 4096
@@ -52,11 +54,21 @@ class VerifierConfig:
     warm_up: bool = True                   # run verifier_service.warm_up before reporting SERVING
     trace_steps: str | None = None         # diagnostics: a specdec.step_trace file
 
+    def context_and_blocks(self, loaded: LoadedModel) -> tuple[int, int]:
+        """(the longest sequence served, KV blocks to hold max_running of them unless kv_blocks says)."""
+        max_context = min(self.max_context, loaded.config.max_position_embeddings)
+        return max_context, self.kv_blocks or self.max_running * math.ceil(max_context / self.block_size)
 
-def build_engine(config: VerifierConfig) -> SpecEngine:
+
+# Builds the in-process drafter around the loaded target (the CLI passes one: this package imports no drafter).
+DrafterFactory = Callable[[LoadedModel, VerifierConfig], Drafter]
+
+
+def build_engine(config: VerifierConfig, make_drafter: DrafterFactory | None = None) -> SpecEngine:
+    if config.in_process_drafter and (config.drafter_address or make_drafter is None):
+        raise ValueError("an in-process drafter needs its factory and no --drafter-address")
     loaded = load_model(config.model_dir, dtype=config.dtype, device=config.device)
-    max_context = min(config.max_context, loaded.config.max_position_embeddings)
-    blocks = config.kv_blocks or config.max_running * math.ceil(max_context / config.block_size)
+    max_context, blocks = config.context_and_blocks(loaded)
     runner = ModelRunner(loaded, blocks, config.block_size, config.max_running, config.num_drafts, config.device,
                          max_model_len=max_context, max_batched_tokens=config.max_batched_tokens,
                          enforce_eager=config.enforce_eager)
@@ -70,6 +82,10 @@ def build_engine(config: VerifierConfig) -> SpecEngine:
             torch.device(config.device), config.max_batched_tokens,
             {"embed_tokens": model.embed_tokens.weight, "lm_head": model.lm_head.weight}, loaded.config.model_type,
             vocabulary_fingerprint(config.model_dir), trace)
+    elif config.in_process_drafter and config.num_drafts > 0:
+        drafter = make_drafter(loaded, config)
+        log.info("in-process drafter %s (%s), k=%d: no drafter service", config.in_process_drafter,
+                 type(drafter).__name__, config.num_drafts)
     forced = None
     if config.forced_acceptance_length:
         forced = ForcedAcceptance(config.forced_acceptance_length, config.num_drafts,
@@ -105,9 +121,15 @@ async def start(engine: SpecEngine, config: VerifierConfig, host: str,
     serving.warn_if_exposed("the verifier", host, secured=False)
     await running.set_serving(loop.error is None)
     log.info("verifier %s on %s (%s, k=%d, drafter %s) listening on %s:%d; at most %d requests in flight",
-             cfg.model_type, config.device, config.dtype, config.num_drafts, config.drafter_address or "none", host,
+             cfg.model_type, config.device, config.dtype, config.num_drafts, _drafter_name(config), host,
              running.port, loop.capacity)
     return running, loop
+
+
+def _drafter_name(config: VerifierConfig) -> str:
+    if config.in_process_drafter:
+        return f"{config.in_process_drafter}, in-process"
+    return config.drafter_address or "none"
 
 
 async def _serve(engine: SpecEngine, config: VerifierConfig, host: str, port: int) -> None:
@@ -115,14 +137,14 @@ async def _serve(engine: SpecEngine, config: VerifierConfig, host: str, port: in
     await serving.until_signal("verifier")
     await running.stop()
     loop.stop()
-    if loop.engine.drafter is not None:
+    if isinstance(loop.engine.drafter, RemoteDrafter):  # an in-process drafter has no link to close
         loop.engine.drafter.close()
     loop.engine.trace.close()
     log.info("verifier: stopped")
 
 
-def serve(config: VerifierConfig, host: str, port: int) -> None:
-    engine = build_engine(config)  # before the event loop: Ctrl-C / SIGTERM while loading stop the process at once
+def serve(config: VerifierConfig, host: str, port: int, make_drafter: DrafterFactory | None = None) -> None:
+    engine = build_engine(config, make_drafter)  # before the event loop: Ctrl-C / SIGTERM while loading stop the process at once
     if config.warm_up:
         warm_up(engine)
     engine.trace.mark("serving")   # trace-report leaves the warm-up's steps out

@@ -159,8 +159,7 @@ class BenchRun:
                 self._skip(w, f"error: {type(e).__name__}: {e}")
                 continue
             finally:
-                if w.path == "gateway" and not any(g.path == "gateway" and g.stack_key == w.stack_key
-                                                   for g in todo[i + 1:]):
+                if w.on_stack and not any(g.on_stack and g.stack_key == w.stack_key for g in todo[i + 1:]):
                     self.gateway().stop()
             result = {"name": w.name, "workload": w.to_json(), "metrics": metrics,
                       "bandwidth": self._bandwidth(w, metrics)}
@@ -175,7 +174,7 @@ class BenchRun:
         if budget is None:
             return None
         need = self.config.workload_timeout_s
-        if w.path == "gateway" and (self._gateway is None or self._gateway.key != w.stack_key):
+        if w.on_stack and (self._gateway is None or self._gateway.key != w.stack_key):
             need += (self._gateway.last_start_s if self._gateway and self._gateway.last_start_s
                      else self.config.stack_start_estimate_s)
         left = budget - (time.perf_counter() - self.start)
@@ -193,7 +192,7 @@ class BenchRun:
         if w.path == "peer":
             return self.peer().run(w, prompts, guard)
         gateway = self.gateway()
-        started = gateway.ensure(w, [g for g in todo if g.path == "gateway" and g.stack_key == w.stack_key])
+        started = gateway.ensure(w, [g for g in todo if g.on_stack and g.stack_key == w.stack_key])
         metrics = gateway.run(w, prompts, guard)
         metrics["stack_start_s"] = round(started, 2) if started else None
         return metrics

@@ -1,5 +1,6 @@
 """The `gateway` path: the real stack (gateway, verifier, drafter as three processes, `specdec.local_stack`) and
-N concurrent gRPC streams through the public Gateway API, one request each.
+N concurrent gRPC streams through the public Gateway API, one request each. The `colocated` path: the same with
+the drafter inside the verifier's process (`--in-process-drafter`), so that gateway / colocated is the split's cost.
 
 The step split comes from the verifier's Prometheus endpoint (`--metrics-port`): the mean per engine step of
 each phase of `specdec_step_seconds` (the engine's host time per phase), scraped before and after the
@@ -62,7 +63,7 @@ class GatewayBench:
     def __init__(self, model: str, device: str, dtype: str, startup_timeout_s: float = 300.0,
                  trace_dir: str | None = None):
         self.model, self.device, self.dtype, self.startup_timeout_s = model, device, dtype, startup_timeout_s
-        self.trace_dir = trace_dir  # the services' --trace-steps files: <drafter label>-<service>.jsonl
+        self.trace_dir = trace_dir  # the services' --trace-steps files: <path>-<drafter label>-k<k>-<service>.jsonl
         self.stack: LocalStack | None = None
         self.key = None
         self.metrics_port = 0
@@ -83,13 +84,18 @@ class GatewayBench:
                     "--max-context", str(context), "--metrics-port", str(self.metrics_port)]
         drafter = ["--max-seqs", str(running), "--max-context", str(context)] if w.drafter == "mtp" else []
         drafter += ["--draft-vocab", w.draft_vocab] if w.draft_vocab else []
+        service = w.drafter
+        if w.path == "colocated":  # the same drafter inside the verifier's process (sized by its own flags)
+            verifier += ["--in-process-drafter", w.drafter, "-k", str(w.num_drafts)]
+            verifier += ["--draft-vocab", w.draft_vocab] if w.draft_vocab else []
+            service, drafter = "none", []
         if self.trace_dir:
-            stem = Path(self.trace_dir) / w.drafter_label.replace("@", "-at-")
+            stem = Path(self.trace_dir) / f"{w.path}-{w.drafter_label.replace('@', '-at-')}-k{w.num_drafts}"
             verifier += ["--trace-steps", f"{stem}-verifier.jsonl"]
-            drafter += ["--trace-steps", f"{stem}-drafter.jsonl"] if w.drafter != "none" else []
+            drafter += ["--trace-steps", f"{stem}-drafter.jsonl"] if service != "none" else []
         if w.forced_length:
             verifier += ["--forced-acceptance-length", str(w.forced_length), "--unsafe-forced-acceptance"]
-        config = StackConfig(model=self.model, drafter=w.drafter, num_drafts=w.num_drafts or 3, device=self.device,
+        config = StackConfig(model=self.model, drafter=service, num_drafts=w.num_drafts or 3, device=self.device,
                              dtype=self.dtype, port=0, verifier_args=tuple(verifier), drafter_args=tuple(drafter),
                              log_dir=self.logs.name,
                              startup_timeout_s=self.startup_timeout_s)

@@ -45,7 +45,8 @@ def table_rows(results: list[dict]) -> list[list[str]]:
     for r in results:
         w, m, bw = r["workload"], r["metrics"], r["bandwidth"]
         tps = m["output_tokens_per_s"]
-        plain, peer = rate.get(_key(r, drafter="none")), rate.get(_key(r, drafter="none", path="peer"))
+        plain = rate.get(_key(r, drafter="none", path="gateway" if w["path"] == "colocated" else None))
+        peer = rate.get(_key(r, drafter="none", path="peer"))
         split = m.get("step_ms") or {}
         rows.append([w["path"], w["drafter_label"], str(w["concurrency"]), str(w["prompt_tokens"]),
                      str(w["max_tokens"]) + ("*" if m["truncated"] else ""), f"{w['temperature']:g}", _fmt(tps),
@@ -82,7 +83,7 @@ def render_table(record: dict, markdown: bool = False) -> str:
     return "\n".join([head, *lines, *tail])
 
 
-PATH_STYLE = {"inproc": "-", "gateway": ":", "peer": "--"}
+PATH_STYLE = {"inproc": "-", "gateway": ":", "colocated": "-.", "peer": "--"}
 DRAFTER_COLOURS = {"none": "tab:gray", "ngram": "tab:green", "mtp@1.5": "tab:orange", "mtp@2.5": "tab:red",
                    "mtp@3.39": "tab:purple", "mtp": "tab:blue"}
 

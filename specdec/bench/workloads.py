@@ -2,7 +2,9 @@
 named matrices (presets) built from them.
 
 Paths: `inproc` (SpecEngine in this process, drafter in-process), `gateway` (the three services as processes,
-N concurrent gRPC streams through the gateway), `peer` (transformers `generate` on the same checkpoint).
+N concurrent gRPC streams through the gateway), `colocated` (the same through the gateway, with the drafter inside
+the verifier's process: `specdec verifier --in-process-drafter`; gateway / colocated is what the service split
+costs), `peer` (transformers `generate` on the same checkpoint).
 Every request of a workload is sent at once (N streams, one request each) and asks for exactly `max_tokens`
 tokens (ignore_eos), so the batch stays at N while it decodes.
 """
@@ -13,14 +15,15 @@ from dataclasses import dataclass, replace
 
 import torch
 
-PATHS = ("inproc", "gateway", "peer")
+PATHS = ("inproc", "gateway", "colocated", "peer")
+STACK_PATHS = ("gateway", "colocated")   # a stack of processes, measured through the gateway
 FORCED_LENGTHS = (1.5, 2.5, 3.39)   # mean acceptance lengths forced on the real MTP drafter (k = 3)
 K = 3
 
 
 @dataclass(frozen=True)
 class Workload:
-    path: str                       # inproc | gateway | peer
+    path: str                       # inproc | gateway | colocated | peer
     drafter: str                    # none | ngram | mtp
     concurrency: int
     prompt_tokens: int
@@ -37,6 +40,8 @@ class Workload:
             raise ValueError(f"drafter must be none | ngram | mtp, not {self.drafter!r}")
         if self.path == "peer" and self.drafter != "none":
             raise ValueError("the peer (transformers generate) runs without a drafter")
+        if self.path == "colocated" and self.drafter == "none":
+            raise ValueError("the colocated path is the gateway path's control for a drafter: it needs one")
         if self.draft_vocab and self.drafter != "mtp":
             raise ValueError("a draft vocabulary goes with the mtp drafter")
         if min(self.concurrency, self.prompt_tokens, self.max_tokens) < 1:
@@ -53,9 +58,19 @@ class Workload:
         return label + "+dv" if self.draft_vocab else label
 
     @property
+    def on_stack(self) -> bool:
+        """Measured through the gateway of a running stack of processes."""
+        return self.path in STACK_PATHS
+
+    @property
+    def plain_path(self) -> str:
+        """The path whose drafter-less rows are this one's plain decoding (colocated: the gateway's)."""
+        return "gateway" if self.path == "colocated" else self.path
+
+    @property
     def stack_key(self) -> tuple:
-        """Workloads with the same key share one running stack (gateway path)."""
-        return (self.drafter, self.forced_length, self.num_drafts, self.draft_vocab)
+        """Workloads with the same key share one running stack (gateway and colocated paths)."""
+        return (self.path, self.drafter, self.forced_length, self.num_drafts, self.draft_vocab)
 
     @property
     def name(self) -> str:
@@ -78,6 +93,7 @@ def matrix(paths, drafters, concurrencies, prompts, temperatures, max_tokens) ->
     out = []
     for path in paths:
         path_drafters = [("none", None)] if path == "peer" else drafters
+        path_drafters = [d for d in path_drafters if d[0] != "none"] if path == "colocated" else path_drafters
         for (drafter, forced), prompt, temp, c in itertools.product(path_drafters, prompts, temperatures,
                                                                     concurrencies):
             out.append(Workload(path, drafter, c, prompt, max_tokens, temp, forced))
@@ -93,7 +109,8 @@ def full() -> list[Workload]:
 BASELINE_OUT = 64
 BASELINE_CUT = [
     "output tokens 256 -> 64 everywhere",
-    "gateway path: drafters none and mtp@3.39 only, concurrency 1 and 16, prompt 128, greedy",
+    "gateway path: drafters none and mtp@3.39 only, concurrency 1 and 16, prompt 128, greedy; colocated: "
+    "mtp@3.39 at the same points",
     "in-process ngram, mtp@1.5 and mtp@2.5: concurrency 1 and 16, prompt 128, greedy only",
     "concurrency 4: in-process none and mtp@3.39, and the peer; concurrency 64: in-process none and mtp@3.39 "
     "(prompt 128, greedy), and the peer",
@@ -115,6 +132,7 @@ def baseline() -> list[Workload]:
     core = [w("inproc", d, c) for d in (plain, mtp) for c in (1, 16)]
     core += [w("peer", plain, c) for c in (1, 16)]
     core += [w("gateway", d, c) for d in (plain, mtp) for c in (1, 16)]
+    core += [w("colocated", mtp, c) for c in (1, 16)]
     more = [w("inproc", d, c) for d in (("ngram", None), ("mtp", 1.5), ("mtp", 2.5)) for c in (1, 16)]
     more += [w("inproc", d, 4) for d in (plain, mtp)] + [w("peer", plain, c) for c in (4, 64)]
     more += [w("inproc", d, 16, temp=0.8) for d in (plain, mtp)]
@@ -124,7 +142,8 @@ def baseline() -> list[Workload]:
 
 
 QUICK_CUT = ["CPU smoke run on the demo model: prompt 32, 12 output tokens, concurrency 1 and 4, "
-             "drafters none and mtp@2.5 (ngram in-process only), greedy (one T = 0.8 run)"]
+             "drafters none and mtp@2.5 (ngram in-process only; colocated at concurrency 1 only), greedy "
+             "(one T = 0.8 run)"]
 
 
 def quick() -> list[Workload]:
@@ -134,6 +153,7 @@ def quick() -> list[Workload]:
     out += [Workload("inproc", "ngram", 4, p, o), Workload("inproc", "mtp", 4, p, o, 0.8, 2.5)]
     out += [Workload("peer", "none", c, p, o) for c in (1, 4)]
     out += [Workload("gateway", "mtp", c, p, o, 0.0, 2.5) for c in (1, 4)]
+    out += [Workload("colocated", "mtp", 1, p, o, 0.0, 2.5)]
     return out
 
 

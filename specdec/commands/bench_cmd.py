@@ -16,7 +16,8 @@ def add_parser(sub) -> None:
         "bench", help="benchmark throughput and latency (gateway, in-process engine, transformers peer)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run a matrix of workloads (concurrency x prompt length x temperature x drafter) through the "
-                    "real stack (gateway -> verifier -> drafter, N concurrent gRPC streams), the engine in-process "
+                    "real stack (gateway -> verifier -> drafter, N concurrent gRPC streams; colocated: the drafter "
+                    "inside the verifier), the engine in-process "
                     "and transformers `generate` on the same checkpoint; measure the device copy bandwidth and the "
                     "bare weight-GEMM chain in the same run; write JSON, a text table and a PNG.",
         epilog="examples:\n"
@@ -34,7 +35,9 @@ def add_parser(sub) -> None:
                    help="write a random checkpoint of this make-tiny preset into --model first if it holds none "
                         f"({', '.join(sorted(TINY))})")
     p.add_argument("--layers", type=int, default=None, help="with --make-tiny: decoder layers (shrinks the checkpoint)")
-    p.add_argument("--paths", nargs="+", choices=["inproc", "gateway", "peer"], help="keep only these paths")
+    p.add_argument("--paths", nargs="+", choices=["inproc", "gateway", "colocated", "peer"],
+                   help="keep only these paths (colocated: through the gateway with the drafter inside the "
+                        "verifier's process; against gateway, what the service split costs)")
     p.add_argument("--drafters", nargs="+", metavar="D", help="keep only these: none ngram mtp@1.5 mtp@2.5 mtp@3.39")
     p.add_argument("--concurrency", nargs="+", type=int, help="keep only these concurrencies")
     p.add_argument("--prompt-tokens", nargs="+", type=int, help="keep only these prompt lengths")
@@ -49,7 +52,7 @@ def add_parser(sub) -> None:
     p.add_argument("--profile", action="store_true", help="torch.profiler summary of in-process decode steps")
     p.add_argument("--profile-steps", type=int, default=10)
     p.add_argument("--trace-steps", default=None, metavar="DIR",
-                   help="gateway path: the verifier and the drafter write --trace-steps files into DIR, one pair "
+                   help="gateway and colocated paths: the verifier and the drafter write --trace-steps files into DIR, one pair "
                         "per stack (see `specdec trace-report`)")
     p.add_argument("--out", default="bench/results", help="folder for the JSON, table and PNG")
     p.add_argument("--tag", default=None, help="file-name suffix (default: the device, e.g. h100, cpu)")

@@ -2,6 +2,7 @@
 import argparse
 
 from .cli_args import add_enforce_eager_arg, add_listen_args, add_model_args, add_trace_steps_arg, resolve
+from .in_process_drafter import IN_PROCESS_KINDS, in_process_drafter
 
 
 def add_parser(sub) -> None:
@@ -11,6 +12,11 @@ def add_parser(sub) -> None:
     add_model_args(p)
     add_listen_args(p, 50052)
     p.add_argument("--drafter-address", default=None, help="HOST:PORT of a drafter; omit for plain decoding")
+    p.add_argument("--in-process-drafter", default=None, choices=IN_PROCESS_KINDS,
+                   help="run this drafter inside the verifier's process instead of a drafter service (one "
+                        "process, no gRPC hop; the control for what the split costs)")
+    p.add_argument("--draft-vocab", default=None, metavar="FILE",
+                   help="--in-process-drafter mtp: draft over the ids of this `specdec draft-vocab` file only")
     p.add_argument("-k", "--num-drafts", type=int, default=3)
     p.add_argument("--transport", default="auto", choices=["auto", "cuda_ipc", "shm", "inline"],
                    help="hidden-state transport to the drafter (auto: cuda_ipc on GPU, shm on CPU, else inline)")
@@ -41,15 +47,22 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.max_queued < 0:
         raise ValueError(f"--max-queued must be >= 0, got {args.max_queued}")
+    if args.drafter_address and args.in_process_drafter:
+        raise ValueError("--drafter-address and --in-process-drafter exclude each other: one drafter per verifier")
+    if args.draft_vocab and args.in_process_drafter != "mtp":
+        raise ValueError("--draft-vocab goes with --in-process-drafter mtp (a drafter service takes its own)")
+    make_drafter = in_process_drafter(args.in_process_drafter, args.draft_vocab) if args.in_process_drafter else None
+    drafting = args.drafter_address or args.in_process_drafter
     model, device, dtype = resolve(args)
     config = VerifierConfig(
-        model_dir=model, device=device, dtype=dtype, num_drafts=args.num_drafts if args.drafter_address else 0,
-        drafter_address=args.drafter_address, transport=args.transport, drafter_timeout_s=args.drafter_timeout,
+        model_dir=model, device=device, dtype=dtype, num_drafts=args.num_drafts if drafting else 0,
+        drafter_address=args.drafter_address, in_process_drafter=args.in_process_drafter, transport=args.transport,
+        drafter_timeout_s=args.drafter_timeout,
         max_context=args.max_context, max_running=args.max_running, max_queued=args.max_queued,
         max_batched_tokens=args.max_batched_tokens,
         prefill_chunk=args.prefill_chunk, kv_blocks=args.kv_blocks, metrics_port=args.metrics_port,
         forced_acceptance_length=args.forced_acceptance_length, unsafe_forced_acceptance=args.unsafe_forced_acceptance,
         enforce_eager=args.enforce_eager, warm_up=args.warm_up,
         trace_steps=args.trace_steps)
-    serve(config, args.host, args.port)
+    serve(config, args.host, args.port, make_drafter)
     return 0

@@ -1,0 +1,31 @@
+"""`specdec verifier --in-process-drafter KIND`: the drafter inside the verifier's process, with no drafter
+service and no gRPC hop between them. A single-process deployment, and the control that measures what the
+service split costs (`specdec bench --paths colocated gateway`). This module is where the two services meet
+(the CLI composes them; neither imports the other)."""
+from __future__ import annotations
+
+IN_PROCESS_KINDS = ("mtp", "ngram")
+
+
+def in_process_drafter(kind: str, draft_vocab: str | None = None):
+    """A factory (loaded target, VerifierConfig) -> Drafter for `kind` (one of IN_PROCESS_KINDS)."""
+    if kind not in IN_PROCESS_KINDS:
+        raise ValueError(f"--in-process-drafter must be one of {', '.join(IN_PROCESS_KINDS)}, not {kind!r}")
+
+    def make(loaded, config):
+        from drafter_service.ngram import NgramDrafter
+        if kind == "ngram":
+            return NgramDrafter(config.num_drafts)
+        from drafter_service.mtp.mtp_drafter import MTPDrafter
+        from drafter_service.mtp.options import MTPOptions
+        from specdec.drafting.draft_vocab import load_draft_vocab
+        if not loaded.mtp_weights:
+            raise ValueError(f"{config.model_dir} has no mtp.* tensors: use --in-process-drafter ngram instead")
+        max_context, blocks = config.context_and_blocks(loaded)
+        vocab = load_draft_vocab(draft_vocab, loaded.config.vocab_size) if draft_vocab else None
+        # the verify step's k + 1 tokens beyond the context: the drafter's catch-up writes them too
+        options = MTPOptions(max_seqs=config.max_running, max_context=max_context + config.num_drafts + 1,
+                             enforce_eager=config.enforce_eager, draft_vocab=vocab)
+        return MTPDrafter(loaded, config.num_drafts, num_blocks=blocks, block_size=config.block_size,
+                          device=config.device, options=options)
+    return make
