@@ -9,6 +9,7 @@ from specdec.rpc.v1 import drafter_pb2, drafter_pb2_grpc
 from specdec.step_trace import StepTrace
 
 from .factory import DrafterConfig, DrafterHolder
+from .local_lane import LocalLane
 from .servicer import DrafterServicer
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,9 @@ def start(config: DrafterConfig, host: str, port: int) -> serving.RunningServer:
     servicer = DrafterServicer(holder, uuid, counter, StepTrace(config.trace_steps, "drafter"))
     running = serving.start_server(lambda s: drafter_pb2_grpc.add_DrafterServicer_to_server(servicer, s),
                                    [SERVICE], host, port)
+    lane = LocalLane(servicer)
+    servicer.local_lane = lane.name
+    running.on_stop.append(lane.close)
     running.on_stop.append(servicer.close)
     running.set_serving(True)
     log.info("drafter %s (k=%d, %s) listening on %s:%d", config.kind, config.max_drafts, config.device, host,

@@ -131,23 +131,56 @@ def test_drafter_dropping_the_stream_after_the_handshake_is_retried_ever_later(t
         server.stop(0)
 
 
-def test_a_stale_streams_answers_stay_with_its_connection(tiny_model):
-    """Reconnects race with steps: the engine takes one connection per step and each reader answers into its own
-    connection's queue. A reader of a replaced stream (its answers still arriving) must not feed the current
-    connection (whose next step would read a wrong step number and drop the new drafter), and ending it must not
-    end the current one."""
-    import queue
-
+def test_a_stale_streams_end_leaves_the_current_connection(tiny_model):
+    """Reconnects race with steps: the engine takes one connection per step, and each stream answers into its own
+    queue. A replaced stream that ends (its reader still running) must not end the connection now current."""
     from verifier_service.drafter_client import _Connection
     remote = _remote(tiny_model, "127.0.0.1:1")   # nothing listens: the link thread only retries
+    closed = []
+    stream = SimpleNamespace(close=lambda: closed.append(True), channel="test")
+    old, current = _Connection(stream, None), _Connection(stream, None)
     try:
-        cancelled = []
-        old = _Connection(iter([SimpleNamespace(step=7)]), queue.Queue(), queue.Queue(), None)
-        current = _Connection(SimpleNamespace(cancel=lambda: cancelled.append(True)), queue.Queue(), queue.Queue(),
-                              None)
         remote._connection = current
-        remote._read_responses(old)                    # the stale stream delivers step 7, then ends
-        assert current.responses.empty() and remote.connected and not cancelled
-        assert old.responses.get_nowait().step == 7
+        remote._stream_ended(old, "the old drafter went away")
+        assert remote.connected and remote._connection is current and not closed
+        remote._stream_ended(current, "this one went away")
+        assert not remote.connected and closed == [True]
     finally:
         remote.close()
+
+
+def test_grpc_stream_answers_into_its_own_queue():
+    from specdec.rpc.v1 import drafter_pb2 as pb
+    from specdec.step_trace import OFF
+    from verifier_service.step_streams import GrpcStepStream
+    answers = [pb.DraftStepResponse(step=1), pb.DraftStepResponse(step=2)]
+    stub = SimpleNamespace(Step=lambda requests, timeout: iter(answers))
+    ended = []
+    stream = GrpcStepStream(stub, pb.DraftStepRequest(setup=pb.Setup()), OFF)
+    stream.start(ended.append)
+    assert [stream.receive(5.0).step, stream.receive(5.0).step] == [1, 2]
+    assert stream.receive(5.0) is None and ended == ["the drafter ended the stream"]
+
+
+def test_the_local_lane_is_offered_on_this_host_only_and_unreachable_lanes_fall_back_to_grpc(tiny_model):
+    import grpc
+
+    from specdec.rpc.v1 import drafter_pb2 as pb
+    from specdec.rpc.v1 import drafter_pb2_grpc
+    from specdec.transport.host import host_id
+    from verifier_service.step_streams import GrpcStepStream
+    server = start_drafter(DrafterConfig("ngram", 3), "127.0.0.1", 0)
+    remote = _remote(tiny_model, "127.0.0.1:1")
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = drafter_pb2_grpc.DrafterStub(channel)
+            here = stub.Info(pb.DrafterInfoRequest(host_id=host_id()), timeout=10).local_lane
+            elsewhere = stub.Info(pb.DrafterInfoRequest(host_id="another-host"), timeout=10).local_lane
+        assert here.startswith("specdec-drafter-") and elsewhere == ""
+        fake = SimpleNamespace(Step=lambda requests, timeout: SimpleNamespace(cancel=lambda: None))
+        stream = remote._open_stream(fake, "specdec-drafter-no-such-lane", [])
+        assert isinstance(stream, GrpcStepStream)
+        stream.close()
+    finally:
+        remote.close()
+        server.stop(0)

@@ -1,7 +1,11 @@
 """Malformed verifier -> drafter messages (wrong step counter, ids out of range, a buffer never registered, a
 region past its buffer, bytes that do not match the shape, hidden rows that do not match the tokens, a setup
 naming a missing file) are refused with INVALID_ARGUMENT naming the field, before anything is applied: the
-sequence they were about drafts afterwards exactly like an identical sequence that never saw them."""
+sequence they were about drafts afterwards exactly like an identical sequence that never saw them. The same over
+the local lane (the Step messages over a Unix socket), where a refusal closes the socket and is logged."""
+import logging
+import socket
+
 import grpc
 import pytest
 import torch
@@ -12,6 +16,8 @@ from specdec.rpc.serving import channel_options
 from specdec.rpc.v1 import drafter_pb2 as pb
 from specdec.rpc.v1 import drafter_pb2_grpc
 from specdec.transport import tensor_bytes
+from specdec.transport.frames import recv_frame, send_frame
+from specdec.transport.host import host_id
 from specdec.transport.shm_buffer import ShmBuffer
 
 PROMPT = [5, 17, 3, 99, 42, 8, 1]
@@ -42,7 +48,7 @@ def step(n: int, seq_id: int, start: int, tokens: list[int], hidden: pb.TensorRe
         pb.SeqInput(seq_id=seq_id, start_pos=start, token_ids=tokens, num_drafts=3)]))
 
 
-def stream(stub, messages):
+def grpc_stream(stub, messages):
     """(drafts per answered step, the error that ended the stream or None)."""
     answers = []
     try:
@@ -51,6 +57,25 @@ def stream(stub, messages):
     except grpc.RpcError as e:
         return answers, e
     return answers, None
+
+
+def lane_stream(stub, messages):
+    """The same over the drafter's local lane: (drafts per answered step, "closed" if the drafter closed the lane
+    before answering every step, else None)."""
+    name = stub.Info(pb.DrafterInfoRequest(host_id=host_id()), timeout=10).local_lane
+    answers, steps = [], sum(m.HasField("step") for m in messages)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(30)
+        sock.connect("\0" + name)
+        try:
+            for m in messages:
+                send_frame(sock, m.SerializeToString())
+            sock.shutdown(socket.SHUT_WR)     # the end of the stream
+        except OSError:                       # it closed already: a refusal
+            pass
+        while (frame := recv_frame(sock)) is not None:
+            answers.append([list(d.token_ids) for d in pb.DraftStepResponse.FromString(frame).drafts])
+    return answers, ("closed" if len(answers) < steps else None)
 
 
 def malformed(kind: str, seq_id: int, shm: ShmBuffer) -> list[pb.DraftStepRequest]:
@@ -84,15 +109,23 @@ FIELDS = {"replayed step": "previous step", "id out of range": "token_ids", "neg
           "unknown dtype": "dtype", "setup of a missing file": "setup"}
 
 
+@pytest.mark.parametrize("carrier", ["grpc", "lane"])
 @pytest.mark.parametrize("kind", list(FIELDS))
-def test_malformed_step_is_refused_and_changes_nothing(drafter, kind):
+def test_malformed_step_is_refused_and_changes_nothing(drafter, kind, carrier, caplog):
     stub, shm = drafter
-    faulted, clean = 100 + 2 * list(FIELDS).index(kind), 101 + 2 * list(FIELDS).index(kind)
+    stream = {"grpc": grpc_stream, "lane": lane_stream}[carrier]
+    faulted = 100 + 4 * list(FIELDS).index(kind) + 2 * (carrier == "lane")
+    clean = faulted + 1
     prompt_rows = inline(hidden_rows(len(PROMPT) - 1, 1))
     # Stream A: the faulted sequence's prompt, then the malformed message (which also asks to release it).
-    answers, error = stream(stub, [step(1, faulted, 0, PROMPT, prompt_rows)] + malformed(kind, faulted, shm))
-    assert len(answers) == 1 and error is not None
-    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and FIELDS[kind] in error.details()
+    with caplog.at_level(logging.WARNING, logger="drafter_service"):
+        answers, error = stream(stub, [step(1, faulted, 0, PROMPT, prompt_rows)] + malformed(kind, faulted, shm))
+    if carrier == "lane":   # the lane has no status: the drafter logs why it closed it
+        error = next((r.getMessage() for r in caplog.records if "local lane closed" in r.getMessage()), None)
+        assert error and "INVALID_ARGUMENT" in error and FIELDS[kind] in error
+    else:
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and FIELDS[kind] in error.details()
+    assert len(answers) == 1
     # Stream B (the verifier reconnected): the faulted sequence continues; the clean one has the same history.
     continued, error = stream(stub, [step(1, faulted, len(PROMPT) - 1, NEXT, inline(hidden_rows(2, 2)))])
     assert error is None

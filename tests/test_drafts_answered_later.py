@@ -114,9 +114,10 @@ def test_abort_and_new_requests_while_an_answer_is_unread(tiny_model, prompts, p
     assert drafter.unread == 0 and engine.fallback_steps == 0
 
 
-@pytest.fixture
-def gated_link(tiny_model, monkeypatch):
-    """A RemoteDrafter linked to an ngram drafter service whose steps wait for `gate`."""
+@pytest.fixture(params=["auto", "grpc"])
+def gated_link(tiny_model, monkeypatch, request):
+    """A RemoteDrafter linked to an ngram drafter service whose steps wait for `gate`; its steps go over the
+    drafter's local lane (auto, same host) or the gRPC stream."""
     import threading
     import time
 
@@ -131,13 +132,15 @@ def gated_link(tiny_model, monkeypatch):
     monkeypatch.setattr(NgramDrafter, "propose",
                         lambda self, batch: (entered.set(), gate.wait(30), propose(self, batch))[2])
     server = start_drafter(DrafterConfig("ngram", K), "127.0.0.1", 0)
-    remote = RemoteDrafter(DrafterLinkConfig(f"127.0.0.1:{server.port}", K, "auto", STEP_TIMEOUT_S),
+    remote = RemoteDrafter(DrafterLinkConfig(f"127.0.0.1:{server.port}", K, "auto", STEP_TIMEOUT_S,
+                                             step_channel=request.param),
                            tiny_model.config.hidden_size, tiny_model.config.vocab_size, torch.float32,
                            torch.device("cpu"), 64, {}, tiny_model.config.model_type)
     deadline = time.monotonic() + 30
     while not remote.connected:
         assert time.monotonic() < deadline
         time.sleep(0.05)
+    assert remote._connection.stream.channel == {"auto": "the local lane", "grpc": "gRPC"}[request.param]
     yield remote, server, gate, entered
     gate.set()
     remote.close()
@@ -159,11 +162,16 @@ def test_the_remote_link_sends_at_once_and_reads_the_answer_later(gated_link):
 
 
 def test_a_drafter_lost_before_its_answer_is_read_is_a_failed_step(gated_link):
+    import threading
+    import time
     remote, server, _, entered = gated_link
     answer = remote.propose_later(_repeating_batch(1))
     assert entered.wait(30)
-    server.server.stop(0)                           # the stream ends with the answer unsent
+    start = time.monotonic()
+    # the server stops (its streams and lanes end, the answer unsent); in the background: its last step waits
+    threading.Thread(target=server.stop, args=(0,), daemon=True).start()
     out = answer()
+    assert time.monotonic() - start < STEP_TIMEOUT_S   # seen as the stream's end, not as a late answer
     assert out.failure and out.drafts == [[]]
 
 
@@ -179,3 +187,17 @@ def test_an_answer_read_after_the_deadline_counts_if_it_came_in_time(gated_link)
     out = answer()
     assert not out.failure and out.drafts == [[6, 4, 5]] and remote.connected
     assert remote.propose(_repeating_batch(2)).drafts == [[6, 4, 5]]
+
+
+def test_a_drafter_that_stops_while_the_engine_idles_is_seen_at_once(gated_link):
+    """No step in flight: the link still notices the drafter's end (the gateway reports the drafter away), on the
+    local lane as on the gRPC stream."""
+    import time
+    remote, server, gate, _ = gated_link
+    gate.set()
+    assert not remote.propose_later(_repeating_batch(1))().failure   # the link works
+    server.stop(0)
+    deadline = time.monotonic() + 5
+    while remote.connected:
+        assert time.monotonic() < deadline, "the link still looks connected"
+        time.sleep(0.02)

@@ -10,7 +10,6 @@ DraftOutput.missing, and the engine re-sends (or recomputes) them.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from dataclasses import dataclass
@@ -28,9 +27,10 @@ from specdec.transport import tensor_bytes
 from specdec.transport.host import host_id
 
 from .hidden_sender import HiddenSender, offered_transports
+from .step_streams import GrpcStepStream, LocalStepStream
 
 log = logging.getLogger(__name__)
-_END = object()
+STEP_CHANNELS = ("auto", "grpc")
 TRANSPORTS = {"inline": pb.INLINE, "shm": pb.SHM, "cuda_ipc": pb.CUDA_IPC}
 
 
@@ -52,13 +52,10 @@ def drafter_info(response: pb.DrafterInfoResponse) -> DrafterInfo:
 
 @dataclass(frozen=True)
 class _Connection:
-    """One stream to the drafter. The engine thread takes `self._connection` once per step (one reference, so
-    it never pairs one connection's request queue with another's answers) and the reader thread answers into
-    its own connection's queue."""
-    call: object                   # the Step stream
-    requests: queue.Queue          # DraftStepRequest messages for gRPC's sending thread; _END ends the stream
-    responses: queue.Queue         # DraftStepResponse messages; None: the stream ended
-    sender: "HiddenSender | None"  # the hidden-state buffers this connection registered
+    """One stream to the drafter. The engine thread takes `self._connection` once per step (one reference: it
+    never sends on one stream and reads another's answers)."""
+    stream: GrpcStepStream | LocalStepStream
+    sender: HiddenSender | None    # the hidden-state buffers this connection registered
 
 
 @dataclass(frozen=True)
@@ -68,6 +65,7 @@ class DrafterLinkConfig:
     transport: str = "auto"        # auto | cuda_ipc | shm | inline
     step_timeout_s: float = 10.0   # a step answered later than this counts as a failure
     max_backoff_s: float = 8.0
+    step_channel: str = "auto"     # auto: the drafter's local lane when it offers one (same host) | grpc
 
 
 class RemoteDrafter:
@@ -160,11 +158,9 @@ class RemoteDrafter:
         stub.ClearCache(pb.ClearCacheRequest(), timeout=5.0)
         sender = HiddenSender(transport, self.max_rows, self.target.hidden_size, self.dtype, self.device) \
             if info.needs_hidden else None
-        requests: queue.Queue = queue.Queue()
         shared = self.shared_weights if info.needs_shared_weights else {}
         buffers = [_message(pb.SharedBuffer, b) for b in sender.setup(shared)] if sender else []
-        requests.put(pb.DraftStepRequest(setup=pb.Setup(buffers=buffers)))
-        connection = _Connection(stub.Step(self._outgoing(requests), timeout=None), requests, queue.Queue(), sender)
+        connection = _Connection(self._open_stream(stub, response.local_lane, buffers), sender)
         with self._lock:
             if self._sender is not None:
                 self._sender.close()
@@ -177,35 +173,33 @@ class RemoteDrafter:
             self.max_drafts = info.max_drafts
             self.transport_name = transport if sender else "none"
             self._sender, self._channel, self._connection = sender, channel, connection  # published last
-        log.info("drafter %s connected at %s: k=%d, transport %s, hidden states %s", info.kind,
-                 self.config.address, info.max_drafts, self.transport_name, info.needs_hidden)
+        log.info("drafter %s connected at %s: k=%d, transport %s, hidden states %s, steps over %s", info.kind,
+                 self.config.address, info.max_drafts, self.transport_name, info.needs_hidden,
+                 connection.stream.channel)
         # Read only once the connection is published: a stream that fails at once must find itself current.
-        threading.Thread(target=self._read_responses, args=(connection,), daemon=True).start()
+        connection.stream.start(lambda why: self._stream_ended(connection, why))
 
-    def _outgoing(self, requests: queue.Queue):
-        """The stream's messages as gRPC's sending thread takes them (traced: when it took each step)."""
-        if not self.trace.enabled:
-            return iter(requests.get, _END)
-        return _traced_outgoing(requests, self.trace)
+    def _open_stream(self, stub, local_lane: str, buffers: list) -> GrpcStepStream | LocalStepStream:
+        """The drafter's local lane when it offers one and we may take it, else the gRPC Step stream."""
+        setup = pb.DraftStepRequest(setup=pb.Setup(buffers=buffers))
+        if local_lane and self.config.step_channel == "auto":
+            try:
+                return LocalStepStream(local_lane, setup, self.trace)
+            except OSError as e:  # e.g. another network namespace (containers): gRPC carries the steps
+                log.info("drafter's local lane not reachable from here (%s): steps go over gRPC", e)
+        return GrpcStepStream(stub, setup, self.trace)
 
-    def _read_responses(self, connection: _Connection) -> None:
-        try:
-            for response in connection.call:
-                self.trace.mark("link.answer", response.step)
-                connection.responses.put(response)
-        except grpc.RpcError as e:
-            if self._connection is connection:
-                log.warning("drafter stream ended: %s", _short(e))
+    def _stream_ended(self, connection: _Connection, why: str) -> None:
+        if self._connection is connection:
+            log.warning("drafter stream ended: %s", why)
         self._disconnect(connection)
 
     def _disconnect(self, connection: _Connection | None) -> None:
         with self._lock:
             if connection is None or self._connection is not connection:
                 return
-            connection.requests.put(_END)
-            connection.call.cancel()
             self._connection, self.max_drafts = None, 0
-        connection.responses.put(None)
+        connection.stream.close()
         log.warning("drafter %s lost: decoding without drafts until it is back", self.config.address)
         self._wake.set()
 
@@ -233,17 +227,21 @@ class RemoteDrafter:
         if hidden is not None and connection.sender is not None:
             message.hidden.CopyFrom(_message(pb.TensorRef, connection.sender.send(hidden)))
         start = time.perf_counter()
-        self.trace.mark("link.sent", step)   # before the put: gRPC's thread may take it at once
-        connection.requests.put(pb.DraftStepRequest(step=message))
+        self.trace.mark("link.sent", step)   # before the send: gRPC's thread may take it at once
+        try:
+            connection.stream.send(pb.DraftStepRequest(step=message))
+        except OSError as e:   # the local lane's drafter is gone
+            self._stream_ended(connection, f"the local lane: {e}")
+            out = DraftOutput.failed(len(batch.seqs), "the drafter is not connected")
+            return lambda: out
         return lambda: self._answer(connection, step, start, len(batch.seqs), sent, missing)
 
     def _answer(self, connection: _Connection, step: int, start: float, num_seqs: int, sent: list[int],
                 missing: list[int]) -> DraftOutput:
         """The drafter's answer to step `step` (a failure if it is late, wrong or the stream ended)."""
-        try:
-            response = connection.responses.get(timeout=max(0.0, start + self.config.step_timeout_s - time.perf_counter()))
-        except queue.Empty:
-            response = None
+        left = start + self.config.step_timeout_s - time.perf_counter()
+        response = connection.stream.receive(max(0.0, left))
+        if response is None and time.perf_counter() - start >= self.config.step_timeout_s:
             log.warning("drafter step %d timed out after %.1fs", step, self.config.step_timeout_s)
         self.trace.mark("link.read", step)
         if response is None or response.step != step or len(response.drafts) != len(sent):
@@ -288,12 +286,6 @@ class RemoteDrafter:
         if self._sender is not None:
             self._sender.close()
 
-
-def _traced_outgoing(requests: queue.Queue, trace: StepTrace):
-    for message in iter(requests.get, _END):
-        if message.HasField("step"):
-            trace.mark("link.taken", message.step.step)
-        yield message
 
 
 def _short(e: BaseException) -> str:

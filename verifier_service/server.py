@@ -40,6 +40,7 @@ class VerifierConfig:
     in_process_drafter: str | None = None  # a drafter kind run inside this process (built by the caller)
     transport: str = "auto"
     drafter_timeout_s: float = 10.0
+    step_channel: str = "auto"             # auto: the drafter's local lane on this host | grpc
     max_context: int = 4096
     max_running: int = 16
     max_queued: int = DEFAULT_MAX_QUEUED   # requests waiting beyond max_running; more: RESOURCE_EXHAUSTED
@@ -77,7 +78,8 @@ def build_engine(config: VerifierConfig, make_drafter: DrafterFactory | None = N
     if config.drafter_address and config.num_drafts > 0:
         model = loaded.model
         drafter = RemoteDrafter(
-            DrafterLinkConfig(config.drafter_address, config.num_drafts, config.transport, config.drafter_timeout_s),
+            DrafterLinkConfig(config.drafter_address, config.num_drafts, config.transport, config.drafter_timeout_s,
+                              step_channel=config.step_channel),
             loaded.config.hidden_size, loaded.config.vocab_size, model.embed_tokens.weight.dtype,
             torch.device(config.device), config.max_batched_tokens,
             {"embed_tokens": model.embed_tokens.weight, "lm_head": model.lm_head.weight}, loaded.config.model_type,

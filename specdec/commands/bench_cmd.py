@@ -54,6 +54,9 @@ def add_parser(sub) -> None:
     p.add_argument("--trace-steps", default=None, metavar="DIR",
                    help="gateway and colocated paths: the verifier and the drafter write --trace-steps files into DIR, one pair "
                         "per stack (see `specdec trace-report`)")
+    p.add_argument("--step-channel", default="auto", choices=["auto", "grpc"],
+                   help="gateway path: the verifier's --step-channel (auto: the drafter's local lane; grpc: the "
+                        "gRPC stream, as across hosts)")
     p.add_argument("--out", default="bench/results", help="folder for the JSON, table and PNG")
     p.add_argument("--tag", default=None, help="file-name suffix (default: the device, e.g. h100, cpu)")
     p.add_argument("--seed", type=int, default=0, help="prompts and the checkpoint")
@@ -88,6 +91,7 @@ def build_config(args: argparse.Namespace):
         make_tiny=args.make_tiny, layers=args.layers,
         workload_timeout_s=args.workload_timeout or PRESET_TIMEOUTS[args.preset], time_budget_s=args.time_budget,
         profile=args.profile, profile_steps=args.profile_steps, trace_steps_dir=args.trace_steps,
+        step_channel=args.step_channel,
         plot=not args.no_plot, seed=args.seed,
         command="specdec " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
 

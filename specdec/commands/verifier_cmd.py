@@ -20,6 +20,10 @@ def add_parser(sub) -> None:
     p.add_argument("-k", "--num-drafts", type=int, default=3)
     p.add_argument("--transport", default="auto", choices=["auto", "cuda_ipc", "shm", "inline"],
                    help="hidden-state transport to the drafter (auto: cuda_ipc on GPU, shm on CPU, else inline)")
+    p.add_argument("--step-channel", default="auto", choices=["auto", "grpc"],
+                   help="how each step's message reaches the drafter: auto takes the local lane a drafter on this "
+                        "host offers (a Unix socket, no gRPC threads in between; gRPC where it cannot be reached), "
+                        "grpc always the gRPC stream")
     p.add_argument("--drafter-timeout", type=float, default=10.0, help="seconds before a drafter step counts as failed")
     p.add_argument("--max-context", type=int, default=4096)
     p.add_argument("--max-running", type=int, default=16, help="sequences decoded together")
@@ -57,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     config = VerifierConfig(
         model_dir=model, device=device, dtype=dtype, num_drafts=args.num_drafts if drafting else 0,
         drafter_address=args.drafter_address, in_process_drafter=args.in_process_drafter, transport=args.transport,
-        drafter_timeout_s=args.drafter_timeout,
+        drafter_timeout_s=args.drafter_timeout, step_channel=args.step_channel,
         max_context=args.max_context, max_running=args.max_running, max_queued=args.max_queued,
         max_batched_tokens=args.max_batched_tokens,
         prefill_chunk=args.prefill_chunk, kv_blocks=args.kv_blocks, metrics_port=args.metrics_port,

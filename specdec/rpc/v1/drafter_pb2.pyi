@@ -41,7 +41,7 @@ class DrafterInfoRequest(_message.Message):
     def __init__(self, max_drafts: _Optional[int] = ..., hidden_size: _Optional[int] = ..., dtype: _Optional[str] = ..., vocab_size: _Optional[int] = ..., transports: _Optional[_Iterable[_Union[Transport, str]]] = ..., host_id: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., model_type: _Optional[str] = ..., vocab_fingerprint: _Optional[str] = ...) -> None: ...
 
 class DrafterInfoResponse(_message.Message):
-    __slots__ = ("kind", "max_drafts", "hidden_size", "dtype", "vocab_size", "needs_hidden_states", "needs_shared_weights", "transports", "host_id", "gpu_uuid", "model_type", "vocab_fingerprint")
+    __slots__ = ("kind", "max_drafts", "hidden_size", "dtype", "vocab_size", "needs_hidden_states", "needs_shared_weights", "transports", "host_id", "gpu_uuid", "model_type", "vocab_fingerprint", "local_lane")
     KIND_FIELD_NUMBER: _ClassVar[int]
     MAX_DRAFTS_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +54,7 @@ class DrafterInfoResponse(_message.Message):
     GPU_UUID_FIELD_NUMBER: _ClassVar[int]
     MODEL_TYPE_FIELD_NUMBER: _ClassVar[int]
     VOCAB_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_LANE_FIELD_NUMBER: _ClassVar[int]
     kind: str
     max_drafts: int
     hidden_size: int
@@ -66,7 +67,8 @@ class DrafterInfoResponse(_message.Message):
     gpu_uuid: str
     model_type: str
     vocab_fingerprint: str
-    def __init__(self, kind: _Optional[str] = ..., max_drafts: _Optional[int] = ..., hidden_size: _Optional[int] = ..., dtype: _Optional[str] = ..., vocab_size: _Optional[int] = ..., needs_hidden_states: _Optional[bool] = ..., needs_shared_weights: _Optional[bool] = ..., transports: _Optional[_Iterable[_Union[Transport, str]]] = ..., host_id: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., model_type: _Optional[str] = ..., vocab_fingerprint: _Optional[str] = ...) -> None: ...
+    local_lane: str
+    def __init__(self, kind: _Optional[str] = ..., max_drafts: _Optional[int] = ..., hidden_size: _Optional[int] = ..., dtype: _Optional[str] = ..., vocab_size: _Optional[int] = ..., needs_hidden_states: _Optional[bool] = ..., needs_shared_weights: _Optional[bool] = ..., transports: _Optional[_Iterable[_Union[Transport, str]]] = ..., host_id: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., model_type: _Optional[str] = ..., vocab_fingerprint: _Optional[str] = ..., local_lane: _Optional[str] = ...) -> None: ...
 
 class TensorRef(_message.Message):
     __slots__ = ("transport", "shape", "dtype", "data", "buffer", "offset_bytes")
