@@ -184,6 +184,7 @@ def test_prompts_are_shared_across_concurrencies():
     (["--layers", "2"], "--layers only applies"),
     (["--paths", "peer", "--drafters", "ngram"], "leave no workload"),
     (["--workload-timeout", "0"], "--workload-timeout must be > 0"),
+    (["--repeats", "0"], "--repeats must be > 0"),
 ])
 def test_cli_errors_name_the_option(tmp_path, capsys, argv, words):
     from specdec.cli import main

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.timeout(400)
 def quick(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     run = subprocess.run([sys.executable, "-m", "specdec", "--log-level", "WARNING", "bench", "--quick", "--device",
-                          "cpu", "--profile", "--profile-steps", "2", "--out", str(out)],
+                          "cpu", "--profile", "--profile-steps", "2", "--repeats", "2", "--out", str(out)],
                          capture_output=True, text=True, timeout=360)
     assert run.returncode == 0, run.stderr[-3000:]
     return out, json.loads((out / "bench_quick_cpu.json").read_text()), run.stdout
@@ -74,6 +74,8 @@ def test_colocated_runs_the_drafter_inside_the_verifier(quick):
     colocated, split = rows[("colocated", "mtp@2.5", 1)], rows[("gateway", "mtp@2.5", 1)]
     assert colocated["metrics"]["draft_tokens"] > 0
     assert "drafter_rss_mib" not in colocated["metrics"]["memory"]     # no drafter process
+    passes = colocated["metrics"]["passes_tokens_per_s"]   # --repeats 2: the median pass of two is the upper one
+    assert len(passes) == 2 and colocated["metrics"]["output_tokens_per_s"] == pytest.approx(max(passes), abs=0.01)
     assert {"verifier_rss_mib", "drafter_rss_mib"} <= set(split["metrics"]["memory"])
 
 

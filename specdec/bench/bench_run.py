@@ -46,6 +46,7 @@ class BenchConfig:
     profile_steps: int = 10
     trace_steps_dir: str | None = None   # gateway path: the services' --trace-steps files go here
     step_channel: str = "auto"           # gateway path: the verifier's --step-channel
+    repeats: int = 1                     # gateway / colocated paths: timed passes, the median one reported
     plot: bool = True
     seed: int = 0
     command: str = ""
@@ -80,7 +81,8 @@ class BenchRun:
         if self._gateway is None:
             from .gateway_path import GatewayBench
             self._gateway = GatewayBench(self.config.model, self.config.device, self.config.dtype,
-                                         trace_dir=self.config.trace_steps_dir, step_channel=self.config.step_channel)
+                                         trace_dir=self.config.trace_steps_dir, step_channel=self.config.step_channel,
+                                         repeats=self.config.repeats)
         return self._gateway
 
     # ---- the run ------------------------------------------------------------------------
@@ -96,7 +98,8 @@ class BenchRun:
                        "model": {**describe(c.model, c.dtype, self.traffic), "checkpoint": made},
                        "preset": c.preset, "cut_from_full": list(c.cut),
                        "settings": {"workload_timeout_s": c.workload_timeout_s, "time_budget_s": c.time_budget_s,
-                                    "seed": c.seed, "planned": len(c.workloads), "step_channel": c.step_channel},
+                                    "seed": c.seed, "planned": len(c.workloads), "step_channel": c.step_channel,
+                                    "repeats": c.repeats},
                        "roofline": None, "profile": None, "results": self.results, "skipped": self.skipped,
                        "problems": []}
         log.info("measuring the device copy and the weight-GEMM chain (%d GEMMs)", len(self.traffic.linear_shapes))

@@ -57,6 +57,9 @@ def add_parser(sub) -> None:
     p.add_argument("--step-channel", default="auto", choices=["auto", "grpc"],
                    help="gateway path: the verifier's --step-channel (auto: the drafter's local lane; grpc: the "
                         "gRPC stream, as across hosts)")
+    p.add_argument("--repeats", type=int, default=1, metavar="N",
+                   help="gateway and colocated paths: N timed passes per workload after the warm-up; the pass of "
+                        "median tokens/s is reported (all N in passes_tokens_per_s)")
     p.add_argument("--out", default="bench/results", help="folder for the JSON, table and PNG")
     p.add_argument("--tag", default=None, help="file-name suffix (default: the device, e.g. h100, cpu)")
     p.add_argument("--seed", type=int, default=0, help="prompts and the checkpoint")
@@ -79,7 +82,7 @@ def build_config(args: argparse.Namespace):
     if not chosen:
         raise ValueError("the filters (--paths/--drafters/--concurrency/--prompt-tokens/--temperatures) leave no "
                          f"workload of preset {args.preset!r}")
-    for name in ("workload_timeout", "time_budget", "layers", "profile_steps"):
+    for name in ("workload_timeout", "time_budget", "layers", "profile_steps", "repeats"):
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {value}")
@@ -91,7 +94,7 @@ def build_config(args: argparse.Namespace):
         make_tiny=args.make_tiny, layers=args.layers,
         workload_timeout_s=args.workload_timeout or PRESET_TIMEOUTS[args.preset], time_budget_s=args.time_budget,
         profile=args.profile, profile_steps=args.profile_steps, trace_steps_dir=args.trace_steps,
-        step_channel=args.step_channel,
+        step_channel=args.step_channel, repeats=args.repeats,
         plot=not args.no_plot, seed=args.seed,
         command="specdec " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
 
