@@ -161,7 +161,7 @@ def test_enforce_eager_reaches_the_model_runner(tiny_dir, monkeypatch):
     stack = stack_config(build_parser().parse_args(["serve", "--model", str(tiny_dir), "--enforce-eager"]), 0)
     verifier_args = build_parser().parse_args(["verifier", "--model", str(tiny_dir), *stack.verifier_args])
     seen = {}
-    monkeypatch.setattr(server, "serve", lambda config, host, port: seen.update(config=config))
+    monkeypatch.setattr(server, "serve", lambda config, host, port, make_drafter=None: seen.update(config=config))
     verifier_args.run(verifier_args)
     assert seen["config"].enforce_eager
     runner = server.build_engine(seen["config"]).runner
