@@ -4,7 +4,7 @@
 # run L with the verifier's steps over the drafter's local lane (the default), run G over the gRPC stream.
 # Step traces of both; their reports next to them. Further arguments name the runs (NAME:CHANNEL, default
 # L:auto G:grpc); NO_TESTS=1 skips the GPU tests (a second call on the same warm machine); REPEATS=N timed
-# passes per workload (the median one reported).
+# passes per workload (the median one reported); MAX_TOKENS=N output tokens per request (default 64).
 # Usage on the device machine: bash bench/gpu_lane.sh "$OUT" [NAME:CHANNEL ...]
 set -u
 out=$1; shift
@@ -18,7 +18,7 @@ for run in "${runs[@]}"; do
   name=${run%%:*}; channel=${run#*:}; mkdir -p "$out/$name"
   timeout 300 python3 -m specdec bench --preset baseline --device cuda --model /tmp/specdec-q35-4b-L32 \
     --make-tiny qwen3.5-4b --layers 32 --paths gateway colocated --drafters none mtp@3.39 --concurrency 1 16 \
-    --prompt-tokens 128 --temperatures 0 --max-tokens 64 --time-budget 290 --repeats "${REPEATS:-1}" --step-channel "$channel" \
+    --prompt-tokens 128 --temperatures 0 --max-tokens "${MAX_TOKENS:-64}" --time-budget 290 --repeats "${REPEATS:-1}" --step-channel "$channel" \
     --trace-steps "$out/$name/trace" --out "$out/$name" > "$out/$name/bench.log" 2>&1
   echo "run $name ($channel) exit $?"; grep -A8 "^specdec bench (baseline)" "$out/$name/bench.log" | cut -c1-200
   for f in "$out/$name"/trace/*-verifier.jsonl; do

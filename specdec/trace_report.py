@@ -26,11 +26,11 @@ CHAIN = FORWARD + [
     ("drafter inputs, hidden rows gathered", ("committed", 0), ("draft.inputs", 0)),
     ("step message built", ("draft.inputs", 0), ("link.message", 0)),
     ("hidden rows to the shared buffer, queued", ("link.message", 0), ("link.sent", 0)),
-    ("verifier: gRPC thread takes the message", ("link.sent", 0), ("link.taken", 0)),
+    ("step channel takes the message (gRPC thread)", ("link.sent", 0), ("link.taken", 0)),
     ("wire + drafter thread wakes", ("link.taken", 0), ("drafter.received", 0)),
     ("drafter: propose (its GPU work included)", ("drafter.received", 0), ("drafter.proposed", 0)),
     ("drafter: answer message", ("drafter.proposed", 0), ("drafter.answered", 0)),
-    ("wire back + verifier reader thread", ("drafter.answered", 0), ("link.answer", 0)),
+    ("wire back + step channel reads it", ("drafter.answered", 0), ("link.answer", 0)),
     ("engine reads the answer", ("link.answer", 0), ("link.read", 0)),
     ("schedule, batch, drafts into it", ("link.read", 0), ("forward.begin", 1)),
 ]
