@@ -142,6 +142,11 @@ phase() {   # phase NAME DRAFTER_KIND DRAFTS: wait for the drafter, stream twice
     [ "$text" = "$REF_TEXT" ] || die "$name: specdec generate's text differs from the first phase"
     echo "smoke: $name: token ids and text identical to the first phase"
   fi
+  if [ "$kind" != none ]; then   # the drafter shares the verifier's network namespace: steps take its local lane
+    dc logs verifier 2>&1 | grep "drafter $kind connected" | tail -1 | grep -q "steps over the local lane" \
+      || die "$name: the verifier's last '$kind connected' log line does not say 'steps over the local lane'"
+    echo "smoke: $name: the verifier's steps go over the drafter's local lane"
+  fi
   [ "$(cid verifier)" = "$verifier" ] && [ "$(started_at "$verifier")" = "$verifier_started" ] \
     || die "$name: the verifier container was recreated or restarted"
   [ "$(cid gateway)" = "$gateway" ] || die "$name: the gateway container was recreated"

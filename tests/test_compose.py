@@ -257,7 +257,8 @@ def test_services_are_wired_as_the_issue_says(name):
     for svc, service in services.items():
         command = service["command"]
         assert command[:2] == ["specdec", svc], command
-        assert flag(command, "--host") == "0.0.0.0"
+        # the drafter listens on the verifier's loopback only (it shares the verifier's network namespace)
+        assert flag(command, "--host") == ("127.0.0.1" if svc == "drafter" else "0.0.0.0")
         ports[svc] = int(flag(command, "--port"))
         assert service["environment"]["SPECDEC_MODEL"] == ""   # empty: the demo model
         assert "/models/model" in service["volumes"][0] and service["volumes"][0].endswith(":ro")
@@ -268,14 +269,17 @@ def test_services_are_wired_as_the_issue_says(name):
     assert set(services["gateway"]["networks"]) == {"public", "internal"}
     for svc in ("verifier", "drafter"):
         assert "ports" not in services[svc] and "expose" not in services[svc]
-        assert list(services[svc]["networks"]) == ["internal"]
+    assert list(services["verifier"]["networks"]) == ["internal"]
+    # one network namespace for verifier and drafter: the drafter's local lane (an abstract Unix socket, bound to
+    # a network namespace) is reachable from the verifier, and the drafter from nothing else
+    assert services["drafter"]["network_mode"] == "service:verifier" and "networks" not in services["drafter"]
     # addresses point at a service's own port
     for svc, service in services.items():
         for arg in service["command"]:
             m = re.fullmatch(r"([a-z-]+):(\d+)", arg)
             if m and m.group(1) in SERVICES:
                 assert int(m.group(2)) == ports[m.group(1)], (svc, arg)
-    assert flag(services["verifier"]["command"], "--drafter-address") == f"drafter:{ports['drafter']}"
+    assert flag(services["verifier"]["command"], "--drafter-address") == f"127.0.0.1:{ports['drafter']}"
     assert flag(services["gateway"]["command"], "--verifier-address") == f"verifier:{ports['verifier']}"
     # health: the CLI probe on the service's own port, long start periods; the gateway waits for the verifier,
     # the verifier waits for no drafter
@@ -682,6 +686,9 @@ def test_compose_commands_serve_and_swap_the_drafter(tmp_path):
             assert answer.status == 200                 # the published HTTP port serves the OpenAI API
         stats = verifier_stats(verifier)
         assert stats.transport == "shm" and stats.draft_tokens > 0, stats   # the CPU variant's transport
+        # the drafter on the verifier's loopback: steps take its local lane (what compose/smoke.sh checks in Docker)
+        assert "mtp connected at 127.0.0.1" in stack.logs["verifier"].read_text()
+        assert "steps over the local lane" in stack.logs["verifier"].read_text()
         client = smoke_client()                       # compose/smoke.sh's checks fail when they should
         assert client.main(["generate", gateway, "def f():", "--max-tokens", "8", "--drafts", "required"]) == 0
         assert client.main(["generate", gateway, "def f():", "--max-tokens", "8", "--drafts", "none"]) == 1
