@@ -27,10 +27,14 @@ def start(config: DrafterConfig, host: str, port: int) -> serving.RunningServer:
         from specdec.transport.cuda_ipc import gpu_uuid
         uuid = gpu_uuid(config.device)
     servicer = DrafterServicer(holder, uuid, counter, StepTrace(config.trace_steps, "drafter"))
-    running = serving.start_server(lambda s: drafter_pb2_grpc.add_DrafterServicer_to_server(servicer, s),
-                                   [SERVICE], host, port)
-    lane = LocalLane(servicer)
+    lane = LocalLane(servicer)   # before the port: every Info answer names it
     servicer.local_lane = lane.name
+    try:
+        running = serving.start_server(lambda s: drafter_pb2_grpc.add_DrafterServicer_to_server(servicer, s),
+                                       [SERVICE], host, port)
+    except BaseException:
+        lane.close()
+        raise
     running.on_stop.append(lane.close)
     running.on_stop.append(servicer.close)
     running.set_serving(True)

@@ -222,3 +222,29 @@ def test_colocated_rows_compare_with_the_gateways_plain_row():
     rows = table_rows([result("gateway", "none", None, 100.0), result("gateway", "mtp", 3.39, 180.0),
                        result("colocated", "mtp", 3.39, 200.0)])
     assert [r[7] for r in rows] == ["1.00", "1.80", "2.00"]
+
+
+def test_timed_passes_share_one_workload_guard(monkeypatch):
+    """--repeats N: all N passes fit in one --workload-timeout (what the time budget reserves per workload), the
+    first always runs, and the passes are not cut when they fit."""
+    import time
+
+    from specdec.bench.gateway_path import GatewayBench
+    w = wl.Workload(path="gateway", drafter="none", concurrency=1, prompt_tokens=8, max_tokens=4)
+    bench = GatewayBench("unused", "cpu", "float32", repeats=5)
+    guards = []
+
+    def measure(w, prompts, guard_s):
+        guards.append(guard_s)
+        time.sleep(0.05)
+        return {"output_tokens_per_s": 1.0}
+    monkeypatch.setattr(bench, "_measure", measure)
+    try:
+        assert len(bench._timed_passes(w, [], 0.12)) == 2          # a third 0.05 s pass would end past 0.12 s
+        assert guards[0] == pytest.approx(0.12, abs=0.01) and guards[1] < 0.08
+        guards.clear()
+        assert len(bench._timed_passes(w, [], 0.01)) == 1          # the first runs whatever is left
+        guards.clear()
+        assert len(bench._timed_passes(w, [], 5.0)) == 5
+    finally:
+        bench.close()

@@ -1,4 +1,5 @@
-"""The verifier's side of the drafter link: a Drafter over one long-lived bidirectional gRPC stream.
+"""The verifier's side of the drafter link: a Drafter over one long-lived step stream (the bidirectional gRPC
+Step stream, or the drafter's local lane on the same host: step_streams.py).
 
 Failures never fail a request: while the drafter is unreachable, refused, slow or broken, propose() returns
 no drafts (the engine decodes with k = 0) and a background thread reconnects with exponential backoff.
@@ -184,7 +185,7 @@ class RemoteDrafter:
         setup = pb.DraftStepRequest(setup=pb.Setup(buffers=buffers))
         if local_lane and self.config.step_channel == "auto":
             try:
-                return LocalStepStream(local_lane, setup, self.trace)
+                return LocalStepStream(local_lane, setup, self.trace, self.config.step_timeout_s)
             except OSError as e:  # e.g. another network namespace (containers): gRPC carries the steps
                 log.info("drafter's local lane not reachable from here (%s): steps go over gRPC", e)
         return GrpcStepStream(stub, setup, self.trace)
@@ -225,7 +226,11 @@ class RemoteDrafter:
             for s in (batch.seqs[i] for i in sent)])
         self.trace.mark("link.message", step)
         if hidden is not None and connection.sender is not None:
-            message.hidden.CopyFrom(_message(pb.TensorRef, connection.sender.send(hidden)))
+            with self._lock:   # a reconnect closes the replaced connection's sender under this lock
+                if connection is not self._connection:
+                    out = DraftOutput.failed(len(batch.seqs), "the drafter connection was replaced")
+                    return lambda: out
+                message.hidden.CopyFrom(_message(pb.TensorRef, connection.sender.send(hidden)))
         start = time.perf_counter()
         self.trace.mark("link.sent", step)   # before the send: gRPC's thread may take it at once
         try:

@@ -75,13 +75,14 @@ class GrpcStepStream:
 class LocalStepStream:
     channel = "the local lane"
 
-    def __init__(self, name: str, setup: pb.DraftStepRequest, trace: StepTrace):
+    def __init__(self, name: str, setup: pb.DraftStepRequest, trace: StepTrace, send_timeout_s: float):
         """Connect to the drafter's lane `name` (raises OSError when it cannot be reached from here: another
-        network namespace, say) and send the setup."""
-        self.trace = trace
+        network namespace, say) and send the setup. A step message that the drafter does not take within
+        `send_timeout_s` (it stopped reading) fails its send."""
+        self.trace, self.send_timeout_s = trace, send_timeout_s
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self.sock.settimeout(5.0)
+            self.sock.settimeout(max(send_timeout_s, 5.0))
             self.sock.connect("\0" + name)
             send_frame(self.sock, setup.SerializeToString())
         except OSError:
@@ -95,8 +96,8 @@ class LocalStepStream:
 
     def _watch(self, on_end: Callable[[str], None]) -> None:
         watch = select.poll()
-        watch.register(self.sock, select.POLLRDHUP | select.POLLHUP | select.POLLERR)  # not POLLIN: answers
         try:
+            watch.register(self.sock, select.POLLRDHUP | select.POLLHUP | select.POLLERR)  # not POLLIN: answers
             while not watch.poll():
                 pass
         except (OSError, ValueError):   # closed here meanwhile
@@ -104,9 +105,10 @@ class LocalStepStream:
         on_end("the drafter closed the local lane")
 
     def send(self, message: pb.DraftStepRequest) -> None:
-        """Raises OSError when the drafter is gone."""
+        """Raises OSError when the drafter is gone or takes no bytes for send_timeout_s."""
         payload = message.SerializeToString()
         self.trace.mark("link.taken", message.step.step)   # no thread takes it: this thread writes it now
+        self.sock.settimeout(self.send_timeout_s)   # not what the last receive left: its deadline's rest
         send_frame(self.sock, payload)
 
     def receive(self, timeout: float) -> pb.DraftStepResponse | None:

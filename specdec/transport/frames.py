@@ -5,8 +5,10 @@ from __future__ import annotations
 import socket
 import struct
 
+from specdec.rpc.serving import MAX_MESSAGE_BYTES
+
 _LENGTH = struct.Struct("<I")
-MAX_FRAME_BYTES = 64 << 20   # a step message names its tensors by reference on this lane: far below this
+MAX_FRAME_BYTES = MAX_MESSAGE_BYTES   # what the gRPC Step stream takes (inline hidden states of a full batch)
 
 
 def send_frame(sock: socket.socket, payload: bytes) -> None:
