@@ -12,10 +12,11 @@ from verifier_service.scheduler import SchedulerConfig
 BLOCK = 4
 
 
-def make_engine(loaded, drafter=None, k=0, num_blocks=256, max_running=8, forced=None, chunk=8, budget=64):
+def make_engine(loaded, drafter=None, k=0, num_blocks=256, max_running=8, forced=None, chunk=8, budget=64,
+                overlap=True):
     runner = ModelRunner(loaded, num_blocks=num_blocks, block_size=BLOCK, max_seqs=max_running, max_drafts=k,
                          device=loaded.model.embed_tokens.weight.device)
-    config = EngineConfig(num_drafts=k, forced_acceptance=forced,
+    config = EngineConfig(num_drafts=k, forced_acceptance=forced, overlap=overlap,
                           scheduler=SchedulerConfig(max_running=max_running, max_batched_tokens=budget,
                                                     prefill_chunk=chunk))
     return SpecEngine(runner, drafter, config)

@@ -3,7 +3,11 @@ rejection sampling → commit (KV by position, GDN state slot by accepted count)
 ingests what was committed and proposes the next drafts (DESIGN §3).
 
 A drafter that answers later (the remote link) is asked at the end of step n and its answer read at the start
-of step n + 1: the step's tokens go out to the clients while the drafter drafts."""
+of step n + 1: the step's tokens go out to the clients while the drafter drafts.
+
+Without drafts, when every request is greedy with nothing to count on the host (argmax only), steps overlap:
+step n + 1 is launched before step n's tokens are read (verifier_service/in_flight.py), so step() returns the
+outputs of the step launched by the call before it."""
 from __future__ import annotations
 
 import itertools
@@ -26,6 +30,7 @@ from specdec.step_trace import OFF, StepTrace
 from .acceptance_stats import AcceptanceStats
 from .forced_acceptance import ForcedAcceptance
 from .hidden_staging import HiddenStaging
+from .in_flight import InFlightStep, pending_token_fill
 from .model_runner import ModelRunner
 from .rejection_sampler import greedy_verdict, rejection_sample
 from .sampling_batch import SamplingBatch, draft_probs_rows
@@ -41,6 +46,7 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     forced_acceptance: ForcedAcceptance | None = None  # benchmarks only, see ForcedAcceptance
     max_context: int = 0                       # prompt + completion limit; 0: what the KV cache holds
+    overlap: bool = True                       # launch a draft-free step before reading the last one's tokens
 
 
 @dataclass
@@ -83,6 +89,8 @@ class SpecEngine:
         # pinned host → device copies of what a step uploads: no wait for the device before the sampler's sync
         self._upload_drafts, self._upload_forced, self._upload_rows = (PinnedUpload(runner.device) for _ in range(3))
         self._upload_sampling = (PinnedUpload(runner.device), PinnedUpload(runner.device))
+        self._upload_fill = PinnedUpload(runner.device)
+        self._in_flight: InFlightStep | None = None   # an overlapped step launched and not read yet
         capacity = runner.blocks.size * runner.block_size
         self.max_len = min(config.max_context, capacity) if config.max_context else capacity
 
@@ -118,11 +126,18 @@ class SpecEngine:
 
     @property
     def has_work(self) -> bool:
-        return self.scheduler.has_work
+        return self.scheduler.has_work or self._in_flight is not None
 
     # ---- one step ----------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         self.trace.mark("step.begin")
+        if self._overlaps():
+            return self._overlapped_step()
+        if self._in_flight is not None:   # the steps overlapped until now: read the last one before going on
+            previous, self._in_flight = self._in_flight, None
+            outputs = self._finish_in_flight(previous)
+            self.trace.mark("step.end")
+            return outputs
         self._collect_drafts()
         plan = self.scheduler.schedule()
         if self.drafter is not None and self.scheduler.preempted:
@@ -168,6 +183,62 @@ class SpecEngine:
         self.trace.mark("step.end")
         return outputs
 
+    # ---- overlapped steps (no drafts, argmax only) -------------------------------------------
+    def _overlaps(self) -> bool:
+        """Can this step be launched before the last one's tokens are read? Only without a drafter (drafts
+        need the accepted tokens first) and when every request is argmax-only (penalties, logprobs and
+        sampling need their tokens on the host each step). The engine changes mode between two steps."""
+        if not self.config.overlap or self.drafter is not None:
+            return False
+        sched = self.scheduler
+        return all(s.params.argmax_only for s in sched.running) and all(s.params.argmax_only for s in sched.waiting)
+
+    def _overlapped_step(self) -> list[RequestOutput]:
+        plan = self.scheduler.schedule()   # a sequence whose last token is pending decodes it from the device
+        previous, self._in_flight = self._in_flight, None
+        launch_seconds = 0.0
+        if plan:
+            start = time.perf_counter()
+            self._in_flight = self._launch(plan, previous)
+            launch_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        outputs = self._finish_in_flight(previous) if previous is not None else []
+        self.last_step_seconds = {"target": launch_seconds, "verify": time.perf_counter() - start, "drafter": 0.0}
+        self.trace.mark("step.end")
+        return outputs
+
+    def _launch(self, plan: list[ScheduledSeq], previous: InFlightStep | None) -> InFlightStep:
+        """Queue the step's forward and argmax; advance the caches' counts (a draft-free step commits every
+        token it runs) and mark the sampled tokens pending."""
+        self.step_count += 1
+        sampled = [p for p in plan if p.samples]                 # before the counts below move
+        fill = pending_token_fill(plan, previous, self._upload_fill)
+        self.trace.mark("forward.begin", batch=len(plan))
+        _, logits = self.runner.forward([p.seq for p in plan], [p.chunk for p in plan],
+                                        logits=[int(p.samples) for p in plan], token_fill=fill)
+        launched = InFlightStep.launch(sampled, logits)
+        self.trace.mark("forward.launched")
+        for p in plan:
+            p.seq.num_cached += len(p.chunk)
+            p.seq.gdn_read_offset = 0
+        for p in sampled:
+            p.seq.pending += 1
+        return launched
+
+    def _finish_in_flight(self, step: InFlightStep) -> list[RequestOutput]:
+        """Read a launched step's tokens (its one sync) and commit them; a sequence that ended while the step
+        ran (aborted, or stopped by the step before) drops its token."""
+        tokens = step.read()
+        self.trace.mark("verified")
+        outputs = []
+        for p, token in zip(step.sampled, tokens):
+            p.seq.pending -= 1
+            if p.seq.finish_reason is None:
+                outputs.append(self._commit_tokens(p, [token], 0, None))
+        self.trace.mark("committed")
+        return outputs
+
+    # ---- synchronous steps (drafts, sampling) ----------------------------------------------
     def _stage_hidden(self, plan: list[ScheduledSeq], hidden: torch.Tensor):
         """Lay out this step's hidden rows for a drafter that takes them; returns what places them once the
         accepted counts are on the device (before the sync), or None."""

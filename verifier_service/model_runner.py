@@ -25,6 +25,7 @@ from specdec.models.loader import LoadedModel
 from .sequence import Sequence
 
 log = logging.getLogger(__name__)
+TokenFill = tuple[torch.Tensor, torch.Tensor]   # (flat token indices [M] int64, token ids [M] int64), on the device
 
 
 class ModelRunner:
@@ -94,18 +95,25 @@ class ModelRunner:
 
     # ---- one forward -------------------------------------------------------------------
     def forward(self, seqs: list[Sequence], chunks: list[list[int]], num_drafts: list[int] | None = None,
-                logits: str | list[int] = "last") -> tuple[torch.Tensor, torch.Tensor]:
+                logits: str | list[int] = "last", token_fill: TokenFill | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run `chunks[i]` (tokens after seqs[i].num_cached) for every sequence; returns (hidden [T, H],
         logits [N, V]), valid until the next forward. The caller advances num_cached / gdn_read_offset once
-        it knows what was committed. Outputs of the epilogue (padded) are in `last_outputs[2:]`."""
+        it knows what was committed. Outputs of the epilogue (padded) are in `last_outputs[2:]`.
+        `token_fill` = (flat token indices [M], token ids [M]) on the device: tokens the host does not know yet
+        (a running step's samples), written over the staged input ids on the device before the step runs."""
         for seq, chunk in zip(seqs, chunks):
             self.reserve(seq, seq.num_cached + len(chunk))
         plan = self._plan(seqs, chunks, num_drafts, logits)
+        fill = None if token_fill is None else (lambda batch: batch.input_ids.index_copy_(0, *token_fill))
         bucket = self.graphs.bucket_for(plan) if self.graphs is not None else None
         if bucket is not None:
-            _, outputs = self.graphs.run(plan, bucket)
+            _, outputs = self.graphs.run(plan, bucket, fill)
         else:
-            outputs = self._step(self._stage_eager(plan))
+            batch = self._stage_eager(plan)
+            if fill is not None:
+                fill(batch)
+            outputs = self._step(batch)
         self.last_outputs = outputs
         hidden, logits_out = outputs[0], outputs[1]
         return hidden[: plan.num_tokens], logits_out[: int(plan.logits_per_seq.sum())]

@@ -16,6 +16,7 @@ from .model_runner import ModelRunner
 from .sequence import Sequence
 
 log = logging.getLogger(__name__)
+PENDING_TOKEN = 0   # stands for a pending token in a chunk; the device copy is put in its place before the step
 
 
 @dataclass(frozen=True)
@@ -33,8 +34,9 @@ class ScheduledSeq:
     decoding: bool                  # a verify step of [last committed, drafts...] (else a prefill chunk)
 
     @property
-    def samples(self) -> bool:      # does this chunk reach the end of the committed tokens?
-        return self.seq.num_cached + len(self.chunk) - self.num_drafts == len(self.seq.token_ids)
+    def samples(self) -> bool:      # does this chunk reach the end of the committed (and pending) tokens?
+        seq = self.seq
+        return seq.num_cached + len(self.chunk) - self.num_drafts == len(seq.token_ids) + seq.pending
 
 
 class Scheduler:
@@ -60,6 +62,8 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def _chunk(self, seq: Sequence, budget: int) -> tuple[list[int], int]:
+        if seq.is_decoding and seq.pending:  # its last token is on the device: the engine fills it in
+            return [PENDING_TOKEN], 0
         if seq.is_decoding:
             drafts = seq.drafts[:max(0, budget - 1)]
             return [seq.token_ids[-1]] + drafts, len(drafts)
@@ -83,12 +87,19 @@ class Scheduler:
         self.preempted.append(victim)
         self.num_preemptions += 1
 
+    @staticmethod
+    def _can_run(seq: Sequence) -> bool:
+        """A sequence with a pending token runs only as a decode of it, and only if it may emit more: a
+        preempted one waits for the token before it prefills again; one whose last token is pending has
+        finished by length when that token is read."""
+        return seq.remaining > 0 and (not seq.pending or seq.is_decoding)
+
     def schedule(self) -> list[ScheduledSeq]:
         self.preempted = []
         plan: list[ScheduledSeq] = []
         budget = self.config.max_batched_tokens
         for seq in list(self.running):
-            if seq not in self.running or budget <= 0:
+            if seq not in self.running or budget <= 0 or not self._can_run(seq):
                 continue
             chunk, d = self._chunk(seq, budget)
             while not self._fits(seq, seq.num_cached + len(chunk)) and seq in self.running:
@@ -100,6 +111,8 @@ class Scheduler:
             budget -= len(chunk)
         while self.waiting and budget > 0 and len(self.running) < self.config.max_running:
             seq = self.waiting[0]
+            if not self._can_run(seq):
+                break
             chunk, d = self._chunk(seq, budget)
             if self.runner.gdn_slots.num_free == 0 or not self._fits(seq, seq.num_cached + len(chunk)):
                 break

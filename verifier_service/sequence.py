@@ -30,6 +30,7 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     gdn_slot: int = -1
     gdn_read_offset: int = 0             # state slot / conv column holding the state after num_cached tokens
+    pending: int = 0                     # tokens sampled by a launched step and not read yet (0 or 1)
     drafts: list[int] = field(default_factory=list)  # proposals to verify in the next step
     draft_probs: torch.Tensor | None = None  # [len(drafts), V] the drafter's q, None: argmax (one-hot)
     stats: AcceptanceStats = field(default_factory=AcceptanceStats)
@@ -61,10 +62,13 @@ class Sequence:
 
     @property
     def is_decoding(self) -> bool:
-        """Output has begun and all but the last committed token are cached: the next step verifies
-        [last, drafts...]. (A prompt's own last token is still prefill.)"""
-        return self.num_cached == len(self.token_ids) - 1 and len(self.token_ids) > self.num_prompt
+        """Output has begun and all but the last token are cached: the next step verifies [last, drafts...].
+        (A prompt's own last token is still prefill.) The last token may be pending: sampled by a step that
+        is still running, then the next step takes it from the device."""
+        length = len(self.token_ids) + self.pending
+        return self.num_cached == length - 1 and length > self.num_prompt
 
     @property
     def remaining(self) -> int:
-        return self.params.max_tokens - len(self.output_ids)
+        """Tokens it may still emit, the pending one counted."""
+        return self.params.max_tokens - len(self.output_ids) - self.pending

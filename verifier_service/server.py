@@ -52,6 +52,7 @@ class VerifierConfig:
     forced_acceptance_length: float = 0.0  # benchmarks only, with unsafe_forced_acceptance
     unsafe_forced_acceptance: bool = False
     enforce_eager: bool = False            # no CUDA graphs
+    overlap: bool = True                   # launch a draft-free step before reading the last one's tokens
     warm_up: bool = True                   # run verifier_service.warm_up before reporting SERVING
     trace_steps: str | None = None         # diagnostics: a specdec.step_trace file
 
@@ -95,7 +96,8 @@ def build_engine(config: VerifierConfig, make_drafter: DrafterFactory | None = N
         log.warning("FORCED ACCEPTANCE (mean length %.2f): output is not the target's; benchmarks only",
                     config.forced_acceptance_length)
     scheduler = SchedulerConfig(config.max_running, config.max_batched_tokens, config.prefill_chunk)
-    return SpecEngine(runner, drafter, EngineConfig(config.num_drafts, scheduler, forced, max_context), trace)
+    return SpecEngine(runner, drafter, EngineConfig(config.num_drafts, scheduler, forced, max_context, config.overlap),
+                      trace)
 
 
 async def start(engine: SpecEngine, config: VerifierConfig, host: str,

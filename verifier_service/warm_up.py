@@ -64,6 +64,8 @@ def warm_up(engine: SpecEngine, mixed: bool | None = None) -> None:
             _short_generations(engine)
             if mixed if mixed is not None else engine.runner.device.type == "cuda":
                 _mixed_steps(engine, k)
+            while engine.has_work:   # an overlapped step still running: its aborted requests' tokens are dropped
+                engine.step()
     finally:
         engine.drafter = drafter
         log.info("warm-up: %d steps in %.1f s", engine.step_count - steps, time.perf_counter() - start)

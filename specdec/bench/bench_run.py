@@ -47,6 +47,7 @@ class BenchConfig:
     trace_steps_dir: str | None = None   # gateway path: the services' --trace-steps files go here
     step_channel: str = "auto"           # gateway path: the verifier's --step-channel
     repeats: int = 1                     # gateway / colocated paths: timed passes, the median one reported
+    overlap: bool = True                 # False: every engine reads a step's tokens before the next launch
     plot: bool = True
     seed: int = 0
     command: str = ""
@@ -67,7 +68,8 @@ class BenchRun:
     def inproc(self):
         if self._inproc is None:
             from .inprocess import InprocBench
-            self._inproc = InprocBench(load_model(self.config.model, self.config.dtype, self.device), self.device)
+            self._inproc = InprocBench(load_model(self.config.model, self.config.dtype, self.device), self.device,
+                                       self.config.overlap)
         return self._inproc
 
     def peer(self):
@@ -82,7 +84,7 @@ class BenchRun:
             from .gateway_path import GatewayBench
             self._gateway = GatewayBench(self.config.model, self.config.device, self.config.dtype,
                                          trace_dir=self.config.trace_steps_dir, step_channel=self.config.step_channel,
-                                         repeats=self.config.repeats)
+                                         repeats=self.config.repeats, overlap=self.config.overlap)
         return self._gateway
 
     # ---- the run ------------------------------------------------------------------------
@@ -99,7 +101,7 @@ class BenchRun:
                        "preset": c.preset, "cut_from_full": list(c.cut),
                        "settings": {"workload_timeout_s": c.workload_timeout_s, "time_budget_s": c.time_budget_s,
                                     "seed": c.seed, "planned": len(c.workloads), "step_channel": c.step_channel,
-                                    "repeats": c.repeats},
+                                    "repeats": c.repeats, "overlap": c.overlap},
                        "roofline": None, "profile": None, "results": self.results, "skipped": self.skipped,
                        "problems": []}
         log.info("measuring the device copy and the weight-GEMM chain (%d GEMMs)", len(self.traffic.linear_shapes))

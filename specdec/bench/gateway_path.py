@@ -61,10 +61,11 @@ class GatewayBench:
     """Keeps one stack running per stack key (drafter, forced length, k); restarts it when the key changes."""
 
     def __init__(self, model: str, device: str, dtype: str, startup_timeout_s: float = 300.0,
-                 trace_dir: str | None = None, step_channel: str = "auto", repeats: int = 1):
+                 trace_dir: str | None = None, step_channel: str = "auto", repeats: int = 1, overlap: bool = True):
         self.model, self.device, self.dtype, self.startup_timeout_s = model, device, dtype, startup_timeout_s
         self.step_channel = step_channel  # the verifier's --step-channel (a drafter service's steps)
         self.repeats = repeats            # timed passes per workload; the one of median tokens/s is reported
+        self.overlap = overlap            # False: the verifier's --no-overlap
         self.trace_dir = trace_dir  # the services' --trace-steps files: <path>-<drafter label>-k<k>-<service>.jsonl
         self.stack: LocalStack | None = None
         self.key = None
@@ -84,7 +85,7 @@ class GatewayBench:
                     "--max-batched-tokens", str(max(scheduler_for(g).max_batched_tokens for g in group)),
                     "--kv-blocks", str(max(blocks_for(g) for g in group)),
                     "--max-context", str(context), "--metrics-port", str(self.metrics_port),
-                    "--step-channel", self.step_channel]
+                    "--step-channel", self.step_channel] + ([] if self.overlap else ["--no-overlap"])
         drafter = ["--max-seqs", str(running), "--max-context", str(context)] if w.drafter == "mtp" else []
         drafter += ["--draft-vocab", w.draft_vocab] if w.draft_vocab else []
         service = w.drafter

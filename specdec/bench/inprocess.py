@@ -85,8 +85,8 @@ def scheduler_for(w: Workload) -> SchedulerConfig:
 
 
 class InprocBench:
-    def __init__(self, loaded: LoadedModel, device: torch.device):
-        self.loaded, self.device = loaded, device
+    def __init__(self, loaded: LoadedModel, device: torch.device, overlap: bool = True):
+        self.loaded, self.device, self.overlap = loaded, device, overlap
 
     def build_engine(self, w: Workload) -> SpecEngine:
         k, blocks = w.num_drafts, blocks_for(w)
@@ -101,7 +101,7 @@ class InprocBench:
         elif w.drafter == "ngram":
             drafter = NgramDrafter(k)
         forced = ForcedAcceptance(w.forced_length, k, seed=0, enabled=True) if w.forced_length else None
-        engine = SpecEngine(runner, drafter, EngineConfig(k, scheduler_for(w), forced))
+        engine = SpecEngine(runner, drafter, EngineConfig(k, scheduler_for(w), forced, overlap=self.overlap))
         warm = [SamplingParams(max_tokens=k + 2, ignore_eos=True),
                 SamplingParams(max_tokens=k + 2, temperature=0.8, seed=1, ignore_eos=True)]
         engine.generate([[1, 2, 3, 4], [5, 6, 7]], warm)  # every path once: prefill, verify, sampling, drafter

@@ -5,7 +5,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from .cli_args import add_model_args, resolve
+from .cli_args import add_model_args, add_no_overlap_arg, resolve
 
 PRESET_TIMEOUTS = {"full": 600.0, "baseline": 40.0, "quick": 60.0}
 
@@ -60,6 +60,7 @@ def add_parser(sub) -> None:
     p.add_argument("--repeats", type=int, default=1, metavar="N",
                    help="gateway and colocated paths: N timed passes per workload after the warm-up; the pass of "
                         "median tokens/s is reported (all N in passes_tokens_per_s)")
+    add_no_overlap_arg(p)
     p.add_argument("--out", default="bench/results", help="folder for the JSON, table and PNG")
     p.add_argument("--tag", default=None, help="file-name suffix (default: the device, e.g. h100, cpu)")
     p.add_argument("--seed", type=int, default=0, help="prompts and the checkpoint")
@@ -94,7 +95,7 @@ def build_config(args: argparse.Namespace):
         make_tiny=args.make_tiny, layers=args.layers,
         workload_timeout_s=args.workload_timeout or PRESET_TIMEOUTS[args.preset], time_budget_s=args.time_budget,
         profile=args.profile, profile_steps=args.profile_steps, trace_steps_dir=args.trace_steps,
-        step_channel=args.step_channel, repeats=args.repeats,
+        step_channel=args.step_channel, repeats=args.repeats, overlap=args.overlap,
         plot=not args.no_plot, seed=args.seed,
         command="specdec " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
 

@@ -15,6 +15,13 @@ def add_enforce_eager_arg(p: argparse.ArgumentParser) -> None:
                    help="run every step eagerly: no CUDA graphs (slower; for debugging and comparisons)")
 
 
+def add_no_overlap_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-overlap", dest="overlap", action="store_false",
+                   help="read each step's tokens before launching the next (default: without drafts and with "
+                        "greedy requests, the next step is launched first, so the host's work between steps runs "
+                        "while the GPU computes)")
+
+
 def add_trace_steps_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace-steps", default=None, metavar="FILE",
                    help="diagnostics: write timestamps of each step's phases to FILE (JSON lines); "

@@ -1,7 +1,8 @@
 """`specdec verifier`: serve the target model with speculative decoding over gRPC."""
 import argparse
 
-from .cli_args import add_enforce_eager_arg, add_listen_args, add_model_args, add_trace_steps_arg, resolve
+from .cli_args import (add_enforce_eager_arg, add_listen_args, add_model_args, add_no_overlap_arg, add_trace_steps_arg,
+                       resolve)
 from .in_process_drafter import IN_PROCESS_KINDS, in_process_drafter
 
 
@@ -33,6 +34,7 @@ def add_parser(sub) -> None:
     p.add_argument("--prefill-chunk", type=int, default=256)
     p.add_argument("--kv-blocks", type=int, default=0, help="KV blocks of 16 tokens (0: max-running × max-context)")
     add_enforce_eager_arg(p)
+    add_no_overlap_arg(p)
     p.add_argument("--no-warm-up", dest="warm_up", action="store_false",
                    help="report SERVING without the start-up warm-up (on a GPU the first requests of each step "
                         "shape then wait for its kernels to compile)")
@@ -66,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         max_batched_tokens=args.max_batched_tokens,
         prefill_chunk=args.prefill_chunk, kv_blocks=args.kv_blocks, metrics_port=args.metrics_port,
         forced_acceptance_length=args.forced_acceptance_length, unsafe_forced_acceptance=args.unsafe_forced_acceptance,
-        enforce_eager=args.enforce_eager, warm_up=args.warm_up,
+        enforce_eager=args.enforce_eager, overlap=args.overlap, warm_up=args.warm_up,
         trace_steps=args.trace_steps)
     serve(config, args.host, args.port, make_drafter)
     return 0

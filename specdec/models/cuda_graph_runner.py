@@ -57,10 +57,14 @@ class CudaGraphRunner:
             return None
         return next(b for b in self.batch_buckets if b >= plan.num_seqs), q
 
-    def run(self, plan: StepPlan, bucket: tuple[int, int]) -> tuple[ForwardBatch, tuple[torch.Tensor, ...]]:
+    def run(self, plan: StepPlan, bucket: tuple[int, int], before: Callable[[ForwardBatch], object] | None = None
+            ) -> tuple[ForwardBatch, tuple[torch.Tensor, ...]]:
         """Stage the padded batch and replay its graph (or run it eagerly without capture). Returns the padded
-        batch and the step's padded outputs; rows past the real tokens / logit rows are padding."""
+        batch and the step's padded outputs; rows past the real tokens / logit rows are padding. `before` gets
+        the staged batch first (device work queued ahead of the replay, e.g. writing input ids in place)."""
         batch = self.staging.stage(plan, bucket)
+        if before is not None:
+            before(batch)
         if not self.capture:
             return batch, self.step(batch)
         graph, outputs = self.graphs[bucket]
