@@ -2,7 +2,7 @@
 # Device call for overlapped steps (issue 11): the GPU tests of the engine paths, then the in-process matrix
 # twice in one call, with overlapped steps (the default) and with --no-overlap: plain decoding and MTP@3.39 at
 # concurrency 1 / 16 / 64, prompt 128, MAX_TOKENS new tokens (default 256), each run with its own GEMM chain.
-# NO_TESTS=1 skips the tests; PATHS (default "inproc") picks the bench paths; RUNS (default "O:overlap S:sync").
+# NO_TESTS=1 skips the tests; PATHS (default "inproc"), DRAFTERS, CONC pick the rows; RUNS (default "O:overlap S:sync").
 # Usage on the device machine: bash bench/gpu_overlap.sh "$OUT"
 set -u
 out=$1
@@ -15,7 +15,7 @@ for run in ${RUNS:-O:overlap S:sync}; do
   name=${run%%:*}; mode=${run#*:}; mkdir -p "$out/$name"
   flag=(); [ "$mode" = sync ] && flag=(--no-overlap)
   timeout "${RUN_S:-200}" python3 -m specdec bench --preset baseline --device cuda --model /tmp/specdec-q35-4b-L32 \
-    --make-tiny qwen3.5-4b --layers 32 --paths ${PATHS:-inproc} --drafters none mtp@3.39 --concurrency ${CONC:-1 16 64} \
+    --make-tiny qwen3.5-4b --layers 32 --paths ${PATHS:-inproc} --drafters ${DRAFTERS:-none mtp@3.39} --concurrency ${CONC:-1 16 64} \
     --prompt-tokens 128 --temperatures 0 --max-tokens "${MAX_TOKENS:-256}" --time-budget $(( ${RUN_S:-200} - 10 )) \
     --repeats "${REPEATS:-1}" "${flag[@]}" --no-plot --out "$out/$name" > "$out/$name/bench.log" 2>&1
   echo "run $name ($mode) exit $?"; grep -A12 "^specdec bench (baseline)" "$out/$name/bench.log" | cut -c1-220
