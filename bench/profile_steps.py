@@ -80,6 +80,33 @@ def sync_sites(engine, steps: int = 3) -> dict[str, float]:
     return {where: round(n / steps, 2) for where, n in sites.most_common()}
 
 
+def launch_timers(engine) -> dict[str, list[float]]:
+    """Host ms of the parts of an overlapped step's launch and read (wrapped in place), per call."""
+    import verifier_service.engine as engine_module
+    from verifier_service.in_flight import InFlightStep
+    times: dict[str, list[float]] = {}
+
+    def wrap(owner, name, label):
+        real = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                times.setdefault(label, []).append((time.perf_counter() - t0) * 1e3)
+        setattr(owner, name, timed)
+    wrap(engine.runner, "forward", "runner.forward")
+    wrap(engine.runner.graphs.staging if engine.runner.graphs else engine.runner.staging, "stage", "  staging")
+    wrap(engine_module, "ChainedInputs", "chained inputs")
+    wrap(engine_module, "launch_verdict", "launch verdict")
+    wrap(engine, "_draft_on_device", "drafter (on device)")
+    wrap(InFlightStep, "launch", "in-flight launch (host copy)")
+    wrap(engine, "_launch", "LAUNCH (all)")
+    wrap(engine, "_finish_in_flight", "READ (all)")
+    return times
+
+
 def engine_steps(bench: InprocBench, w: Workload, steps: int = 30) -> dict:
     engine = bench.build_engine(w)
     prompts = [list(range(3 + i, 3 + i + w.prompt_tokens)) for i in range(w.concurrency)]
@@ -90,6 +117,7 @@ def engine_steps(bench: InprocBench, w: Workload, steps: int = 30) -> dict:
     for _ in range(5):
         engine.step()
     walls, phases = [], []
+    timers = launch_timers(engine)
     for _ in range(steps):
         t0 = time.perf_counter()
         engine.step()
@@ -103,6 +131,8 @@ def engine_steps(bench: InprocBench, w: Workload, steps: int = 30) -> dict:
     mean_phase = {k: round(statistics.mean(p.get(k, 0.0) for p in phases), 3) for k in phases[0]}
     print(f"== {w.name}: host syncs per step by site: {json.dumps(syncs, indent=1)}")
     print(f"== {w.name}: {statistics.median(walls):.2f} ms per step (median of {steps}); phases {mean_phase}")
+    launch = {k: round(statistics.median(v), 3) for k, v in timers.items()}
+    print(f"== {w.name}: host ms per call (median): {json.dumps(launch, indent=1)}")
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=70))
     print(prof.key_averages().table(sort_by=SORT, row_limit=12, max_name_column_width=70))
     summary = summarize_events(prof.events(), 10, torch.cuda.is_available())
@@ -110,6 +140,7 @@ def engine_steps(bench: InprocBench, w: Workload, steps: int = 30) -> dict:
     for i in range(len(prompts)):
         engine.abort(f"p{i}")
     return {"workload": w.name, "median_step_ms": round(statistics.median(walls), 3), "phases_ms": mean_phase,
+            "launch_parts_ms": launch,
             "sync_sites_per_step": syncs,
             **{k: v for k, v in summary.items() if k != "top"}}
 

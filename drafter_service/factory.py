@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from specdec.drafting import (Drafter, DrafterInfo, DrafterOptions, ModelFacts, load_plugin, plugin_entry_points,
-                              vocabulary_fingerprint)
+from specdec.drafting import (Drafter, DrafterInfo, DrafterOptions, DraftsOnDevice, ModelFacts, load_plugin,
+                              plugin_entry_points, vocabulary_fingerprint)
 from specdec.drafting.acceptance_rate import acceptance_rate_for
 
 from .ngram import NgramDrafter
@@ -76,6 +76,13 @@ class DrafterHolder:
     @property
     def needs_hidden(self) -> bool:
         return self.config.kind == "mtp" or (self.drafter is not None and self.drafter.needs_hidden)
+
+    @property
+    def takes_device_steps(self) -> bool:
+        """It drafts on the device (drafter.proto DeviceStep): the MTP head, or a drafter that says it does."""
+        if self.config.kind == "mtp":
+            return True
+        return isinstance(self.drafter, DraftsOnDevice) and self.drafter.drafts_on_device
 
     @property
     def wants_shared_weights(self) -> bool:

@@ -43,7 +43,9 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             vocab_size=f.vocab_size, model_type=f.model_type, vocab_fingerprint=f.vocab_fingerprint,
             needs_hidden_states=info.needs_hidden, needs_shared_weights=info.needs_shared_weights,
             transports=usable or [pb.INLINE], host_id=host_id(), gpu_uuid=self.gpu_uuid,
-            local_lane=self.local_lane if same_host else "")
+            local_lane=self.local_lane if same_host else "",
+            # device steps keep the tokens on the device: not while counting the served tokens on the host
+            device_steps=same_host and self.holder.takes_device_steps and self.counter is None)
 
     def Step(self, request_iterator, context):
         session = StepSession(self)

@@ -9,10 +9,12 @@ import logging
 import time
 
 import grpc
+import torch
 
 from specdec.drafting import DraftBatch, DraftInput
 from specdec.rpc.v1 import drafter_pb2 as pb
 
+from .device_step import run_device_step
 from .step_check import step_problem
 from .stream_buffers import StreamBuffers
 
@@ -39,7 +41,8 @@ class StepSession:
             return None
         step, s = message.step, self.servicer
         s.trace.mark("drafter.received", step.step)
-        problem = step_problem(step, self.last_step, s.holder.info, self.buffers)
+        problem = step_problem(step, self.last_step, s.holder.info, self.buffers,
+                               s.holder.takes_device_steps and s.counter is None)
         if problem:
             log.warning("refused step %d: %s", step.step, problem)
             raise StreamRefused(grpc.StatusCode.INVALID_ARGUMENT, f"step {step.step}: {problem}")
@@ -81,6 +84,8 @@ class StepSession:
                 drafter = s.holder.drafter
             if step.release_seq_ids:
                 drafter.release(list(step.release_seq_ids))
+            if step.HasField("device"):
+                return self._device_step(drafter, step, start)
             seqs = [DraftInput(q.seq_id, q.start_pos, list(q.token_ids), q.num_drafts) for q in step.seqs]
             hidden = self.buffers.read(step.hidden) if step.HasField("hidden") and drafter.needs_hidden else None
             if hidden is not None:
@@ -93,3 +98,13 @@ class StepSession:
         drafts = [pb.SeqDrafts(token_ids=d) for d in out.drafts]
         return pb.DraftStepResponse(step=step.step, drafts=drafts, drafter_ms=(time.perf_counter() - start) * 1e3,
                                     missing_seq_ids=out.missing)
+
+    def _device_step(self, drafter, step: pb.StepInput, start: float) -> pb.DraftStepResponse:
+        """(under the lock) A step whose rows are in the registered buffers: queue the drafts, answer at once."""
+        s = self.servicer
+        out = run_device_step(drafter, step, self.buffers, torch.device(s.holder.config.device))
+        s.trace.mark("drafter.proposed", step.step)
+        if out.failure:
+            raise RuntimeError(out.failure)
+        return pb.DraftStepResponse(step=step.step, draft_counts=out.counts, missing_seq_ids=out.missing,
+                                    drafter_ms=(time.perf_counter() - start) * 1e3)

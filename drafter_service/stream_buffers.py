@@ -15,22 +15,36 @@ def _nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
     return torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
 
 
+DEVICE_STEP_BUFFERS = ("step_tokens", "step_seqs", "drafts")   # int64 arrays of device steps (DeviceStep)
+
+
 class StreamBuffers:
     def __init__(self):
         self.shm: dict[str, ShmBuffer] = {}
         self.cuda: dict[str, torch.Tensor] = {}     # name -> uint8 view of the shared allocation
         self.events: dict[str, torch.cuda.Event] = {}
         self.weights: dict[str, torch.Tensor] = {}  # shared target weights (CUDA IPC)
+        self.arrays: dict[str, torch.Tensor] = {}   # device steps' buffers, as their int64 [rows, cols] arrays
 
     def register(self, setup: pb.Setup) -> None:
         """Map the buffers of a Setup message; raises ValueError / OSError naming the buffer that failed."""
         for b in setup.buffers:
+            if b.name in DEVICE_STEP_BUFFERS and (b.dtype != "int64" or len(b.shape) != 2):
+                raise ValueError(f"buffer {b.name!r}: expected an int64 [rows, cols] array, got {b.dtype} "
+                                 f"{list(b.shape)}")
             if b.transport == pb.SHM:
                 self.shm[b.name] = ShmBuffer.attach(b.shm_path, b.size_bytes)
+                if b.name in DEVICE_STEP_BUFFERS:
+                    self.arrays[b.name] = self.shm[b.name].view(0, torch.int64, tuple(b.shape))
             elif b.transport == pb.CUDA_IPC:
                 self._register_cuda(b)
             else:
                 raise ValueError(f"buffer {b.name!r}: transport {b.transport} cannot be registered")
+
+    @property
+    def device_steps(self) -> bool:
+        """The verifier registered the buffers of device steps."""
+        return set(DEVICE_STEP_BUFFERS) <= set(self.arrays)
 
     def _register_cuda(self, b: pb.SharedBuffer) -> None:
         device = cuda_ipc.find_device_by_uuid(b.gpu_uuid)
@@ -40,10 +54,12 @@ class StreamBuffers:
         dtype = tensor_bytes.dtype_from_name(b.dtype)
         shape = tuple(b.shape) if b.shape else (b.size_bytes // torch.empty((), dtype=dtype).element_size(),)
         t = cuda_ipc.import_tensor(export, dtype, shape, device)
+        if b.cuda_event_handle:
+            self.events[b.name] = torch.cuda.Event.from_ipc_handle(device, b.cuda_event_handle)
         if b.name == "hidden":
             self.cuda[b.name] = t.view(torch.uint8).view(-1)
-            if b.cuda_event_handle:
-                self.events[b.name] = torch.cuda.Event.from_ipc_handle(device, b.cuda_event_handle)
+        elif b.name in DEVICE_STEP_BUFFERS:
+            self.arrays[b.name] = t
         else:
             self.weights[b.name] = t
 

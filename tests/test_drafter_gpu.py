@@ -98,23 +98,36 @@ def test_mtp_draft_loop_in_cuda_graphs_drafts_what_it_drafts_eagerly(model_dir, 
     assert differ == 0 if dtype == "float32" else differ <= len(results) // 20, (differ, len(results))
 
 
+@pytest.mark.parametrize("overlap", [True, False])
 @pytest.mark.parametrize("kind", ["none", "mtp"])
-def test_a_decode_step_synchronises_once_in_the_verifier(model_dir, kind):
-    """Greedy decode / verify steps on CUDA read the device back once in the verifier (the sampler's result);
-    an in-process MTP drafter adds its one read of the drafts. Uploads of drafts, sampling parameters, forced
-    acceptance and hidden-row indices go through pinned memory and wait for nothing."""
+def test_a_decode_step_synchronises_once_in_the_verifier(model_dir, kind, overlap):
+    """Greedy decode / verify steps on CUDA read the device back once. Overlapped (the default; an in-process MTP
+    drafter drafts on the device): no synchronising torch call at all, and one wait for the step launched before
+    (InFlightStep.read). Synchronous (--no-overlap): one read of the sampler's result, and an in-process MTP
+    drafter adds its one read of the drafts. Uploads of drafts, sampling parameters, forced acceptance and
+    hidden-row indices go through pinned memory and wait for nothing."""
+    from specdec.bench.sync_sites import site, synchronising_stacks
     from specdec.models.loader import load_model
     from verifier_service.forced_acceptance import ForcedAcceptance
+    from verifier_service.in_flight import InFlightStep
     loaded = load_model(model_dir, device="cuda")
     k = 3 if kind == "mtp" else 0
     drafter = make_drafter("mtp", loaded, k) if kind == "mtp" else None
-    engine = make_engine(loaded, drafter, k, forced=ForcedAcceptance(2.0, 3, seed=0, enabled=True) if k else None)
+    engine = make_engine(loaded, drafter, k, forced=ForcedAcceptance(2.0, 3, seed=0, enabled=True) if k else None,
+                         overlap=overlap)
     for i, prompt in enumerate(random_prompts([9, 13], 400)):
         engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=60, ignore_eos=True))
     for _ in range(6):   # prefill (chunks of 8) and a few decode steps
         engine.step()
     assert all(s.num_cached >= s.num_prompt for s in engine.scheduler.running)
-    from specdec.bench.sync_sites import site, synchronising_stacks
-    sites = [site(frames) for frames in synchronising_stacks(engine.step, 5)]
+    reads, read = [], InFlightStep.read
+    InFlightStep.read = lambda self: reads.append(1) or read(self)
+    try:
+        sites = [site(frames) for frames in synchronising_stacks(engine.step, 5)]
+    finally:
+        InFlightStep.read = read
+    if overlap:
+        assert sites == [] and len(reads) == 5 and (engine.overlapped_draft_steps > 0) == (k > 0)
+        return
     allowed = {"rejection_sampler.py"} | ({"mtp_drafter.py"} if drafter else set())
     assert Counter(s.split(":")[0] for s in sites) == {name: 5 for name in allowed}, sites

@@ -41,6 +41,7 @@ def test_cuda_ipc_stack_equals_plain_decoding(model_dir, tmp_path):
     finally:
         stack.stop()
     assert "transport cuda_ipc" in (tmp_path / "verifier.log").read_text()
+    assert "device steps" in (tmp_path / "verifier.log").read_text()   # drafts through IPC buffers and events
     assert "mapped the target's embed_tokens and lm_head over CUDA IPC" in (tmp_path / "drafter.log").read_text()
 
 

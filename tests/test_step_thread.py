@@ -47,9 +47,11 @@ def test_the_engine_thread_steps_serially(tiny_model, monkeypatch):
 
 def test_the_drafter_handler_drafts_serially(tiny_model, tiny_dir, monkeypatch):
     torch.set_num_threads(2)
-    seen, propose = [], MTPDrafter.propose
-    monkeypatch.setattr(MTPDrafter, "propose", lambda self, batch: (seen.append(torch.get_num_threads()),
-                                                                     propose(self, batch))[1])
+    seen = []
+    for name in ("propose", "draft_on_device"):   # synchronous steps, device steps (greedy ones, here)
+        real = getattr(MTPDrafter, name)
+        monkeypatch.setattr(MTPDrafter, name, lambda self, batch, real=real: (seen.append(torch.get_num_threads()),
+                                                                               real(self, batch))[1])
     server = start_drafter(DrafterConfig("mtp", 3, str(tiny_dir)), "127.0.0.1", 0)
     m = tiny_model.model
     remote = RemoteDrafter(DrafterLinkConfig(f"127.0.0.1:{server.port}", 3, "auto", 10.0),

@@ -19,7 +19,8 @@ from typing import Callable
 import grpc
 import torch
 
-from specdec.drafting import DraftBatch, DrafterInfo, DraftOutput, ModelFacts, refusal_reason
+from specdec.drafting import (DeviceDrafts, DeviceDraftStep, DraftBatch, DrafterInfo, DraftOutput, ModelFacts,
+                              refusal_reason)
 from specdec.rpc.serving import channel_options
 from specdec.rpc.v1 import drafter_pb2 as pb
 from specdec.rpc.v1 import drafter_pb2_grpc
@@ -27,6 +28,7 @@ from specdec.step_trace import OFF, StepTrace
 from specdec.transport import tensor_bytes
 from specdec.transport.host import host_id
 
+from .device_exchange import DeviceExchange
 from .hidden_sender import HiddenSender, offered_transports
 from .step_streams import GrpcStepStream, LocalStepStream
 
@@ -57,6 +59,7 @@ class _Connection:
     never sends on one stream and reads another's answers)."""
     stream: GrpcStepStream | LocalStepStream
     sender: HiddenSender | None    # the hidden-state buffers this connection registered
+    exchange: DeviceExchange | None = None   # the device steps' buffers, when the drafter takes device steps
 
 
 @dataclass(frozen=True)
@@ -72,8 +75,10 @@ class DrafterLinkConfig:
 class RemoteDrafter:
     def __init__(self, config: DrafterLinkConfig, hidden_size: int, vocab_size: int, dtype: torch.dtype,
                  device: torch.device, max_rows: int, shared_weights: dict[str, torch.Tensor], model_type: str,
-                 vocab_fingerprint: str = "", trace: StepTrace = OFF):
+                 vocab_fingerprint: str = "", trace: StepTrace = OFF, max_seqs: int = 64):
+        """max_rows: the most rows of one step (hidden states); max_seqs: the most sequences of one step."""
         self.config, self.device, self.max_rows, self.shared_weights = config, device, max_rows, shared_weights
+        self.max_seqs = max_seqs
         self.trace = trace
         self.dtype = dtype
         self.target = ModelFacts(hidden_size, vocab_size, tensor_bytes.DTYPE_NAMES[dtype], model_type,
@@ -84,6 +89,7 @@ class RemoteDrafter:
         self._connection: _Connection | None = None   # None: not connected (decode without drafts)
         self._channel: grpc.Channel | None = None     # the last connection's, closed when the next one opens
         self._sender: HiddenSender | None = None      # likewise (the drafter may still read its buffers)
+        self._exchange: DeviceExchange | None = None  # likewise
         self._pending_release: list[int] = []
         self._known: set[int] = set()   # seq ids this connection has seen from position 0
         self._answered = False          # this connection answered a step: the next outage starts a fresh backoff
@@ -161,10 +167,16 @@ class RemoteDrafter:
             if info.needs_hidden else None
         shared = self.shared_weights if info.needs_shared_weights else {}
         buffers = [_message(pb.SharedBuffer, b) for b in sender.setup(shared)] if sender else []
-        connection = _Connection(self._open_stream(stub, response.local_lane, buffers), sender)
+        exchange = None
+        if response.device_steps and sender is not None and transport in ("shm", "cuda_ipc"):
+            exchange = DeviceExchange(transport, self.max_rows, self.max_seqs, info.max_drafts, self.device)
+            buffers += [_message(pb.SharedBuffer, b) for b in exchange.setup()]
+        connection = _Connection(self._open_stream(stub, response.local_lane, buffers), sender, exchange)
         with self._lock:
             if self._sender is not None:
                 self._sender.close()
+            if self._exchange is not None:
+                self._exchange.close()
             if self._channel is not None:
                 self._channel.close()
             self._pending_release.clear()   # the new drafter holds no context: cleared before the engine sees it
@@ -173,10 +185,11 @@ class RemoteDrafter:
             self.kind, self.needs_hidden, self.facts = info.kind, info.needs_hidden, info.facts
             self.max_drafts = info.max_drafts
             self.transport_name = transport if sender else "none"
-            self._sender, self._channel, self._connection = sender, channel, connection  # published last
-        log.info("drafter %s connected at %s: k=%d, transport %s, hidden states %s, steps over %s", info.kind,
+            self._sender, self._exchange = sender, exchange
+            self._channel, self._connection = channel, connection  # published last
+        log.info("drafter %s connected at %s: k=%d, transport %s, hidden states %s, steps over %s%s", info.kind,
                  self.config.address, info.max_drafts, self.transport_name, info.needs_hidden,
-                 connection.stream.channel)
+                 connection.stream.channel, ", device steps" if exchange else "")
         # Read only once the connection is published: a stream that fails at once must find itself current.
         connection.stream.start(lambda why: self._stream_ended(connection, why))
 
@@ -244,24 +257,31 @@ class RemoteDrafter:
     def _answer(self, connection: _Connection, step: int, start: float, num_seqs: int, sent: list[int],
                 missing: list[int]) -> DraftOutput:
         """The drafter's answer to step `step` (a failure if it is late, wrong or the stream ended)."""
-        left = start + self.config.step_timeout_s - time.perf_counter()
-        response = connection.stream.receive(max(0.0, left))
-        if response is None and time.perf_counter() - start >= self.config.step_timeout_s:
-            log.warning("drafter step %d timed out after %.1fs", step, self.config.step_timeout_s)
-        self.trace.mark("link.read", step)
-        if response is None or response.step != step or len(response.drafts) != len(sent):
+        response = self._response(connection, step, start)
+        if response is None or len(response.drafts) != len(sent):
             self._disconnect(connection)
             return DraftOutput.failed(num_seqs, f"drafter step {step} got no valid answer")
-        if not self._answered and connection is self._connection:  # (an answer of an older connection is not)
-            self._answered, self._last_problem = True, ""  # a working connection: report the next problem anew
-        self.last_round_trip_ms = (time.perf_counter() - start) * 1e3  # sent → read, with what ran meanwhile
-        self.last_drafter_ms = response.drafter_ms
         drafts: list[list[int]] = [[] for _ in range(num_seqs)]
         for i, d in zip(sent, response.drafts):
             drafts[i] = list(d.token_ids)
         lost = [i for i in response.missing_seq_ids if i in self._known]
         self._known.difference_update(lost)
         return DraftOutput(drafts=drafts, missing=missing + lost, compute_seconds=response.drafter_ms / 1e3)
+
+    def _response(self, connection: _Connection, step: int, start: float) -> pb.DraftStepResponse | None:
+        """The drafter's answer to step `step`, None if it is late, of another step or the stream ended."""
+        left = start + self.config.step_timeout_s - time.perf_counter()
+        response = connection.stream.receive(max(0.0, left))
+        if response is None and time.perf_counter() - start >= self.config.step_timeout_s:
+            log.warning("drafter step %d timed out after %.1fs", step, self.config.step_timeout_s)
+        self.trace.mark("link.read", step)
+        if response is None or response.step != step:
+            return None
+        if not self._answered and connection is self._connection:  # (an answer of an older connection is not)
+            self._answered, self._last_problem = True, ""  # a working connection: report the next problem anew
+        self.last_round_trip_ms = (time.perf_counter() - start) * 1e3  # sent → read, with what ran meanwhile
+        self.last_drafter_ms = response.drafter_ms
+        return response
 
     def _known_part(self, batch: DraftBatch) -> tuple[list[int], list[int], torch.Tensor | None]:
         """(indices of the sequences this connection can take, seq ids it lacks the context of, their hidden
@@ -278,6 +298,56 @@ class RemoteDrafter:
             hidden = hidden[torch.tensor(rows, dtype=torch.long, device=hidden.device)]  # [Σ n_i (sent), H]
         return sent, missing, hidden
 
+    # ---- device steps (DraftsOnDevice): the step's rows in registered buffers, drafts back in one ----------
+    @property
+    def drafts_on_device(self) -> bool:
+        """Connected to a drafter that takes device steps (same host, shm or CUDA IPC)."""
+        connection = self._connection
+        return connection is not None and connection.exchange is not None
+
+    def draft_on_device(self, step: DeviceDraftStep) -> DeviceDrafts:
+        """Write the step's rows into the exchange buffers, send its schedule and wait for the answer, which the
+        drafter sends once it has queued its work (device_exchange.py): the drafts are then on the device, and
+        the current stream waits for them. A failure of any kind is no drafts this step (and a reconnect)."""
+        connection, b = self._connection, len(step.seq_ids)
+        failed = lambda why: DeviceDrafts(None, [0] * b, failure=why)   # noqa: E731
+        if connection is None or connection.exchange is None:
+            return failed("the drafter does not take device steps (not connected)")
+        too_large = connection.exchange.fits(step)
+        if too_large:
+            return failed(too_large)
+        for seq_id, start in zip(step.seq_ids, step.start_pos):
+            if start == 0:
+                self._known.add(seq_id)
+        self._step += 1
+        number = self._step
+        release, self._pending_release = self._pending_release, []
+        u32 = lambda values: [int(v) for v in values]   # noqa: E731
+        message = pb.StepInput(step=number, release_seq_ids=release, device=pb.DeviceStep(
+            seq_ids=step.seq_ids, start_pos=u32(step.start_pos), max_shift=u32(step.max_shift),
+            chunk_lens=u32(step.chunk_lens), num_drafts=u32(step.num_drafts)))
+        self.trace.mark("link.message", number)
+        with self._lock:   # a reconnect closes the replaced connection's buffers under this lock
+            if connection is not self._connection:
+                return failed("the drafter connection was replaced")
+            connection.exchange.write(step)
+            message.hidden.CopyFrom(_message(pb.TensorRef, connection.sender.send(step.hidden[:step.num_tokens])))
+        start = time.perf_counter()
+        self.trace.mark("link.sent", number)
+        try:
+            connection.stream.send(pb.DraftStepRequest(step=message))
+        except OSError as e:   # the local lane's drafter is gone
+            self._stream_ended(connection, f"the local lane: {e}")
+            return failed("the drafter is not connected")
+        response = self._response(connection, number, start)
+        if response is None or len(response.draft_counts) != b:
+            self._disconnect(connection)
+            return failed(f"drafter step {number} got no valid answer")
+        lost = [i for i in response.missing_seq_ids if i in self._known]
+        self._known.difference_update(lost)
+        missing = dict.fromkeys([i for i in step.seq_ids if i not in self._known] + lost)   # (in order, once)
+        return DeviceDrafts(connection.exchange.drafts(b), list(response.draft_counts), list(missing))
+
     def release(self, seq_ids: list[int]) -> None:
         self._known.difference_update(seq_ids)
         self._pending_release.extend(seq_ids)  # travels with the next step: no extra round trip
@@ -290,6 +360,8 @@ class RemoteDrafter:
         self._disconnect(self._connection)
         if self._sender is not None:
             self._sender.close()
+        if self._exchange is not None:
+            self._exchange.close()
 
 
 

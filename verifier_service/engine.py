@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from kernels.sampling import row_index
-from specdec.drafting import AnswersLater, DraftBatch, DraftInput, DraftOutput, Drafter, proposal_problem
+from specdec.drafting import (AnswersLater, DeviceDrafts, DraftBatch, DraftInput, DraftOutput, Drafter,
+                              DraftsOnDevice, device_drafts_problem, proposal_problem)
 from specdec.models.batch_staging import concat_ranges
 from specdec.models.pinned_upload import PinnedUpload
 from specdec.sampling_params import SamplingParams
@@ -30,7 +31,8 @@ from specdec.step_trace import OFF, StepTrace
 from .acceptance_stats import AcceptanceStats
 from .forced_acceptance import ForcedAcceptance
 from .hidden_staging import HiddenStaging
-from .in_flight import InFlightStep, pending_token_fill
+from .in_flight import ChainedInputs, InFlightStep
+from .launch_verdict import chained_draft_step, launch_verdict
 from .model_runner import ModelRunner
 from .rejection_sampler import greedy_verdict, rejection_sample
 from .sampling_batch import SamplingBatch, draft_probs_rows
@@ -77,6 +79,7 @@ class SpecEngine:
         self.step_count = 0
         self.last_step_seconds: dict[str, float] = {}
         self.drafter_fallback_steps = 0
+        self.overlapped_draft_steps = 0          # steps that verified drafts, launched before the last one was read
         self._last_drafter_failure = ""
         self._context_lost: set[int] = set()  # seq ids whose context the drafter reported missing
         self._pending: PendingDrafts | None = None   # drafts asked for and not yet read
@@ -125,6 +128,11 @@ class SpecEngine:
         return True
 
     @property
+    def overlapping(self) -> bool:
+        """A launched step is not read yet: the last step() overlapped with the GPU's work."""
+        return self._in_flight is not None
+
+    @property
     def has_work(self) -> bool:
         return self.scheduler.has_work or self._in_flight is not None
 
@@ -168,6 +176,7 @@ class SpecEngine:
             j = accepted_of.get(id(p), 0)
             seq.num_cached += len(p.chunk) - p.num_drafts + j
             seq.gdn_read_offset = j
+            seq.verify_launches += p.decoding
             committed.append((p, old_cached))
             if id(p) in tokens_of:
                 outputs.append(self._commit_tokens(p, tokens_of[id(p)], j, logprobs_of[id(p)]))
@@ -183,18 +192,27 @@ class SpecEngine:
         self.trace.mark("step.end")
         return outputs
 
-    # ---- overlapped steps (no drafts, argmax only) -------------------------------------------
+    # ---- overlapped steps (argmax only; no drafter, or one that drafts on the device) ----------------------
     def _overlaps(self) -> bool:
-        """Can this step be launched before the last one's tokens are read? Only without a drafter (drafts
-        need the accepted tokens first) and when every request is argmax-only (penalties, logprobs and
-        sampling need their tokens on the host each step). The engine changes mode between two steps."""
-        if not self.config.overlap or self.drafter is not None:
+        """Can this step be launched before the last one's tokens are read? Only when every request is
+        argmax-only (penalties, logprobs and sampling need their tokens on the host each step) and drafts, if
+        any, come from a drafter that drafts on the device from the unread verdict (an in-process MTP head);
+        a drafter that needs the tokens on the host (n-gram, a drafter service) runs synchronous steps. The
+        engine changes mode between two steps."""
+        if not self.config.overlap or self._context_lost:
+            return False
+        drafter = self.drafter
+        if self.config.num_drafts > 0 and drafter is not None and not (
+                isinstance(drafter, DraftsOnDevice) and drafter.drafts_on_device and self.num_drafts > 0):
             return False
         sched = self.scheduler
         return all(s.params.argmax_only for s in sched.running) and all(s.params.argmax_only for s in sched.waiting)
 
     def _overlapped_step(self) -> list[RequestOutput]:
-        plan = self.scheduler.schedule()   # a sequence whose last token is pending decodes it from the device
+        self._collect_drafts()             # an answer a synchronous step asked for: drafts on the host
+        plan = self.scheduler.schedule()   # a sequence whose last step is unread decodes from the device
+        if self.drafter is not None and self.scheduler.preempted:
+            self.drafter.release([s.seq_id for s in self.scheduler.preempted])
         previous, self._in_flight = self._in_flight, None
         launch_seconds = 0.0
         if plan:
@@ -203,38 +221,93 @@ class SpecEngine:
             launch_seconds = time.perf_counter() - start
         start = time.perf_counter()
         outputs = self._finish_in_flight(previous) if previous is not None else []
-        self.last_step_seconds = {"target": launch_seconds, "verify": time.perf_counter() - start, "drafter": 0.0}
+        # "target": queueing this step (its drafter call is "drafter"); "verify": reading the last one
+        self.last_step_seconds = {"target": launch_seconds - self._drafter_seconds,
+                                  "verify": time.perf_counter() - start, "drafter": self._drafter_seconds}
+        self._drafter_seconds = 0.0
         self.trace.mark("step.end")
         return outputs
 
     def _launch(self, plan: list[ScheduledSeq], previous: InFlightStep | None) -> InFlightStep:
-        """Queue the step's forward and argmax; advance the caches' counts (a draft-free step commits every
-        token it runs) and mark the sampled tokens pending."""
+        """Queue the step's forward, its verdict and the drafter's next drafts; advance the caches' counts by
+        what the host knows (the accepted drafts follow when the step is read) and mark the verdict pending."""
         self.step_count += 1
+        self.overlapped_draft_steps += any(p.num_drafts for p in plan)
         sampled = [p for p in plan if p.samples]                 # before the counts below move
-        fill = pending_token_fill(plan, previous, self._upload_fill)
+        inputs = ChainedInputs(plan, previous, self._upload_fill, self.runner.block_size)
+        forced = self._forced_counts(sampled)
         self.trace.mark("forward.begin", batch=len(plan))
-        _, logits = self.runner.forward([p.seq for p in plan], [p.chunk for p in plan],
-                                        logits=[int(p.samples) for p in plan], token_fill=fill)
-        launched = InFlightStep.launch(sampled, logits)
+        hidden, logits = self.runner.forward([p.seq for p in plan], [p.chunk for p in plan],
+                                             [p.num_drafts for p in plan],
+                                             logits=[p.num_drafts + 1 if p.samples else 0 for p in plan],
+                                             before=inputs)
+        tokens, accepted = launch_verdict(plan, logits, self.runner.last_batch, forced, self._upload_drafts)
         self.trace.mark("forward.launched")
+        drafts, counts = self._draft_on_device(plan, hidden, tokens, accepted)
+        launched = InFlightStep.launch(sampled, tokens, accepted, drafts, counts)
         for p in plan:
-            p.seq.num_cached += len(p.chunk)
+            p.seq.num_cached += len(p.chunk) - p.num_drafts
             p.seq.gdn_read_offset = 0
-        for p in sampled:
+            p.seq.verify_launches += p.decoding
+        for p, count in zip(sampled, counts or [0] * len(sampled)):
             p.seq.pending += 1
+            p.seq.unread_accepts, p.seq.device_drafts = p.num_drafts, count
         return launched
 
+    def _draft_on_device(self, plan: list[ScheduledSeq], hidden: torch.Tensor, tokens: torch.Tensor,
+                         accepted: torch.Tensor | None) -> tuple[torch.Tensor | None, list[int]]:
+        """The drafter's next drafts for the sampled entries, [S, K] on the device, and their counts."""
+        if self.drafter is None or self.num_drafts == 0:
+            return None, []
+        start = time.perf_counter()
+        step = chained_draft_step(self.step_count, plan, self.runner.last_batch, hidden, tokens, accepted,
+                                  self.num_drafts, self._upload_rows)
+        try:
+            out = self.drafter.draft_on_device(step)
+        except Exception as e:  # a drafter's bug must not take the verifier down
+            log.exception("drafter %s raised; the next step decodes without drafts", self.drafter.kind)
+            out = DeviceDrafts(None, [0] * len(plan), failure=f"{type(e).__name__}: {e}")
+        problem = out.failure or device_drafts_problem(out, step, self.num_drafts)
+        rows = [i for i, p in enumerate(plan) if p.samples]
+        self._drafter_seconds += time.perf_counter() - start
+        if problem:
+            self._drafter_failed(problem)
+            return None, [0] * len(rows)
+        self._context_lost.update(out.missing)   # the next step runs synchronously and recomputes them
+        index = self._upload_forced(np.asarray(rows, np.int64))
+        # ids outside the vocabulary cannot be checked on the host without a sync: clamped on the device (the
+        # target verifies every draft, so a wrong id costs acceptance, never correctness)
+        return out.tokens[index].clamp_(0, self.runner.config.vocab_size - 1), [out.counts[i] for i in rows]
+
+    def _forced_counts(self, sampled: list[ScheduledSeq]) -> list[int] | None:
+        """Forced acceptance (benchmarks): each verify step's count, keyed by the request's seed and how many
+        verify steps it launched before, so every path draws the same schedule."""
+        forced = self.config.forced_acceptance
+        if not forced:
+            return None
+        return forced.draw([(p.seq.seed, p.seq.verify_launches) for p in sampled])
+
     def _finish_in_flight(self, step: InFlightStep) -> list[RequestOutput]:
-        """Read a launched step's tokens (its one sync) and commit them; a sequence that ended while the step
-        ran (aborted, or stopped by the step before) drops its token."""
-        tokens = step.read()
+        """Read a launched step's verdict (its one sync) and commit it: the accepted drafts move the caches'
+        counts (unless the caches were released since), the tokens go to the request, the drafts stay with a
+        sequence not launched again. A sequence that ended while the step ran (aborted, or stopped by the step
+        before) drops its tokens."""
+        results = step.read()
         self.trace.mark("verified")
         outputs = []
-        for p, token in zip(step.sampled, tokens):
-            p.seq.pending -= 1
-            if p.seq.finish_reason is None:
-                outputs.append(self._commit_tokens(p, [token], 0, None))
+        for p, epoch, result in zip(step.sampled, step.epochs, results):
+            seq = p.seq
+            seq.pending -= 1
+            last = seq.pending == 0                       # no later launch of it is unread
+            if seq.cache_epoch == epoch:
+                seq.num_cached += result.num_accepted
+                if last:
+                    seq.gdn_read_offset = result.num_accepted
+            if last:
+                seq.unread_accepts, seq.device_drafts = 0, 0
+                seq.drafts, seq.draft_probs = result.drafts, None
+            if seq.finish_reason is None:
+                outputs.append(self._commit_tokens(p, result.tokens, result.num_accepted, None))
         self.trace.mark("committed")
         return outputs
 
@@ -266,11 +339,8 @@ class SpecEngine:
         host[:, 1 + width:] = row_index(num_drafts)
         host = self._upload_drafts(host)
         drafts, rows = host[:, 1:1 + width], host[:, 1 + width:]
-        forced = self.config.forced_acceptance
-        forced_accepts = None
-        if forced:  # keyed by the request's seed and its verify count: the same schedule on every path
-            counts = forced.draw([(p.seq.seed, p.seq.stats.verify_steps) for p in sampled])
-            forced_accepts = self._upload_forced(np.asarray(counts, np.int64))
+        counts = self._forced_counts(sampled)
+        forced_accepts = None if counts is None else self._upload_forced(np.asarray(counts, np.int64))
         if all(p.seq.params.argmax_only for p in sampled):  # no sampling state, no draws
             return greedy_verdict(logits, rows, drafts, forced_accepts, before_sync)
         uses_q = [p.seq.draft_probs is not None and p.num_drafts > 0 and not p.seq.params.greedy for p in sampled]

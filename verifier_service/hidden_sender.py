@@ -15,7 +15,7 @@ def offered_transports(device: torch.device, override: str) -> list[str]:
     return ["cuda_ipc", "inline"] if device.type == "cuda" else ["shm", "inline"]
 
 
-def _cuda_buffer(name: str, t: torch.Tensor, event: torch.cuda.Event | None = None) -> dict:
+def cuda_buffer(name: str, t: torch.Tensor, event: torch.cuda.Event | None = None) -> dict:
     e = cuda_ipc.export_tensor(t)
     return dict(
         name=name, transport="cuda_ipc", size_bytes=t.numel() * t.element_size(),
@@ -44,8 +44,8 @@ class HiddenSender:
             buffers.append(dict(name="hidden", transport="shm", shm_path=str(self.shm.path),
                                 size_bytes=self.shm.size_bytes, dtype=tensor_bytes.DTYPE_NAMES[self.dtype]))
         if self.gpu is not None:
-            buffers.append(_cuda_buffer("hidden", self.gpu, self.event))
-            buffers += [_cuda_buffer(name, w) for name, w in shared_weights.items()]
+            buffers.append(cuda_buffer("hidden", self.gpu, self.event))
+            buffers += [cuda_buffer(name, w) for name, w in shared_weights.items()]
         return buffers
 
     def send(self, rows: torch.Tensor) -> dict:

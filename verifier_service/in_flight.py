@@ -1,11 +1,12 @@
-"""A draft-free step that is launched and not read yet: the engine launches step n + 1 before it reads step n's
-tokens, so the host's work between two steps (reading tokens, stop checks, delivering outputs, scheduling,
-staging the next batch) runs while the GPU computes instead of in front of it (DESIGN §5: "read one step late").
+"""A step that is launched and not read yet: the engine launches step n + 1 before it reads step n's tokens, so
+the host's work between two steps (reading tokens, stop checks, delivering outputs, scheduling, staging the
+next batch) runs while the GPU computes instead of in front of it (DESIGN §5: "read one step late").
 
-Step n's sampled tokens stay on the device; the sequences that sampled them run in step n + 1 with their last
-token pending, and the engine writes those tokens into step n + 1's staged input ids on the device
-(`pending_token_fill`). The host copy of step n's tokens is queued right behind their argmax, so reading them
-waits for step n only, not for step n + 1.
+Step n's verdict stays on the device: per sampled sequence its tokens (accepted drafts, then the emitted one),
+its accepted count and the drafts the drafter made for step n + 1. The sequences that sampled run in step
+n + 1 with that verdict pending (`ChainedInputs`): their input ids are written from it on the device, and
+their positions, KV rows and GDN read offsets are moved by the accepted counts (specdec/models/batch_shift.py).
+The host copy of the verdict is queued right behind it, so reading it waits for step n only.
 """
 from __future__ import annotations
 
@@ -14,56 +15,121 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from specdec.models.batch_shift import shift_batch
+from specdec.models.forward_batch import ForwardBatch
 from specdec.models.pinned_upload import PinnedUpload
 
 from .scheduler import ScheduledSeq
 
 
 @dataclass
+class StepResult:
+    """What a read step gave one sampled sequence."""
+    tokens: list[int]                   # accepted drafts, then the emitted (recovered or bonus) token
+    num_accepted: int
+    drafts: list[int]                   # the drafter's proposals for its next step
+
+
+@dataclass
 class InFlightStep:
-    sampled: list[ScheduledSeq]          # the plan's entries that sample a token, in logit-row order
-    tokens: torch.Tensor | None          # [S] int64 on the device: each one's token (None: nothing sampled)
-    host: torch.Tensor | None            # [S] int64, pinned on CUDA: the copy the host reads
-    copied: torch.cuda.Event | None      # recorded after that copy (CUDA only)
-    row_of: dict[int, int]               # seq_id -> its row in `tokens`
+    sampled: list[ScheduledSeq]         # the plan's entries that sample, in verdict-row order
+    epochs: list[int]                   # each one's cache epoch at launch
+    width: int                          # token columns of the verdict: 1 + the step's most drafts
+    draft_counts: list[int]             # valid drafts per row
+    accepted: torch.Tensor | None       # [S] int64 device (None: a step without drafts accepts nothing)
+    source: torch.Tensor | None         # [S + S * K] int64 device: emitted tokens, then the drafts row by row
+    host: torch.Tensor | None           # [S, width + 1 + K] int64 (pinned on CUDA): tokens | accepted | drafts
+    copied: torch.cuda.Event | None     # recorded after the host copy (CUDA only)
+    row_of: dict[int, int]              # seq_id -> its verdict row
 
     @staticmethod
-    def launch(sampled: list[ScheduledSeq], logits: torch.Tensor) -> "InFlightStep":
-        """Queue the argmax of each sampled row (logits [S, V]) and its copy to the host; no sync."""
+    def launch(sampled: list[ScheduledSeq], tokens: torch.Tensor, accepted: torch.Tensor | None,
+               drafts: torch.Tensor | None, draft_counts: list[int]) -> "InFlightStep":
+        """tokens [S, W] (padded with -1), accepted [S] or None, drafts [S, K] or None, all on the device:
+        queue their copy to the host; no sync."""
         row_of = {p.seq.seq_id: i for i, p in enumerate(sampled)}
+        epochs = [p.seq.cache_epoch for p in sampled]
         if not sampled:
-            return InFlightStep(sampled, None, None, None, row_of)
-        tokens = logits.argmax(-1)                                                    # [S]
-        if tokens.device.type != "cuda":
-            return InFlightStep(sampled, tokens, tokens, None, row_of)
-        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-        host.copy_(tokens, non_blocking=True)
+            return InFlightStep(sampled, epochs, 0, [], None, None, None, None, row_of)
+        num = tokens.shape[0]
+        emitted = tokens[:, 0] if accepted is None else tokens.gather(1, accepted[:, None])[:, 0]       # [S]
+        zeros = torch.zeros(num, 1, dtype=tokens.dtype, device=tokens.device)
+        parts = [tokens, zeros if accepted is None else accepted[:, None]]
+        source = emitted
+        if drafts is not None:
+            parts.append(drafts)
+            source = torch.cat([emitted, drafts.reshape(-1)])
+        result = torch.cat(parts, dim=1)                                                # [S, W + 1 + K]
+        if result.device.type != "cuda":
+            return InFlightStep(sampled, epochs, tokens.shape[1], draft_counts, accepted, source, result, None,
+                                row_of)
+        host = torch.empty(result.shape, dtype=result.dtype, pin_memory=True)
+        host.copy_(result, non_blocking=True)
         copied = torch.cuda.Event()
-        copied.record(torch.cuda.current_stream(tokens.device))
-        return InFlightStep(sampled, tokens, host, copied, row_of)
+        copied.record(torch.cuda.current_stream(result.device))
+        return InFlightStep(sampled, epochs, tokens.shape[1], draft_counts, accepted, source, host, copied, row_of)
 
-    def read(self) -> list[int]:
-        """The sampled tokens, in `sampled` order: the step's one host sync."""
+    @property
+    def num_drafts_made(self) -> int:
+        """K: draft columns per row in `source` (0 without a drafter)."""
+        return 0 if self.host is None else self.host.shape[1] - self.width - 1
+
+    def read(self) -> list[StepResult]:
+        """Each sampled sequence's result, in `sampled` order: the step's one host sync."""
         if self.host is None:
             return []
         if self.copied is not None:
             self.copied.synchronize()
-        return self.host.tolist()
+        w = self.width
+        out = []
+        for row, count in zip(self.host.tolist(), self.draft_counts or [0] * len(self.sampled)):
+            j = row[w]
+            out.append(StepResult(row[:j + 1], j, row[w + 1:w + 1 + count]))
+        return out
 
 
-def pending_token_fill(plan: list[ScheduledSeq], previous: InFlightStep | None,
-                       upload: PinnedUpload) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(flat token indices [M], token ids [M]) on the device for the plan's pending tokens: each is the first
-    token of its sequence's chunk, sampled by `previous`. None when no sequence has one."""
-    starts, rows, at = [], [], 0
-    for p in plan:
-        if p.seq.pending:
-            if previous is None or p.seq.seq_id not in previous.row_of:
-                raise RuntimeError(f"sequence {p.seq.seq_id} has a pending token no launched step sampled")
-            starts.append(at)
-            rows.append(previous.row_of[p.seq.seq_id])
-        at += len(p.chunk)
-    if not starts:
-        return None
-    index = upload(np.array([starts, rows], np.int64))                             # [2, M]
-    return index[0], previous.tokens[index[1]]
+class ChainedInputs:
+    """Step n + 1's inputs that only the device knows: for each planned sequence whose last step is unread,
+    its emitted token and drafts (written into the staged input ids) and its accepted count (by which its
+    positions, KV rows and GDN read offsets move). Built on the host from the plan and the previous step's row
+    numbers; applied to the staged batch before the step runs (`ModelRunner.forward(before=...)`)."""
+
+    def __init__(self, plan: list[ScheduledSeq], previous: InFlightStep | None, upload: PinnedUpload,
+                 block_size: int):
+        self.block_size = block_size
+        self.num_tokens = sum(len(p.chunk) for p in plan)
+        self.num_seqs = len(plan)
+        dest, src, shift_rows, at = [], [], [], 0
+        num_rows = 0 if previous is None else len(previous.sampled)
+        k = 0 if previous is None else previous.num_drafts_made
+        for p in plan:
+            row = num_rows   # points at the appended zero: no shift
+            if p.seq.pending:
+                if previous is None or p.seq.seq_id not in previous.row_of:
+                    raise RuntimeError(f"sequence {p.seq.seq_id} has a pending token no launched step sampled")
+                row = previous.row_of[p.seq.seq_id]
+                dest.extend(range(at, at + 1 + p.num_drafts))
+                src.append(row)
+                src.extend(num_rows + row * k + j for j in range(p.num_drafts))
+            shift_rows.append(row)
+            at += len(p.chunk)
+        self.empty = not dest
+        self.shifts = previous is not None and previous.accepted is not None and not self.empty
+        if self.empty:
+            return
+        parts = [np.asarray(dest, np.int64), np.asarray(src, np.int64)]
+        if self.shifts:
+            parts.append(np.asarray(shift_rows, np.int64))
+        flat = upload(np.concatenate(parts))
+        m = len(dest)
+        self.dest, self.tokens = flat[:m], previous.source[flat[m:2 * m]]                 # [M], [M]
+        if self.shifts:
+            accepted = torch.cat([previous.accepted, previous.accepted.new_zeros(1)])      # [S + 1]
+            self.shift = accepted[flat[2 * m:]]                                            # [B]
+
+    def __call__(self, batch: ForwardBatch) -> None:
+        if self.empty:
+            return
+        batch.input_ids.index_copy_(0, self.dest, self.tokens)
+        if self.shifts:
+            shift_batch(batch, self.shift, self.num_tokens, self.num_seqs, self.block_size)

@@ -25,7 +25,7 @@ from specdec.models.loader import LoadedModel
 from .sequence import Sequence
 
 log = logging.getLogger(__name__)
-TokenFill = tuple[torch.Tensor, torch.Tensor]   # (flat token indices [M] int64, token ids [M] int64), on the device
+BeforeStep = Callable[[ForwardBatch], None]   # device work on the staged batch, queued before the step runs
 
 
 class ModelRunner:
@@ -49,6 +49,7 @@ class ModelRunner:
         self.epilogue: Callable[[ForwardBatch, torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]] | None = None
         self.graphs: CudaGraphRunner | None = None
         self.last_outputs: tuple[torch.Tensor, ...] = ()
+        self.last_batch: ForwardBatch | None = None   # the staged (padded) batch of the last forward
         if self.device.type == "cuda" and not enforce_eager:
             self.use_graphs(capture=True)
 
@@ -92,29 +93,29 @@ class ModelRunner:
         if seq.gdn_slot >= 0:
             self.gdn_slots.give_back([seq.gdn_slot])
         seq.gdn_slot, seq.num_cached, seq.gdn_read_offset = -1, 0, 0
+        seq.cache_epoch += 1
 
     # ---- one forward -------------------------------------------------------------------
     def forward(self, seqs: list[Sequence], chunks: list[list[int]], num_drafts: list[int] | None = None,
-                logits: str | list[int] = "last", token_fill: TokenFill | None = None
+                logits: str | list[int] = "last", before: BeforeStep | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run `chunks[i]` (tokens after seqs[i].num_cached) for every sequence; returns (hidden [T, H],
         logits [N, V]), valid until the next forward. The caller advances num_cached / gdn_read_offset once
         it knows what was committed. Outputs of the epilogue (padded) are in `last_outputs[2:]`.
-        `token_fill` = (flat token indices [M], token ids [M]) on the device: tokens the host does not know yet
-        (a running step's samples), written over the staged input ids on the device before the step runs."""
+        `before` gets the staged batch before the step runs: device work that writes what the host does not
+        know yet (a running step's tokens and accepted counts) into it. The batch is `last_batch` after."""
         for seq, chunk in zip(seqs, chunks):
             self.reserve(seq, seq.num_cached + len(chunk))
         plan = self._plan(seqs, chunks, num_drafts, logits)
-        fill = None if token_fill is None else (lambda batch: batch.input_ids.index_copy_(0, *token_fill))
         bucket = self.graphs.bucket_for(plan) if self.graphs is not None else None
         if bucket is not None:
-            _, outputs = self.graphs.run(plan, bucket, fill)
+            batch, outputs = self.graphs.run(plan, bucket, before)
         else:
             batch = self._stage_eager(plan)
-            if fill is not None:
-                fill(batch)
+            if before is not None:
+                before(batch)
             outputs = self._step(batch)
-        self.last_outputs = outputs
+        self.last_outputs, self.last_batch = outputs, batch
         hidden, logits_out = outputs[0], outputs[1]
         return hidden[: plan.num_tokens], logits_out[: int(plan.logits_per_seq.sum())]
 

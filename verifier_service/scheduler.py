@@ -62,16 +62,22 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def _chunk(self, seq: Sequence, budget: int) -> tuple[list[int], int]:
-        if seq.is_decoding and seq.pending:  # its last token is on the device: the engine fills it in
-            return [PENDING_TOKEN], 0
-        if seq.is_decoding:
-            drafts = seq.drafts[:max(0, budget - 1)]
+        if seq.is_decoding and seq.pending:  # its token and drafts are on the device: the engine fills them in
+            drafts = max(0, min(seq.device_drafts, budget - 1, seq.remaining - 1))
+            return [PENDING_TOKEN] * (1 + drafts), drafts
+        if seq.is_decoding:   # never more drafts than tokens it may still emit after the first
+            drafts = seq.drafts[:max(0, min(budget - 1, seq.remaining - 1))]
             return [seq.token_ids[-1]] + drafts, len(drafts)
         size = min(self.config.prefill_chunk, budget, len(seq.token_ids) - seq.num_cached)
         return seq.token_ids[seq.num_cached:seq.num_cached + size], 0
 
     def _fits(self, seq: Sequence, length: int) -> bool:
         return self.runner.blocks_needed(seq, length) <= self.runner.blocks.num_free
+
+    @staticmethod
+    def _reach(seq: Sequence, chunk: list[int]) -> int:
+        """Cache positions the chunk may reach: the unread step may still move it by its accepted drafts."""
+        return seq.num_cached + seq.unread_accepts + len(chunk)
 
     def preempt(self, victim: Sequence, reason: str) -> None:
         """Preempt by recompute: free the caches; the sequence prefills prompt + output again, first in line."""
@@ -102,11 +108,11 @@ class Scheduler:
             if seq not in self.running or budget <= 0 or not self._can_run(seq):
                 continue
             chunk, d = self._chunk(seq, budget)
-            while not self._fits(seq, seq.num_cached + len(chunk)) and seq in self.running:
+            while not self._fits(seq, self._reach(seq, chunk)) and seq in self.running:
                 self._preempt_for_blocks(self.running[-1])
             if seq not in self.running:
                 continue
-            self.runner.reserve(seq, seq.num_cached + len(chunk))
+            self.runner.reserve(seq, self._reach(seq, chunk))
             plan.append(ScheduledSeq(seq, chunk, d, seq.is_decoding))
             budget -= len(chunk)
         while self.waiting and budget > 0 and len(self.running) < self.config.max_running:

@@ -30,7 +30,11 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     gdn_slot: int = -1
     gdn_read_offset: int = 0             # state slot / conv column holding the state after num_cached tokens
-    pending: int = 0                     # tokens sampled by a launched step and not read yet (0 or 1)
+    pending: int = 0                     # launched steps that sampled and are not read yet (0 or 1 when scheduling)
+    unread_accepts: int = 0              # drafts of the newest unread step: num_cached grows by up to this at its read
+    device_drafts: int = 0               # drafts the newest unread step left on the device for the next one
+    verify_launches: int = 0             # verify steps launched (forced acceptance's key)
+    cache_epoch: int = 0                 # bumped when its caches are released (a late read must not move them)
     drafts: list[int] = field(default_factory=list)  # proposals to verify in the next step
     draft_probs: torch.Tensor | None = None  # [len(drafts), V] the drafter's q, None: argmax (one-hot)
     stats: AcceptanceStats = field(default_factory=AcceptanceStats)
@@ -64,11 +68,12 @@ class Sequence:
     def is_decoding(self) -> bool:
         """Output has begun and all but the last token are cached: the next step verifies [last, drafts...].
         (A prompt's own last token is still prefill.) The last token may be pending: sampled by a step that
-        is still running, then the next step takes it from the device."""
+        is still running, then the next step takes it from the device. (num_cached and token_ids both leave
+        out the unread step's accepted drafts, so the test holds while they are unknown.)"""
         length = len(self.token_ids) + self.pending
         return self.num_cached == length - 1 and length > self.num_prompt
 
     @property
     def remaining(self) -> int:
-        """Tokens it may still emit, the pending one counted."""
-        return self.params.max_tokens - len(self.output_ids) - self.pending
+        """Tokens it may still emit, at least: the unread step's are counted as if all its drafts were accepted."""
+        return self.params.max_tokens - len(self.output_ids) - self.pending - self.unread_accepts

@@ -84,7 +84,7 @@ def build_engine(config: VerifierConfig, make_drafter: DrafterFactory | None = N
             loaded.config.hidden_size, loaded.config.vocab_size, model.embed_tokens.weight.dtype,
             torch.device(config.device), config.max_batched_tokens,
             {"embed_tokens": model.embed_tokens.weight, "lm_head": model.lm_head.weight}, loaded.config.model_type,
-            vocabulary_fingerprint(config.model_dir), trace)
+            vocabulary_fingerprint(config.model_dir), trace, max_seqs=config.max_running)
     elif config.in_process_drafter and config.num_drafts > 0:
         drafter = make_drafter(loaded, config)
         log.info("in-process drafter %s (%s), k=%d: no drafter service", config.in_process_drafter,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from itertools import chain
+from typing import Callable
 
 import numpy as np
 import torch
@@ -70,20 +71,25 @@ class MTPDraftLoop:
         self.vocab_ids = ids.to(device=self.device, dtype=torch.long)                          # [V']
         self.vocab_head = lm_head.weight.index_select(0, self.vocab_ids)                      # [V', H]
 
-    def run(self, plan: StepPlan, hidden: torch.Tensor, num_steps: int) -> torch.Tensor:
+    def run(self, plan: StepPlan, hidden: torch.Tensor, num_steps: int,
+            before: Callable[[ForwardBatch], None] | None = None) -> torch.Tensor:
         """Catch up on `plan` (hidden [T, H]: the target's rows for its tokens) and draft. Returns drafts
-        [B, num_steps] (a graph replay drafts max_drafts steps; the caller keeps what it asked for)."""
+        [B, num_steps] (a graph replay drafts max_drafts steps; the caller keeps what it asked for). `before`
+        gets the staged batch first: device work that writes into it what the host does not know."""
         bucket = self.graphs.bucket_for(plan) if self.graphs is not None and num_steps > 0 else None
         if bucket is not None:
             self.hidden_in[: plan.num_tokens].copy_(hidden)
-            _, (drafts,) = self.graphs.run(plan, bucket)
+            _, (drafts,) = self.graphs.run(plan, bucket, before)
             return drafts[: plan.num_seqs]
         if plan.num_tokens > self.staging.max_tokens or plan.num_seqs > self.staging.max_seqs:
             s = self.staging
             self.staging = BatchStaging(max(s.max_tokens, 1 << (plan.num_tokens - 1).bit_length()),
                                         max(s.max_seqs, plan.num_seqs), s.max_blocks, self.block_size,
                                         self.device, scratch_block=s.scratch_block)
-        return self._step(self.staging.stage(plan), hidden, num_steps)
+        batch = self.staging.stage(plan)
+        if before is not None:
+            before(batch)
+        return self._step(batch, hidden, num_steps)
 
     def _graph_step(self, batch: ForwardBatch) -> tuple[torch.Tensor]:
         return (self._step(batch, self.hidden_in[: batch.num_tokens], self.max_drafts),)

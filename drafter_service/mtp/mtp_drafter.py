@@ -10,14 +10,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from specdec.drafting import DraftBatch, DraftOutput, ModelFacts
+from specdec.drafting import DeviceDrafts, DeviceDraftStep, DraftBatch, DraftOutput, ModelFacts
 from specdec.id_pool import IdPool, PoolExhausted
 from specdec.models.batch_staging import concat_ranges
 from specdec.models.caches import GDNCache, KVCache, ModelCaches
 from specdec.models.loader import LoadedModel
+from specdec.models.pinned_upload import PinnedUpload
 from specdec.models.model_config import ModelConfig
 from specdec.transport.tensor_bytes import DTYPE_NAMES
 
+from .chained_catch_up import ChainedCatchUp
 from .draft_loop import MTPDraftLoop, catch_up_plan
 from .mtp_head import MTPHead
 from .options import MTPOptions
@@ -43,6 +45,7 @@ def mtp_facts(config: ModelConfig, dtype: torch.dtype, vocab_fingerprint: str = 
 class MTPDrafter:
     kind = "mtp"
     needs_hidden = True
+    drafts_on_device = True
 
     def __init__(self, loaded: LoadedModel, max_drafts: int, num_blocks: int, block_size: int = 16,
                  device: str | torch.device | None = None, options: "MTPOptions | None" = None):
@@ -83,6 +86,7 @@ class MTPDrafter:
         self.loop = MTPDraftLoop(self.head, caches, max_drafts, options.max_seqs, self.tables.width, self.device,
                                  graphs=not options.enforce_eager, draft_vocab=draft_vocab)
         self.dropped: set[int] = set()  # sequences given up for lack of blocks, until released
+        self._upload = PinnedUpload(self.device)
 
     def propose(self, batch: DraftBatch) -> DraftOutput:
         """Sequences this drafter cannot hold (its KV blocks ran out, or longer than max_context) are dropped:
@@ -95,7 +99,7 @@ class MTPDrafter:
         for i, s in enumerate(batch.seqs):
             if s.start_pos > 0 and s.seq_id not in self.tables and s.seq_id not in self.dropped:
                 missing.append(s.seq_id)
-            elif s.seq_id not in self.dropped and self._try_reserve(s) and lens[i] > 0:
+            elif s.seq_id not in self.dropped and self._try_reserve(s.seq_id, s.start_pos + lens[i]) and lens[i] > 0:
                 served.append(i)
         if served:
             hidden = batch.hidden
@@ -106,15 +110,16 @@ class MTPDrafter:
                 drafts[i] = d
         return DraftOutput(drafts=drafts, missing=missing)
 
-    def _try_reserve(self, s) -> bool:
-        """Blocks for the catch-up and every draft step (a graph drafts max_drafts for every sequence)."""
+    def _try_reserve(self, seq_id: int, pairs_end: int) -> bool:
+        """Blocks for the catch-up pairs (positions < pairs_end) and every draft step after them (a graph drafts
+        max_drafts for every sequence)."""
         try:
-            self.tables.reserve(s.seq_id, s.start_pos + len(s.token_ids) - 1 + self.max_drafts - 1)
+            self.tables.reserve(seq_id, int(pairs_end) + self.max_drafts - 1)
             return True
         except (PoolExhausted, ValueError) as e:
-            log.warning("sequence %d dropped by the mtp drafter (%s): it decodes without drafts", s.seq_id, e)
-            self.release([s.seq_id])
-            self.dropped.add(s.seq_id)
+            log.warning("sequence %d dropped by the mtp drafter (%s): it decodes without drafts", seq_id, e)
+            self.release([seq_id])
+            self.dropped.add(seq_id)
             return False
 
     def _draft(self, seqs, hidden: torch.Tensor) -> list[list[int]]:
@@ -124,6 +129,27 @@ class MTPDrafter:
         plan = catch_up_plan([s.token_ids for s in seqs], starts, tables, table_lens)
         drafted = self.loop.run(plan, hidden, max(ks)).tolist()  # [B, >= max(ks)]: the one host sync
         return [row[:k] for row, k in zip(drafted, ks)]
+
+    def draft_on_device(self, step: DeviceDraftStep) -> DeviceDrafts:
+        """Catch up on a step the verifier has not read (its rows, on the device) and draft, with no sync. As in
+        propose(), a sequence this drafter cannot hold gets no drafts, and one first seen past position 0 is
+        reported missing; both are left out of the catch-up."""
+        held, missing = np.zeros(len(step.seq_ids), bool), []
+        for i, (seq_id, start, shift, n) in enumerate(zip(step.seq_ids, step.start_pos, step.max_shift,
+                                                         step.chunk_lens)):
+            if start > 0 and seq_id not in self.tables and seq_id not in self.dropped:
+                missing.append(seq_id)
+            else:
+                held[i] = seq_id not in self.dropped and self._try_reserve(seq_id, int(start + shift + n))
+        counts = [min(int(k), self.max_drafts) if ok else 0 for k, ok in zip(step.num_drafts, held)]
+        if not held.any():
+            return DeviceDrafts(torch.zeros(len(counts), self.max_drafts, dtype=torch.long, device=self.device),
+                                counts, missing)
+        catch_up = ChainedCatchUp(step, held, self.block_size, self._upload)
+        tables, table_lens = self.tables.rows([i for i, ok in zip(step.seq_ids, held) if ok])
+        drafts = self.loop.run(catch_up.plan(tables, table_lens, held), catch_up.hidden(), self.max_drafts,
+                               catch_up)
+        return DeviceDrafts(catch_up.scatter(drafts), counts, missing)
 
     def release(self, seq_ids: list[int]) -> None:
         for i in seq_ids:

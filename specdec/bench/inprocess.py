@@ -7,7 +7,8 @@ Step split (DESIGN §5 words), mean over decode steps (those after every request
     sampling            the engine's "verify" phase (rejection sampling; its one host sync waits for the
                         target's remaining GPU work, which is counted in target_forward instead)
     drafter_round_trip  the engine's "drafter" phase (in-process: the drafter call and reading its answer)
-    drafter_compute     drafter.propose: GPU time between CUDA events (host time on a CPU)
+    drafter_compute     drafter.propose (draft_on_device in overlapped steps): GPU time between CUDA events
+                        (host time on a CPU)
     host                step wall time - the engine's three phases (scheduling, commit, stop checks,
                         the drafter's inputs and hidden rows)
 so target_forward + sampling + drafter_round_trip + host = the step's wall time.
@@ -122,6 +123,8 @@ class InprocBench:
         engine.runner.forward = target_clock.wrap(engine.runner.forward)
         if engine.drafter is not None:
             engine.drafter.propose = drafter_clock.wrap(engine.drafter.propose)
+            if hasattr(engine.drafter, "draft_on_device"):   # overlapped steps draft through this one
+                engine.drafter.draft_on_device = drafter_clock.wrap(engine.drafter.draft_on_device)
         before = _counts(engine)
         traces, steps, truncated = self._drive(engine, w, prompts, guard_s, (target_clock, drafter_clock))
         if self.device.type == "cuda":
@@ -160,7 +163,7 @@ class InprocBench:
             t0 = time.perf_counter()
             outputs = engine.step()
             t1 = time.perf_counter()
-            steps.append((t1, t1 - t0, dict(engine.last_step_seconds)))
+            steps.append((t1, t1 - t0, dict(engine.last_step_seconds), engine.overlapping))
             for o in outputs:
                 if o.request_id in traces:
                     traces[o.request_id].add(t1, len(o.new_token_ids))
@@ -173,13 +176,14 @@ class InprocBench:
 
 def step_split(steps, target_gpu: dict[int, float], drafter_gpu: dict[int, float], has_drafter: bool,
                decode_from: float) -> dict:
-    """Mean ms per decode step of each part (see the module docstring); steps = [(end time, wall, phases)]."""
+    """Mean ms per decode step of each part (see the module docstring); steps = [(end time, wall, phases,
+    overlapped)]. An overlapped step's GPU work runs behind the host's: its parts are the host's phases."""
     rows = []
-    for i, (end, wall, phases) in enumerate(steps):
+    for i, (end, wall, phases, overlapped) in enumerate(steps):
         if end <= decode_from:
             continue
         th, tv, td = (phases.get(p, 0.0) for p in ("target", "verify", "drafter"))
-        target = max(target_gpu.get(i, th), th)
+        target = th if overlapped else max(target_gpu.get(i, th), th)
         # The target's GPU time beyond its host time was waited for in the sampling phase (its one sync), and
         # beyond that in the host phase: move it there, so the parts still add up to the wall time.
         spill = target - th

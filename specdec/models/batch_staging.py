@@ -2,7 +2,7 @@
 sequences, and one non-blocking host-to-device copy per step into one persistent device buffer.
 
 Layout of the buffer (int32 words; the int64 fields first so that they stay 8-byte aligned):
-    input_ids, positions, slot_mapping, logits_indices   [max_tokens] int64 each
+    input_ids, positions, slot_mapping, logits_indices, seq_of_token   [max_tokens] int64 each
     cu_seqlens [max_seqs + 1], gdn_slots, gdn_read_offsets, num_drafts [max_seqs]   int32
     block_tables [max_seqs, max_blocks]                                             int32 (last: copied by rows)
 Fields sit at fixed offsets, so a batch padded to a bucket always has the same addresses: what a CUDA graph
@@ -18,7 +18,7 @@ import torch
 
 from .forward_batch import ForwardBatch, as_array
 
-INT64_FIELDS = ("input_ids", "positions", "slot_mapping", "logits_indices")
+INT64_FIELDS = ("input_ids", "positions", "slot_mapping", "logits_indices", "seq_of_token")
 INT32_FIELDS = ("cu_seqlens", "gdn_slots", "gdn_read_offsets", "num_drafts", "block_tables")
 
 
@@ -153,6 +153,7 @@ class BatchStaging:
         self._check_blocks(plan, positions, seq_of_token)
         h["input_ids"][:t], h["input_ids"][t:tp] = plan.token_ids, 0
         h["positions"][:t], h["positions"][t:tp] = positions, 0
+        h["seq_of_token"][:t], h["seq_of_token"][t:tp] = seq_of_token, 0
         blocks = plan.block_tables[seq_of_token, positions // self.block_size]
         h["slot_mapping"][:t] = blocks.astype(np.int64) * self.block_size + positions % self.block_size
         h["slot_mapping"][t:tp] = self.scratch_block * self.block_size
@@ -174,7 +175,7 @@ class BatchStaging:
             gdn_slots=d["gdn_slots"][:bp], gdn_read_offsets=d["gdn_read_offsets"][:bp],
             num_drafts=d["num_drafts"][:bp], logits_indices=d["logits_indices"][:np_],
             num_seqs=bp, num_tokens=tp, max_seqlen=max_seqlen, max_num_drafts=max_drafts,
-            cu_seqlens_host=cu.copy() if bucket is None else None)
+            cu_seqlens_host=cu.copy() if bucket is None else None, seq_of_token=d["seq_of_token"][:tp])
 
     def _next_host(self) -> dict:
         self.turn ^= 1

@@ -29,6 +29,7 @@ class ForwardBatch:
     max_seqlen: int                 # longest sequence in tokens (a graph bucket's static value when padded)
     max_num_drafts: int = 0         # largest num_drafts (0: no per-draft states, prefill may run chunked)
     cu_seqlens_host: np.ndarray | None = None  # [B + 1] cu_seqlens on the host (eager steps; None in graphs)
+    seq_of_token: torch.Tensor | None = None   # [T] int64 each token's sequence (0 for padding); staged batches
 
     @staticmethod
     def build(token_chunks: list[list[int]], start_positions: list[int], block_tables: list[list[int]],

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import torch
 
-DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16",
+               torch.int64: "int64"}   # (int64: the device steps' token buffers)
 NAME_DTYPES = {v: k for k, v in DTYPE_NAMES.items()}
 
 

@@ -41,7 +41,7 @@ class DrafterInfoRequest(_message.Message):
     def __init__(self, max_drafts: _Optional[int] = ..., hidden_size: _Optional[int] = ..., dtype: _Optional[str] = ..., vocab_size: _Optional[int] = ..., transports: _Optional[_Iterable[_Union[Transport, str]]] = ..., host_id: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., model_type: _Optional[str] = ..., vocab_fingerprint: _Optional[str] = ...) -> None: ...
 
 class DrafterInfoResponse(_message.Message):
-    __slots__ = ("kind", "max_drafts", "hidden_size", "dtype", "vocab_size", "needs_hidden_states", "needs_shared_weights", "transports", "host_id", "gpu_uuid", "model_type", "vocab_fingerprint", "local_lane")
+    __slots__ = ("kind", "max_drafts", "hidden_size", "dtype", "vocab_size", "needs_hidden_states", "needs_shared_weights", "transports", "host_id", "gpu_uuid", "model_type", "vocab_fingerprint", "local_lane", "device_steps")
     KIND_FIELD_NUMBER: _ClassVar[int]
     MAX_DRAFTS_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,7 @@ class DrafterInfoResponse(_message.Message):
     MODEL_TYPE_FIELD_NUMBER: _ClassVar[int]
     VOCAB_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     LOCAL_LANE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_STEPS_FIELD_NUMBER: _ClassVar[int]
     kind: str
     max_drafts: int
     hidden_size: int
@@ -68,7 +69,8 @@ class DrafterInfoResponse(_message.Message):
     model_type: str
     vocab_fingerprint: str
     local_lane: str
-    def __init__(self, kind: _Optional[str] = ..., max_drafts: _Optional[int] = ..., hidden_size: _Optional[int] = ..., dtype: _Optional[str] = ..., vocab_size: _Optional[int] = ..., needs_hidden_states: _Optional[bool] = ..., needs_shared_weights: _Optional[bool] = ..., transports: _Optional[_Iterable[_Union[Transport, str]]] = ..., host_id: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., model_type: _Optional[str] = ..., vocab_fingerprint: _Optional[str] = ..., local_lane: _Optional[str] = ...) -> None: ...
+    device_steps: bool
+    def __init__(self, kind: _Optional[str] = ..., max_drafts: _Optional[int] = ..., hidden_size: _Optional[int] = ..., dtype: _Optional[str] = ..., vocab_size: _Optional[int] = ..., needs_hidden_states: _Optional[bool] = ..., needs_shared_weights: _Optional[bool] = ..., transports: _Optional[_Iterable[_Union[Transport, str]]] = ..., host_id: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., model_type: _Optional[str] = ..., vocab_fingerprint: _Optional[str] = ..., local_lane: _Optional[str] = ..., device_steps: _Optional[bool] = ...) -> None: ...
 
 class TensorRef(_message.Message):
     __slots__ = ("transport", "shape", "dtype", "data", "buffer", "offset_bytes")
@@ -135,16 +137,32 @@ class SeqInput(_message.Message):
     def __init__(self, seq_id: _Optional[int] = ..., start_pos: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_drafts: _Optional[int] = ...) -> None: ...
 
 class StepInput(_message.Message):
-    __slots__ = ("step", "seqs", "hidden", "release_seq_ids")
+    __slots__ = ("step", "seqs", "hidden", "release_seq_ids", "device")
     STEP_FIELD_NUMBER: _ClassVar[int]
     SEQS_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_FIELD_NUMBER: _ClassVar[int]
     RELEASE_SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
     step: int
     seqs: _containers.RepeatedCompositeFieldContainer[SeqInput]
     hidden: TensorRef
     release_seq_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, step: _Optional[int] = ..., seqs: _Optional[_Iterable[_Union[SeqInput, _Mapping]]] = ..., hidden: _Optional[_Union[TensorRef, _Mapping]] = ..., release_seq_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    device: DeviceStep
+    def __init__(self, step: _Optional[int] = ..., seqs: _Optional[_Iterable[_Union[SeqInput, _Mapping]]] = ..., hidden: _Optional[_Union[TensorRef, _Mapping]] = ..., release_seq_ids: _Optional[_Iterable[int]] = ..., device: _Optional[_Union[DeviceStep, _Mapping]] = ...) -> None: ...
+
+class DeviceStep(_message.Message):
+    __slots__ = ("seq_ids", "start_pos", "max_shift", "chunk_lens", "num_drafts")
+    SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
+    START_POS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SHIFT_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_LENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_DRAFTS_FIELD_NUMBER: _ClassVar[int]
+    seq_ids: _containers.RepeatedScalarFieldContainer[int]
+    start_pos: _containers.RepeatedScalarFieldContainer[int]
+    max_shift: _containers.RepeatedScalarFieldContainer[int]
+    chunk_lens: _containers.RepeatedScalarFieldContainer[int]
+    num_drafts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, seq_ids: _Optional[_Iterable[int]] = ..., start_pos: _Optional[_Iterable[int]] = ..., max_shift: _Optional[_Iterable[int]] = ..., chunk_lens: _Optional[_Iterable[int]] = ..., num_drafts: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DraftStepRequest(_message.Message):
     __slots__ = ("setup", "step")
@@ -161,16 +179,18 @@ class SeqDrafts(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DraftStepResponse(_message.Message):
-    __slots__ = ("step", "drafts", "drafter_ms", "missing_seq_ids")
+    __slots__ = ("step", "drafts", "drafter_ms", "missing_seq_ids", "draft_counts")
     STEP_FIELD_NUMBER: _ClassVar[int]
     DRAFTS_FIELD_NUMBER: _ClassVar[int]
     DRAFTER_MS_FIELD_NUMBER: _ClassVar[int]
     MISSING_SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_COUNTS_FIELD_NUMBER: _ClassVar[int]
     step: int
     drafts: _containers.RepeatedCompositeFieldContainer[SeqDrafts]
     drafter_ms: float
     missing_seq_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, step: _Optional[int] = ..., drafts: _Optional[_Iterable[_Union[SeqDrafts, _Mapping]]] = ..., drafter_ms: _Optional[float] = ..., missing_seq_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    draft_counts: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, step: _Optional[int] = ..., drafts: _Optional[_Iterable[_Union[SeqDrafts, _Mapping]]] = ..., drafter_ms: _Optional[float] = ..., missing_seq_ids: _Optional[_Iterable[int]] = ..., draft_counts: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("seq_ids",)

@@ -1,0 +1,81 @@
+"""The MTP catch-up of a step the verifier has not read yet, built from the target's batch on the device.
+
+The catch-up pairs of a step are the target's own rows (specdec/drafting/device_drafting.py): row i of sequence b
+at the target's position p pairs the token at p + 1 with the target's hidden state at p. So the catch-up batch
+is the target's batch with its tokens shifted left by one inside each sequence, the last committed row taking
+the sequence's next token, and the last committed row's output feeding the first draft step:
+
+    input_ids[t]          = target.input_ids[t + 1]                  t < T - 1
+    input_ids[last[b]]    = next_token[b]                            last[b] = cu[b] + committed[b] - 1
+    positions[t]          = target.positions[t]                      (moved by the unread step's accepts)
+    slot_mapping[t]       from the drafter's own block tables
+    logits_indices[b]     = last[b]
+
+Rows past last[b] carry rejected drafts: their KV rows sit past the sequence's committed end, where the first
+draft step writes before it reads, so nothing reads them. The host stages everything else (cu_seqlens, block
+tables, the positions before the move, which fit the blocks reserved for the largest move). Sequences the
+drafter does not hold are left out: the catch-up then takes the other sequences' rows (`rows`, `seqs`).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from specdec.drafting import DeviceDraftStep
+from specdec.models.batch_shift import place_slots
+from specdec.models.batch_staging import StepPlan, concat_ranges
+from specdec.models.forward_batch import ForwardBatch
+from specdec.models.pinned_upload import PinnedUpload
+
+
+class ChainedCatchUp:
+    """The catch-up of `step` for the sequences `held` (a host mask): its host plan, and as `before` for the
+    draft loop the device-only parts of the staged batch."""
+
+    def __init__(self, step: DeviceDraftStep, held: np.ndarray, block_size: int, upload: PinnedUpload):
+        self.step, self.block_size = step, block_size
+        lens = step.chunk_lens
+        self.all_held = bool(held.all())
+        self.num_seqs = int(held.sum())
+        self.num_tokens = int(lens[held].sum())
+        self.seqs = self.rows = None
+        if not self.all_held:
+            starts = np.cumsum(lens) - lens
+            flat = upload(np.concatenate([np.flatnonzero(held), concat_ranges(starts[held], lens[held])]))
+            self.seqs, self.rows = flat[:self.num_seqs], flat[self.num_seqs:]                 # [B'], [T']
+
+    def plan(self, tables: np.ndarray, table_lens: np.ndarray, held: np.ndarray) -> StepPlan:
+        """The host part: the held sequences' layout with the drafter's block tables (token ids written later)."""
+        zeros = np.zeros(self.num_seqs, np.int32)
+        return StepPlan(token_ids=np.zeros(self.num_tokens, np.int64), seq_lens=self.step.chunk_lens[held],
+                        start_positions=self.step.start_pos[held], block_tables=tables, table_lens=table_lens,
+                        gdn_slots=zeros, gdn_read_offsets=zeros, num_drafts=zeros,
+                        logits_per_seq=np.ones(self.num_seqs, np.int64))
+
+    def hidden(self) -> torch.Tensor:
+        """[T', H] the held sequences' hidden rows."""
+        return self.step.hidden if self.all_held else self.step.hidden[self.rows]
+
+    def __call__(self, batch: ForwardBatch) -> None:
+        step, t, b = self.step, self.num_tokens, self.num_seqs
+        ids, pos = step.input_ids, step.positions
+        committed, next_token = step.committed, step.next_token
+        if self.all_held:
+            batch.input_ids[: t - 1] = ids[1:t]
+            batch.positions[:t] = pos[:t]
+        else:
+            # each row's next token (the last row of each sequence is written below)
+            batch.input_ids[:t] = ids[(self.rows + 1).clamp_(max=ids.shape[0] - 1)]
+            batch.positions[:t] = pos[self.rows]
+            committed, next_token = committed[self.seqs], next_token[self.seqs]
+        last = batch.cu_seqlens[:b].to(torch.int64) + committed - 1                       # [B']
+        batch.input_ids.index_copy_(0, last, next_token)
+        place_slots(batch, t, self.block_size)
+        batch.logits_indices[:b] = last
+
+    def scatter(self, drafts: torch.Tensor) -> torch.Tensor:
+        """[B', K] drafts of the held sequences → [B, K] (rows of the others: zeros, never proposed)."""
+        if self.all_held:
+            return drafts
+        out = drafts.new_zeros(len(self.step.seq_ids), drafts.shape[1])
+        return out.index_copy_(0, self.seqs, drafts)
