@@ -19,8 +19,7 @@ from typing import Callable
 import grpc
 import torch
 
-from specdec.drafting import (DeviceDrafts, DeviceDraftStep, DraftBatch, DrafterInfo, DraftOutput, ModelFacts,
-                              refusal_reason)
+from specdec.drafting import DraftBatch, DrafterInfo, DraftOutput, ModelFacts, refusal_reason
 from specdec.rpc.serving import channel_options
 from specdec.rpc.v1 import drafter_pb2 as pb
 from specdec.rpc.v1 import drafter_pb2_grpc
@@ -29,21 +28,17 @@ from specdec.transport import tensor_bytes
 from specdec.transport.host import host_id
 
 from .device_exchange import DeviceExchange
+from .device_step_link import DeviceStepLink
 from .hidden_sender import HiddenSender, offered_transports
+from .link_messages import TRANSPORTS, link_message
 from .step_streams import GrpcStepStream, LocalStepStream
 
 log = logging.getLogger(__name__)
 STEP_CHANNELS = ("auto", "grpc")
-TRANSPORTS = {"inline": pb.INLINE, "shm": pb.SHM, "cuda_ipc": pb.CUDA_IPC}
 
 
 class Refused(RuntimeError):
     """The drafter answered the handshake but does not fit the target."""
-
-
-def _message(cls, fields: dict):
-    """A drafter.proto message from HiddenSender's plain fields (transport names become the enum)."""
-    return cls(**{k: TRANSPORTS[v] if k == "transport" else v for k, v in fields.items()})
 
 
 def drafter_info(response: pb.DrafterInfoResponse) -> DrafterInfo:
@@ -72,7 +67,7 @@ class DrafterLinkConfig:
     step_channel: str = "auto"     # auto: the drafter's local lane when it offers one (same host) | grpc
 
 
-class RemoteDrafter:
+class RemoteDrafter(DeviceStepLink):
     def __init__(self, config: DrafterLinkConfig, hidden_size: int, vocab_size: int, dtype: torch.dtype,
                  device: torch.device, max_rows: int, shared_weights: dict[str, torch.Tensor], model_type: str,
                  vocab_fingerprint: str = "", trace: StepTrace = OFF, max_seqs: int = 64):
@@ -166,11 +161,11 @@ class RemoteDrafter:
         sender = HiddenSender(transport, self.max_rows, self.target.hidden_size, self.dtype, self.device) \
             if info.needs_hidden else None
         shared = self.shared_weights if info.needs_shared_weights else {}
-        buffers = [_message(pb.SharedBuffer, b) for b in sender.setup(shared)] if sender else []
+        buffers = [link_message(pb.SharedBuffer, b) for b in sender.setup(shared)] if sender else []
         exchange = None
         if response.device_steps and sender is not None and transport in ("shm", "cuda_ipc"):
             exchange = DeviceExchange(transport, self.max_rows, self.max_seqs, info.max_drafts, self.device)
-            buffers += [_message(pb.SharedBuffer, b) for b in exchange.setup()]
+            buffers += [link_message(pb.SharedBuffer, b) for b in exchange.setup()]
         connection = _Connection(self._open_stream(stub, response.local_lane, buffers), sender, exchange)
         with self._lock:
             if self._sender is not None:
@@ -243,7 +238,7 @@ class RemoteDrafter:
                 if connection is not self._connection:
                     out = DraftOutput.failed(len(batch.seqs), "the drafter connection was replaced")
                     return lambda: out
-                message.hidden.CopyFrom(_message(pb.TensorRef, connection.sender.send(hidden)))
+                message.hidden.CopyFrom(link_message(pb.TensorRef, connection.sender.send(hidden)))
         start = time.perf_counter()
         self.trace.mark("link.sent", step)   # before the send: gRPC's thread may take it at once
         try:
@@ -297,56 +292,6 @@ class RemoteDrafter:
             rows = [r for i in sent for r in range(ends[i] - len(batch.seqs[i].token_ids) + 1, ends[i])]
             hidden = hidden[torch.tensor(rows, dtype=torch.long, device=hidden.device)]  # [Σ n_i (sent), H]
         return sent, missing, hidden
-
-    # ---- device steps (DraftsOnDevice): the step's rows in registered buffers, drafts back in one ----------
-    @property
-    def drafts_on_device(self) -> bool:
-        """Connected to a drafter that takes device steps (same host, shm or CUDA IPC)."""
-        connection = self._connection
-        return connection is not None and connection.exchange is not None
-
-    def draft_on_device(self, step: DeviceDraftStep) -> DeviceDrafts:
-        """Write the step's rows into the exchange buffers, send its schedule and wait for the answer, which the
-        drafter sends once it has queued its work (device_exchange.py): the drafts are then on the device, and
-        the current stream waits for them. A failure of any kind is no drafts this step (and a reconnect)."""
-        connection, b = self._connection, len(step.seq_ids)
-        failed = lambda why: DeviceDrafts(None, [0] * b, failure=why)   # noqa: E731
-        if connection is None or connection.exchange is None:
-            return failed("the drafter does not take device steps (not connected)")
-        too_large = connection.exchange.fits(step)
-        if too_large:
-            return failed(too_large)
-        for seq_id, start in zip(step.seq_ids, step.start_pos):
-            if start == 0:
-                self._known.add(seq_id)
-        self._step += 1
-        number = self._step
-        release, self._pending_release = self._pending_release, []
-        u32 = lambda values: [int(v) for v in values]   # noqa: E731
-        message = pb.StepInput(step=number, release_seq_ids=release, device=pb.DeviceStep(
-            seq_ids=step.seq_ids, start_pos=u32(step.start_pos), max_shift=u32(step.max_shift),
-            chunk_lens=u32(step.chunk_lens), num_drafts=u32(step.num_drafts)))
-        self.trace.mark("link.message", number)
-        with self._lock:   # a reconnect closes the replaced connection's buffers under this lock
-            if connection is not self._connection:
-                return failed("the drafter connection was replaced")
-            connection.exchange.write(step)
-            message.hidden.CopyFrom(_message(pb.TensorRef, connection.sender.send(step.hidden[:step.num_tokens])))
-        start = time.perf_counter()
-        self.trace.mark("link.sent", number)
-        try:
-            connection.stream.send(pb.DraftStepRequest(step=message))
-        except OSError as e:   # the local lane's drafter is gone
-            self._stream_ended(connection, f"the local lane: {e}")
-            return failed("the drafter is not connected")
-        response = self._response(connection, number, start)
-        if response is None or len(response.draft_counts) != b:
-            self._disconnect(connection)
-            return failed(f"drafter step {number} got no valid answer")
-        lost = [i for i in response.missing_seq_ids if i in self._known]
-        self._known.difference_update(lost)
-        missing = dict.fromkeys([i for i in step.seq_ids if i not in self._known] + lost)   # (in order, once)
-        return DeviceDrafts(connection.exchange.drafts(b), list(response.draft_counts), list(missing))
 
     def release(self, seq_ids: list[int]) -> None:
         self._known.difference_update(seq_ids)

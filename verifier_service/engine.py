@@ -21,8 +21,7 @@ import numpy as np
 import torch
 
 from kernels.sampling import row_index
-from specdec.drafting import (AnswersLater, DeviceDrafts, DraftBatch, DraftInput, DraftOutput, Drafter,
-                              DraftsOnDevice, device_drafts_problem, proposal_problem)
+from specdec.drafting import AnswersLater, DraftBatch, DraftInput, DraftOutput, Drafter, proposal_problem
 from specdec.models.batch_staging import concat_ranges
 from specdec.models.pinned_upload import PinnedUpload
 from specdec.sampling_params import SamplingParams
@@ -31,8 +30,8 @@ from specdec.step_trace import OFF, StepTrace
 from .acceptance_stats import AcceptanceStats
 from .forced_acceptance import ForcedAcceptance
 from .hidden_staging import HiddenStaging
-from .in_flight import ChainedInputs, InFlightStep
-from .launch_verdict import chained_draft_step, launch_verdict
+from .in_flight import InFlightStep
+from .overlapped_steps import OverlappedSteps
 from .model_runner import ModelRunner
 from .rejection_sampler import greedy_verdict, rejection_sample
 from .sampling_batch import SamplingBatch, draft_probs_rows
@@ -71,7 +70,7 @@ class PendingDrafts:
     seqs: list[Sequence]          # batch.seqs's sequences, in order
 
 
-class SpecEngine:
+class SpecEngine(OverlappedSteps):
     def __init__(self, runner: ModelRunner, drafter: Drafter | None, config: EngineConfig, trace: StepTrace = OFF):
         self.runner, self.drafter, self.config, self.trace = runner, drafter, config, trace
         self.scheduler = Scheduler(runner, config.scheduler)
@@ -192,125 +191,6 @@ class SpecEngine:
         self.trace.mark("step.end")
         return outputs
 
-    # ---- overlapped steps (argmax only; no drafter, or one that drafts on the device) ----------------------
-    def _overlaps(self) -> bool:
-        """Can this step be launched before the last one's tokens are read? Only when every request is
-        argmax-only (penalties, logprobs and sampling need their tokens on the host each step) and drafts, if
-        any, come from a drafter that drafts on the device from the unread verdict (an in-process MTP head);
-        a drafter that needs the tokens on the host (n-gram, a drafter service) runs synchronous steps. The
-        engine changes mode between two steps."""
-        if not self.config.overlap or self._context_lost:
-            return False
-        drafter = self.drafter
-        if self.config.num_drafts > 0 and drafter is not None and not (
-                isinstance(drafter, DraftsOnDevice) and drafter.drafts_on_device and self.num_drafts > 0):
-            return False
-        sched = self.scheduler
-        return all(s.params.argmax_only for s in sched.running) and all(s.params.argmax_only for s in sched.waiting)
-
-    def _overlapped_step(self) -> list[RequestOutput]:
-        self._collect_drafts()             # an answer a synchronous step asked for: drafts on the host
-        plan = self.scheduler.schedule()   # a sequence whose last step is unread decodes from the device
-        if self.drafter is not None and self.scheduler.preempted:
-            self.drafter.release([s.seq_id for s in self.scheduler.preempted])
-        previous, self._in_flight = self._in_flight, None
-        launch_seconds = 0.0
-        if plan:
-            start = time.perf_counter()
-            self._in_flight = self._launch(plan, previous)
-            launch_seconds = time.perf_counter() - start
-        start = time.perf_counter()
-        outputs = self._finish_in_flight(previous) if previous is not None else []
-        # "target": queueing this step (its drafter call is "drafter"); "verify": reading the last one
-        self.last_step_seconds = {"target": launch_seconds - self._drafter_seconds,
-                                  "verify": time.perf_counter() - start, "drafter": self._drafter_seconds}
-        self._drafter_seconds = 0.0
-        self.trace.mark("step.end")
-        return outputs
-
-    def _launch(self, plan: list[ScheduledSeq], previous: InFlightStep | None) -> InFlightStep:
-        """Queue the step's forward, its verdict and the drafter's next drafts; advance the caches' counts by
-        what the host knows (the accepted drafts follow when the step is read) and mark the verdict pending."""
-        self.step_count += 1
-        self.overlapped_draft_steps += any(p.num_drafts for p in plan)
-        sampled = [p for p in plan if p.samples]                 # before the counts below move
-        inputs = ChainedInputs(plan, previous, self._upload_fill, self.runner.block_size)
-        forced = self._forced_counts(sampled)
-        self.trace.mark("forward.begin", batch=len(plan))
-        hidden, logits = self.runner.forward([p.seq for p in plan], [p.chunk for p in plan],
-                                             [p.num_drafts for p in plan],
-                                             logits=[p.num_drafts + 1 if p.samples else 0 for p in plan],
-                                             before=inputs)
-        tokens, accepted = launch_verdict(plan, logits, self.runner.last_batch, forced, self._upload_drafts)
-        self.trace.mark("forward.launched")
-        drafts, counts = self._draft_on_device(plan, hidden, tokens, accepted)
-        launched = InFlightStep.launch(sampled, tokens, accepted, drafts, counts)
-        for p in plan:
-            p.seq.num_cached += len(p.chunk) - p.num_drafts
-            p.seq.gdn_read_offset = 0
-            p.seq.verify_launches += p.decoding
-        for p, count in zip(sampled, counts or [0] * len(sampled)):
-            p.seq.pending += 1
-            p.seq.unread_accepts, p.seq.device_drafts = p.num_drafts, count
-        return launched
-
-    def _draft_on_device(self, plan: list[ScheduledSeq], hidden: torch.Tensor, tokens: torch.Tensor,
-                         accepted: torch.Tensor | None) -> tuple[torch.Tensor | None, list[int]]:
-        """The drafter's next drafts for the sampled entries, [S, K] on the device, and their counts."""
-        if self.drafter is None or self.num_drafts == 0:
-            return None, []
-        start = time.perf_counter()
-        step = chained_draft_step(self.step_count, plan, self.runner.last_batch, hidden, tokens, accepted,
-                                  self.num_drafts, self._upload_rows)
-        try:
-            out = self.drafter.draft_on_device(step)
-        except Exception as e:  # a drafter's bug must not take the verifier down
-            log.exception("drafter %s raised; the next step decodes without drafts", self.drafter.kind)
-            out = DeviceDrafts(None, [0] * len(plan), failure=f"{type(e).__name__}: {e}")
-        problem = out.failure or device_drafts_problem(out, step, self.num_drafts)
-        rows = [i for i, p in enumerate(plan) if p.samples]
-        self._drafter_seconds += time.perf_counter() - start
-        if problem:
-            self._drafter_failed(problem)
-            return None, [0] * len(rows)
-        self._context_lost.update(out.missing)   # the next step runs synchronously and recomputes them
-        index = self._upload_forced(np.asarray(rows, np.int64))
-        # ids outside the vocabulary cannot be checked on the host without a sync: clamped on the device (the
-        # target verifies every draft, so a wrong id costs acceptance, never correctness)
-        return out.tokens[index].clamp_(0, self.runner.config.vocab_size - 1), [out.counts[i] for i in rows]
-
-    def _forced_counts(self, sampled: list[ScheduledSeq]) -> list[int] | None:
-        """Forced acceptance (benchmarks): each verify step's count, keyed by the request's seed and how many
-        verify steps it launched before, so every path draws the same schedule."""
-        forced = self.config.forced_acceptance
-        if not forced:
-            return None
-        return forced.draw([(p.seq.seed, p.seq.verify_launches) for p in sampled])
-
-    def _finish_in_flight(self, step: InFlightStep) -> list[RequestOutput]:
-        """Read a launched step's verdict (its one sync) and commit it: the accepted drafts move the caches'
-        counts (unless the caches were released since), the tokens go to the request, the drafts stay with a
-        sequence not launched again. A sequence that ended while the step ran (aborted, or stopped by the step
-        before) drops its tokens."""
-        results = step.read()
-        self.trace.mark("verified")
-        outputs = []
-        for p, epoch, result in zip(step.sampled, step.epochs, results):
-            seq = p.seq
-            seq.pending -= 1
-            last = seq.pending == 0                       # no later launch of it is unread
-            if seq.cache_epoch == epoch:
-                seq.num_cached += result.num_accepted
-                if last:
-                    seq.gdn_read_offset = result.num_accepted
-            if last:
-                seq.unread_accepts, seq.device_drafts = 0, 0
-                seq.drafts, seq.draft_probs = result.drafts, None
-            if seq.finish_reason is None:
-                outputs.append(self._commit_tokens(p, result.tokens, result.num_accepted, None))
-        self.trace.mark("committed")
-        return outputs
-
     # ---- synchronous steps (drafts, sampling) ----------------------------------------------
     def _stage_hidden(self, plan: list[ScheduledSeq], hidden: torch.Tensor):
         """Lay out this step's hidden rows for a drafter that takes them; returns what places them once the
@@ -347,6 +227,14 @@ class SpecEngine:
         sampling = SamplingBatch.of([p.seq for p in sampled], uses_q, logits.shape[-1], self._upload_sampling)
         return rejection_sample(logits, drafts, host[:, 0], sampling, draft_probs_rows(sampled, uses_q, logits),
                                 forced_accepts, before_sync)
+
+    def _forced_counts(self, sampled: list[ScheduledSeq]) -> list[int] | None:
+        """Forced acceptance (benchmarks): each verify step's count, keyed by the request's seed and how many
+        verify steps it launched before, so every path draws the same schedule."""
+        forced = self.config.forced_acceptance
+        if not forced:
+            return None
+        return forced.draw([(p.seq.seed, p.seq.verify_launches) for p in sampled])
 
     def _commit_tokens(self, p: ScheduledSeq, tokens: list[int], num_accepted: int,
                        logprobs: list | None) -> RequestOutput:
@@ -517,3 +405,4 @@ class SpecEngine:
             for o in self.step():
                 out[o.request_id] += o.new_token_ids
         return [out[rid] for rid in ids]
+

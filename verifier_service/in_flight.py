@@ -10,7 +10,8 @@ The host copy of the verdict is queued right behind it, so reading it waits for 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
@@ -35,57 +36,68 @@ class InFlightStep:
     sampled: list[ScheduledSeq]         # the plan's entries that sample, in verdict-row order
     epochs: list[int]                   # each one's cache epoch at launch
     width: int                          # token columns of the verdict: 1 + the step's most drafts
-    draft_counts: list[int]             # valid drafts per row
     accepted: torch.Tensor | None       # [S] int64 device (None: a step without drafts accepts nothing)
-    source: torch.Tensor | None         # [S + S * K] int64 device: emitted tokens, then the drafts row by row
-    host: torch.Tensor | None           # [S, width + 1 + K] int64 (pinned on CUDA): tokens | accepted | drafts
+    emitted: torch.Tensor | None        # [S] int64 device: each one's last token
+    host: torch.Tensor | None           # [S, width + 1] int64 (pinned on CUDA): tokens | accepted
     copied: torch.cuda.Event | None     # recorded after the host copy (CUDA only)
     row_of: dict[int, int]              # seq_id -> its verdict row
+    # the drafter's next drafts, attached once its answer is in (at once in process; a drafter service's later)
+    settle: Callable[[], tuple[torch.Tensor | None, list[int]]] | None = None
+    draft_counts: list[int] = field(default_factory=list)   # valid drafts per row
+    source: torch.Tensor | None = None  # [S + S * K] int64 device: emitted tokens, then the drafts row by row
+    drafts_host: torch.Tensor | None = None   # [S, K] (pinned on CUDA)
+    drafts_copied: torch.cuda.Event | None = None
 
     @staticmethod
-    def launch(sampled: list[ScheduledSeq], tokens: torch.Tensor, accepted: torch.Tensor | None,
-               drafts: torch.Tensor | None, draft_counts: list[int]) -> "InFlightStep":
-        """tokens [S, W] (padded with -1), accepted [S] or None, drafts [S, K] or None, all on the device:
-        queue their copy to the host; no sync."""
+    def launch(sampled: list[ScheduledSeq], tokens: torch.Tensor, accepted: torch.Tensor | None) -> "InFlightStep":
+        """tokens [S, W] (padded with -1), accepted [S] or None, on the device: queue their copy to the host;
+        no sync."""
         row_of = {p.seq.seq_id: i for i, p in enumerate(sampled)}
         epochs = [p.seq.cache_epoch for p in sampled]
         if not sampled:
-            return InFlightStep(sampled, epochs, 0, [], None, None, None, None, row_of)
-        num = tokens.shape[0]
+            return InFlightStep(sampled, epochs, 0, None, None, None, None, row_of)
         emitted = tokens[:, 0] if accepted is None else tokens.gather(1, accepted[:, None])[:, 0]       # [S]
-        zeros = torch.zeros(num, 1, dtype=tokens.dtype, device=tokens.device)
-        parts = [tokens, zeros if accepted is None else accepted[:, None]]
-        source = emitted
-        if drafts is not None:
-            parts.append(drafts)
-            source = torch.cat([emitted, drafts.reshape(-1)])
-        result = torch.cat(parts, dim=1)                                                # [S, W + 1 + K]
-        if result.device.type != "cuda":
-            return InFlightStep(sampled, epochs, tokens.shape[1], draft_counts, accepted, source, result, None,
-                                row_of)
-        host = torch.empty(result.shape, dtype=result.dtype, pin_memory=True)
-        host.copy_(result, non_blocking=True)
-        copied = torch.cuda.Event()
-        copied.record(torch.cuda.current_stream(result.device))
-        return InFlightStep(sampled, epochs, tokens.shape[1], draft_counts, accepted, source, host, copied, row_of)
+        zeros = torch.zeros(tokens.shape[0], 1, dtype=tokens.dtype, device=tokens.device)
+        result = torch.cat([tokens, zeros if accepted is None else accepted[:, None]], dim=1)  # [S, W + 1]
+        host, copied = _to_host(result)
+        return InFlightStep(sampled, epochs, tokens.shape[1], accepted, emitted, host, copied, row_of)
+
+    def attach_drafts(self, drafts: torch.Tensor | None, counts: list[int]) -> None:
+        """The drafter's drafts for the sampled rows ([S, K] on the device, or None) and their counts."""
+        self.settle, self.draft_counts = None, counts
+        if drafts is None or self.emitted is None:
+            self.source = self.emitted
+            return
+        self.source = torch.cat([self.emitted, drafts.reshape(-1)])
+        self.drafts_host, self.drafts_copied = _to_host(drafts)
 
     @property
     def num_drafts_made(self) -> int:
-        """K: draft columns per row in `source` (0 without a drafter)."""
-        return 0 if self.host is None else self.host.shape[1] - self.width - 1
+        """K: draft columns per row in `source` (0 without drafts)."""
+        return 0 if self.drafts_host is None else self.drafts_host.shape[1]
 
     def read(self) -> list[StepResult]:
-        """Each sampled sequence's result, in `sampled` order: the step's one host sync."""
+        """Each sampled sequence's result, in `sampled` order: the step's one host sync (drafts attached)."""
         if self.host is None:
             return []
-        if self.copied is not None:
-            self.copied.synchronize()
+        for event in (self.copied, self.drafts_copied):
+            if event is not None:
+                event.synchronize()
         w = self.width
-        out = []
-        for row, count in zip(self.host.tolist(), self.draft_counts or [0] * len(self.sampled)):
-            j = row[w]
-            out.append(StepResult(row[:j + 1], j, row[w + 1:w + 1 + count]))
-        return out
+        drafts = self.drafts_host.tolist() if self.drafts_host is not None else [[]] * len(self.sampled)
+        return [StepResult(row[:row[w] + 1], row[w], d[:count])
+                for row, d, count in zip(self.host.tolist(), drafts, self.draft_counts or [0] * len(self.sampled))]
+
+
+def _to_host(t: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    """A host copy of `t` queued behind the work that makes it (pinned, non-blocking on CUDA), and its event."""
+    if t.device.type != "cuda":
+        return t, None
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record(torch.cuda.current_stream(t.device))
+    return host, copied
 
 
 class ChainedInputs:

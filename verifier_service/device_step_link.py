@@ -1,0 +1,78 @@
+"""The drafter link's device steps (drafter.proto DeviceStep): RemoteDrafter as a DraftsOnDevice drafter, when the
+drafter it reaches takes them (same host, shm or CUDA IPC buffers: device_exchange.py). This file is that half of
+RemoteDrafter; drafter_client.py has the connection and the synchronous steps."""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Callable
+
+from specdec.drafting import DeviceDrafts, DeviceDraftStep
+from specdec.rpc.v1 import drafter_pb2 as pb
+
+from .link_messages import link_message
+
+if TYPE_CHECKING:
+    from .drafter_client import _Connection
+
+
+class DeviceStepLink:
+    @property
+    def drafts_on_device(self) -> bool:
+        """Connected to a drafter that takes device steps (same host, shm or CUDA IPC)."""
+        connection = self._connection
+        return connection is not None and connection.exchange is not None
+
+    def draft_on_device(self, step: DeviceDraftStep) -> DeviceDrafts:
+        return self.draft_on_device_later(step)()
+
+    def draft_on_device_later(self, step: DeviceDraftStep) -> Callable[[], DeviceDrafts]:
+        """Write the step's rows into the exchange buffers and send its schedule now; the returned call waits for
+        the answer, which the drafter sends once it has queued its work (device_exchange.py): the drafts are then
+        on the device, and the current stream waits for them. A failure of any kind is no drafts for this step
+        (and a reconnect)."""
+        connection, b = self._connection, len(step.seq_ids)
+
+        def failed(why: str) -> Callable[[], DeviceDrafts]:
+            out = DeviceDrafts(None, [0] * b, failure=why)
+            return lambda: out
+        if connection is None or connection.exchange is None:
+            return failed("the drafter does not take device steps (not connected)")
+        too_large = connection.exchange.fits(step)
+        if too_large:
+            return failed(too_large)
+        for seq_id, start in zip(step.seq_ids, step.start_pos):
+            if start == 0:
+                self._known.add(seq_id)
+        self._step += 1
+        number = self._step
+        release, self._pending_release = self._pending_release, []
+        u32 = lambda values: [int(v) for v in values]   # noqa: E731
+        message = pb.StepInput(step=number, release_seq_ids=release, device=pb.DeviceStep(
+            seq_ids=step.seq_ids, start_pos=u32(step.start_pos), max_shift=u32(step.max_shift),
+            chunk_lens=u32(step.chunk_lens), num_drafts=u32(step.num_drafts)))
+        self.trace.mark("link.message", number)
+        with self._lock:   # a reconnect closes the replaced connection's buffers under this lock
+            if connection is not self._connection:
+                return failed("the drafter connection was replaced")
+            connection.exchange.write(step)
+            message.hidden.CopyFrom(link_message(pb.TensorRef, connection.sender.send(step.hidden[:step.num_tokens])))
+        start = time.perf_counter()
+        self.trace.mark("link.sent", number)
+        try:
+            connection.stream.send(pb.DraftStepRequest(step=message))
+        except OSError as e:   # the local lane's drafter is gone
+            self._stream_ended(connection, f"the local lane: {e}")
+            return failed("the drafter is not connected")
+        return lambda: self._device_answer(connection, number, start, step)
+
+    def _device_answer(self, connection: _Connection, number: int, start: float,
+                       step: DeviceDraftStep) -> DeviceDrafts:
+        b = len(step.seq_ids)
+        response = self._response(connection, number, start)
+        if response is None or len(response.draft_counts) != b:
+            self._disconnect(connection)
+            return DeviceDrafts(None, [0] * b, failure=f"drafter step {number} got no valid answer")
+        lost = [i for i in response.missing_seq_ids if i in self._known]
+        self._known.difference_update(lost)
+        missing = dict.fromkeys([i for i in step.seq_ids if i not in self._known] + lost)   # (in order, once)
+        return DeviceDrafts(connection.exchange.drafts(b), list(response.draft_counts), list(missing))
