@@ -147,6 +147,11 @@ phase() {   # phase NAME DRAFTER_KIND DRAFTS: wait for the drafter, stream twice
       || die "$name: the verifier's last '$kind connected' log line does not say 'steps over the local lane'"
     echo "smoke: $name: the verifier's steps go over the drafter's local lane"
   fi
+  if [ "$kind" = mtp ]; then   # and the MTP drafter takes device steps: rows and drafts through shared memory
+    dc logs verifier 2>&1 | grep "drafter $kind connected" | tail -1 | grep -q "device steps" \
+      || die "$name: the verifier's last '$kind connected' log line does not say 'device steps'"
+    echo "smoke: $name: the MTP drafter takes device steps (overlapped steps through shared memory)"
+  fi
   [ "$(cid verifier)" = "$verifier" ] && [ "$(started_at "$verifier")" = "$verifier_started" ] \
     || die "$name: the verifier container was recreated or restarted"
   [ "$(cid gateway)" = "$gateway" ] || die "$name: the gateway container was recreated"

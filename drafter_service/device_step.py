@@ -29,16 +29,23 @@ def device_step_problem(step: pb.StepInput, info: DrafterInfo, buffers: StreamBu
         return "a device step on a stream that registered no step buffers"
     if step.seqs:
         return "a device step carries its rows in the buffers, not in seqs"
-    tokens, rows = buffers.arrays["step_tokens"].shape[1], sum(d.chunk_lens)
-    seqs = min(buffers.arrays["step_seqs"].shape[1], buffers.arrays["drafts"].shape[0])
+    arrays = buffers.arrays
+    if arrays["step_tokens"].shape[0] < 2 or arrays["step_seqs"].shape[0] < 2:
+        return "the step buffers registered have fewer than 2 rows (step_tokens, step_seqs: [2, n])"
+    tokens, rows = arrays["step_tokens"].shape[1], sum(d.chunk_lens)
+    seqs = min(arrays["step_seqs"].shape[1], arrays["drafts"].shape[0])
     if rows > tokens or b > seqs:
         return f"{b} sequences and {rows} rows do not fit the step buffers ({seqs} sequences, {tokens} rows)"
     if min(d.chunk_lens, default=1) < 1:
         return "device.chunk_lens: every sequence has at least one row"
-    if max(d.num_drafts, default=0) > info.max_drafts:
-        return f"device.num_drafts: more than this drafter's {info.max_drafts}"
+    if max(d.num_drafts, default=0) > min(info.max_drafts, arrays["drafts"].shape[1]):
+        return f"device.num_drafts: more than this drafter's {info.max_drafts} or the drafts buffer's width"
     if not step.HasField("hidden") or tuple(step.hidden.shape) != (rows, info.facts.hidden_size):
         return f"hidden: expected shape ({rows}, {info.facts.hidden_size}), one row per row of the step"
+    on_gpu = arrays["step_tokens"].device.type == "cuda"   # the hidden rows' event orders every step buffer
+    if step.hidden.buffer != "hidden" or step.hidden.transport != (pb.CUDA_IPC if on_gpu else pb.SHM) or (
+            on_gpu and "hidden" not in buffers.events):
+        return "hidden: a device step's rows come through the registered hidden buffer (and its event)"
     problem = buffers.problem(step.hidden)
     return f"hidden: {problem}" if problem else ""
 

@@ -689,6 +689,7 @@ def test_compose_commands_serve_and_swap_the_drafter(tmp_path):
         # the drafter on the verifier's loopback: steps take its local lane (what compose/smoke.sh checks in Docker)
         assert "mtp connected at 127.0.0.1" in stack.logs["verifier"].read_text()
         assert "steps over the local lane" in stack.logs["verifier"].read_text()
+        assert "device steps" in stack.logs["verifier"].read_text()   # overlapped steps through shared memory
         client = smoke_client()                       # compose/smoke.sh's checks fail when they should
         assert client.main(["generate", gateway, "def f():", "--max-tokens", "8", "--drafts", "required"]) == 0
         assert client.main(["generate", gateway, "def f():", "--max-tokens", "8", "--drafts", "none"]) == 1

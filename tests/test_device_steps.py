@@ -185,10 +185,12 @@ class Misbehaving(DeviceReferenceDrafter):
             return DeviceDrafts(out.tokens, [c + 5 for c in out.counts])
         if self.fault == "too_few":
             return DeviceDrafts(out.tokens[:-1], out.counts[:-1])
+        if self.fault == "float":   # would break the next step's index_copy into the input ids
+            return DeviceDrafts(out.tokens.float(), out.counts)
         return DeviceDrafts(None, out.counts, failure="timed out")
 
 
-@pytest.mark.parametrize("fault", ["raises", "out_of_range", "negative", "surplus", "too_few", "failure"])
+@pytest.mark.parametrize("fault", ["raises", "out_of_range", "negative", "surplus", "too_few", "float", "failure"])
 def test_a_misbehaving_device_drafter_never_changes_the_output(tiny_model, fault):
     from engine_factory import random_prompts
     prompts = random_prompts([3, 11, 6, 20], tiny_model.config.vocab_size, seed=8)
@@ -235,7 +237,16 @@ def test_a_malformed_device_step_is_refused_whole():
     mismatched = step()
     mismatched.hidden.shape[:] = [7, 256]
     assert "expected shape (8, 256)" in device_step_problem(mismatched, info, buffers)
+    inline = step()
+    inline.hidden.transport = pb.INLINE   # rows not behind the verifier's buffer (and, on a GPU, its event)
+    assert "registered hidden buffer" in device_step_problem(inline, info, buffers)
     assert "registered no step buffers" in device_step_problem(step(), info, StreamBuffers())
+    narrow = StreamBuffers()
+    narrow.shm = buffers.shm
+    narrow.arrays = {**buffers.arrays, "drafts": torch.zeros(4, 2, dtype=torch.long)}   # 2 columns, k = 3
+    assert "drafts buffer's width" in device_step_problem(step(), info, narrow)
+    narrow.arrays = {**buffers.arrays, "step_seqs": torch.zeros(1, 4, dtype=torch.long)}
+    assert "fewer than 2 rows" in device_step_problem(step(), info, narrow)
     assert np.all(buffers.arrays["drafts"].numpy() == 0)   # nothing was applied
 
 

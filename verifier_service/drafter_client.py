@@ -85,6 +85,7 @@ class RemoteDrafter(DeviceStepLink):
         self._channel: grpc.Channel | None = None     # the last connection's, closed when the next one opens
         self._sender: HiddenSender | None = None      # likewise (the drafter may still read its buffers)
         self._exchange: DeviceExchange | None = None  # likewise
+        self._retired: list[DeviceExchange] = []      # replaced CUDA exchanges a late drafter may still write
         self._pending_release: list[int] = []
         self._known: set[int] = set()   # seq ids this connection has seen from position 0
         self._answered = False          # this connection answered a step: the next outage starts a fresh backoff
@@ -171,7 +172,7 @@ class RemoteDrafter(DeviceStepLink):
             if self._sender is not None:
                 self._sender.close()
             if self._exchange is not None:
-                self._exchange.close()
+                self._retire(self._exchange)
             if self._channel is not None:
                 self._channel.close()
             self._pending_release.clear()   # the new drafter holds no context: cleared before the engine sees it
@@ -187,6 +188,14 @@ class RemoteDrafter(DeviceStepLink):
                  connection.stream.channel, ", device steps" if exchange else "")
         # Read only once the connection is published: a stream that fails at once must find itself current.
         connection.stream.start(lambda why: self._stream_ended(connection, why))
+
+    def _retire(self, exchange: DeviceExchange) -> None:
+        """A replaced connection's exchange: shared-memory files are unlinked (a late drafter writes its own
+        mapping); CUDA buffers are kept, since a drafter whose step timed out may still have a queued write
+        into "drafts" that must not land in memory reused meanwhile (the last 8 reconnects' worth)."""
+        exchange.close()
+        if exchange.transport == "cuda_ipc":
+            self._retired = (self._retired + [exchange])[-8:]
 
     def _open_stream(self, stub, local_lane: str, buffers: list) -> GrpcStepStream | LocalStepStream:
         """The drafter's local lane when it offers one and we may take it, else the gRPC Step stream."""

@@ -52,16 +52,18 @@ class OverlappedSteps:
         if self.drafter is not None and self.scheduler.preempted:
             self.drafter.release([s.seq_id for s in self.scheduler.preempted])
         previous, self._in_flight = self._in_flight, None
-        launch_seconds = 0.0
+        launch_seconds, asked = 0.0, self._drafter_seconds   # (the drafter's time so far: its answers read)
         if plan:
             start = time.perf_counter()
             self._in_flight = self._launch(plan, previous)
             launch_seconds = time.perf_counter() - start
+        asked = self._drafter_seconds - asked                # asking the drafter, inside the launch
         start = time.perf_counter()
         outputs = self._finish_in_flight(previous) if previous is not None else []
-        # "target": queueing this step (its drafter call is "drafter"); "verify": reading the last one
-        self.last_step_seconds = {"target": launch_seconds - self._drafter_seconds,
-                                  "verify": time.perf_counter() - start, "drafter": self._drafter_seconds}
+        # "target": queueing this step (less asking the drafter); "verify": reading the last one; "drafter":
+        # asking the drafter and reading its answers
+        self.last_step_seconds = {"target": launch_seconds - asked, "verify": time.perf_counter() - start,
+                                  "drafter": self._drafter_seconds}
         self._drafter_seconds = 0.0
         self.trace.mark("step.end")
         return outputs
@@ -123,7 +125,8 @@ class OverlappedSteps:
         if problem:
             self._drafter_failed(problem)
             return None, [0] * len(rows)
-        self._context_lost.update(out.missing)   # the next step runs synchronously and recomputes them
+        # the next step runs synchronously and recomputes them (those still running)
+        self._context_lost.update(set(out.missing) & {s.seq_id for s in self.scheduler.running})
         index = self._upload_forced(np.asarray(rows, np.int64))
         # ids outside the vocabulary cannot be checked on the host without a sync: clamped on the device (the
         # target verifies every draft, so a wrong id costs acceptance, never correctness)
@@ -162,9 +165,9 @@ class OverlappedSteps:
                 seq.num_cached += result.num_accepted
                 if last:
                     seq.gdn_read_offset = result.num_accepted
-            if last:
+            if last:   # (drafts of caches released since are stale: the sequence prefills again)
                 seq.unread_accepts, seq.device_drafts = 0, 0
-                seq.drafts, seq.draft_probs = result.drafts, None
+                seq.drafts, seq.draft_probs = result.drafts if seq.cache_epoch == epoch else [], None
             if seq.finish_reason is None:
                 outputs.append(self._commit_tokens(p, result.tokens, result.num_accepted, None))
         self.trace.mark("committed")

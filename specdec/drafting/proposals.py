@@ -2,6 +2,8 @@
 package), so its proposals are input. A bad answer is a drafter failure for that step, never a crash."""
 from __future__ import annotations
 
+import torch
+
 from .device_drafting import DeviceDraftStep, DeviceDrafts
 from .interface import DraftInput, DraftOutput
 
@@ -28,12 +30,15 @@ def proposal_problem(out: DraftOutput, inputs: list[DraftInput], vocab_size: int
 
 def device_drafts_problem(out: DeviceDrafts, step: DeviceDraftStep, max_drafts: int) -> str:
     """What is wrong with a device drafter's answer, as far as the host can tell without reading the device
-    ("" if nothing): its shape and counts (the ids themselves stay on the device)."""
+    ("" if nothing): its shape, dtype, device and counts (the ids themselves stay on the device)."""
     b = len(step.seq_ids)
     if len(out.counts) != b:
         return f"answered for {len(out.counts)} sequences, asked about {b}"
-    if out.tokens is None or tuple(out.tokens.shape[:1]) != (b,) or out.tokens.ndim != 2:
-        return f"drafts have shape {None if out.tokens is None else tuple(out.tokens.shape)}, expected ({b}, K)"
+    if not isinstance(out.tokens, torch.Tensor) or tuple(out.tokens.shape[:1]) != (b,) or out.tokens.ndim != 2:
+        shape = tuple(out.tokens.shape) if isinstance(out.tokens, torch.Tensor) else None
+        return f"drafts have shape {shape}, expected ({b}, K)"
+    if out.tokens.dtype != torch.int64 or out.tokens.device != step.committed.device:
+        return f"drafts are {out.tokens.dtype} on {out.tokens.device}, expected torch.int64 on {step.committed.device}"
     for count, wanted, seq_id in zip(out.counts, step.num_drafts, step.seq_ids):
         if not 0 <= count <= min(int(wanted), max_drafts, out.tokens.shape[1]):
             return f"sequence {seq_id}: {count} drafts, asked for at most {min(int(wanted), max_drafts)}"
