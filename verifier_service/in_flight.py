@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from specdec.models.batch_shift import shift_batch
+from specdec.models.batch_staging import concat_ranges
 from specdec.models.forward_batch import ForwardBatch
 from specdec.models.pinned_upload import PinnedUpload
 
@@ -89,6 +90,15 @@ class InFlightStep:
                 for row, d, count in zip(self.host.tolist(), drafts, self.draft_counts or [0] * len(self.sampled))]
 
 
+def _verdict_row(p: ScheduledSeq, previous: InFlightStep | None, num_rows: int) -> int:
+    """The unread verdict's row of a pending sequence; num_rows (a zero row appended) for any other."""
+    if not p.seq.pending:
+        return num_rows
+    if previous is None or p.seq.seq_id not in previous.row_of:
+        raise RuntimeError(f"sequence {p.seq.seq_id} has a pending token no launched step sampled")
+    return previous.row_of[p.seq.seq_id]
+
+
 def _to_host(t: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
     """A host copy of `t` queued behind the work that makes it (pinned, non-blocking on CUDA), and its event."""
     if t.device.type != "cuda":
@@ -109,31 +119,24 @@ class ChainedInputs:
     def __init__(self, plan: list[ScheduledSeq], previous: InFlightStep | None, upload: PinnedUpload,
                  block_size: int):
         self.block_size = block_size
-        self.num_tokens = sum(len(p.chunk) for p in plan)
-        self.num_seqs = len(plan)
-        dest, src, shift_rows, at = [], [], [], 0
+        lens = np.fromiter((len(p.chunk) for p in plan), np.int64, count=len(plan))
+        self.num_tokens, self.num_seqs = int(lens.sum()), len(plan)
         num_rows = 0 if previous is None else len(previous.sampled)
         k = 0 if previous is None else previous.num_drafts_made
-        for p in plan:
-            row = num_rows   # points at the appended zero: no shift
-            if p.seq.pending:
-                if previous is None or p.seq.seq_id not in previous.row_of:
-                    raise RuntimeError(f"sequence {p.seq.seq_id} has a pending token no launched step sampled")
-                row = previous.row_of[p.seq.seq_id]
-                dest.extend(range(at, at + 1 + p.num_drafts))
-                src.append(row)
-                src.extend(num_rows + row * k + j for j in range(p.num_drafts))
-            shift_rows.append(row)
-            at += len(p.chunk)
-        self.empty = not dest
+        rows = np.fromiter((_verdict_row(p, previous, num_rows) for p in plan), np.int64, count=len(plan))  # [B]
+        chained = rows < num_rows                                                                          # [B]
+        self.empty = not chained.any()
         self.shifts = previous is not None and previous.accepted is not None and not self.empty
         if self.empty:
             return
-        parts = [np.asarray(dest, np.int64), np.asarray(src, np.int64)]
-        if self.shifts:
-            parts.append(np.asarray(shift_rows, np.int64))
-        flat = upload(np.concatenate(parts))
-        m = len(dest)
+        # chained sequence b: tokens at starts[b] .. starts[b] + kd[b] take source[rows[b]] (its emitted token),
+        # then source[num_rows + rows[b] * k + j] for j < kd[b] (its drafts)
+        kd = np.fromiter((p.num_drafts for p in plan), np.int64, count=len(plan))[chained]
+        dest = concat_ranges((np.cumsum(lens) - lens)[chained], kd + 1)                                    # [M]
+        src = concat_ranges(num_rows + rows[chained] * k - 1, kd + 1)                                      # [M]
+        src[np.cumsum(kd + 1) - (kd + 1)] = rows[chained]
+        flat = upload(np.concatenate([dest, src] + ([rows] if self.shifts else [])))
+        m = dest.shape[0]
         self.dest, self.tokens = flat[:m], previous.source[flat[m:2 * m]]                 # [M], [M]
         if self.shifts:
             accepted = torch.cat([previous.accepted, previous.accepted.new_zeros(1)])      # [S + 1]

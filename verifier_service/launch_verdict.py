@@ -40,10 +40,11 @@ def launch_verdict(plan: list[ScheduledSeq], logits: torch.Tensor, batch: Forwar
 
 
 def chained_draft_step(step: int, plan: list[ScheduledSeq], batch: ForwardBatch, hidden: torch.Tensor,
-                       tokens: torch.Tensor, accepted: torch.Tensor | None, max_drafts: int,
-                       upload: PinnedUpload) -> DeviceDraftStep:
+                       emitted: torch.Tensor | None, accepted: torch.Tensor | None, max_drafts: int,
+                       upload: PinnedUpload) -> tuple[DeviceDraftStep, torch.Tensor]:
     """What an on-device drafter gets for this step: every sequence's committed rows (its chunk less the drafts
-    it did not accept) and the token after them (emitted by the verdict, or the next prompt token)."""
+    it did not accept) and the token after them (`emitted` [S] by the verdict, or the next prompt token). Also
+    returns the sampled entries' places in the plan, [S] on the device."""
     b = len(plan)
     sampled = np.fromiter((i for i, p in enumerate(plan) if p.samples), np.int64)
     chunk_lens = np.fromiter((len(p.chunk) for p in plan), np.int64, count=b)
@@ -52,15 +53,14 @@ def chained_draft_step(step: int, plan: list[ScheduledSeq], batch: ForwardBatch,
     flat = upload(np.concatenate([base, following, sampled]))
     base_dev, next_dev, sampled_dev = flat[:b], flat[b:2 * b], flat[2 * b:]
     committed = base_dev if accepted is None else base_dev.index_add(0, sampled_dev, accepted)
-    emitted = tokens[:, 0] if accepted is None else tokens.gather(1, accepted[:, None])[:, 0]
-    next_token = next_dev.index_copy(0, sampled_dev, emitted)
+    next_token = next_dev if emitted is None else next_dev.index_copy(0, sampled_dev, emitted)
     wanted = np.array([max_drafts if p.samples else 0 for p in plan], np.int64)
     return DeviceDraftStep(
         step=step, seq_ids=[p.seq.seq_id for p in plan],
         start_pos=np.fromiter((p.seq.num_cached for p in plan), np.int64, count=b),
         max_shift=np.fromiter((p.seq.unread_accepts for p in plan), np.int64, count=b),
         chunk_lens=chunk_lens, num_drafts=wanted, input_ids=batch.input_ids, positions=batch.positions,
-        hidden=hidden, committed=committed, next_token=next_token)
+        hidden=hidden, committed=committed, next_token=next_token), sampled_dev
 
 
 def _chunk_starts(plan: list[ScheduledSeq]) -> list[int]:

@@ -12,10 +12,9 @@ import logging
 import time
 from typing import TYPE_CHECKING, Callable
 
-import numpy as np
 import torch
 
-from specdec.drafting import DeviceDrafts, DraftsOnDevice, device_drafts_problem
+from specdec.drafting import DeviceDrafts, DraftsOnDevice, DraftsOnDeviceLater, device_drafts_problem
 
 from .in_flight import ChainedInputs, InFlightStep
 from .launch_verdict import chained_draft_step, launch_verdict
@@ -84,7 +83,7 @@ class OverlappedSteps:
         tokens, accepted = launch_verdict(plan, logits, self.runner.last_batch, forced, self._upload_drafts)
         self.trace.mark("forward.launched")
         launched = InFlightStep.launch(sampled, tokens, accepted)
-        launched.settle = self._ask_drafts(plan, hidden, tokens, accepted)
+        launched.settle = self._ask_drafts(plan, hidden, launched.emitted, accepted)
         for p in plan:
             p.seq.num_cached += len(p.chunk) - p.num_drafts
             p.seq.gdn_read_offset = 0
@@ -94,7 +93,7 @@ class OverlappedSteps:
             p.seq.unread_accepts, p.seq.device_drafts = p.num_drafts, 0   # the drafts' count when settled
         return launched
 
-    def _ask_drafts(self, plan: list[ScheduledSeq], hidden: torch.Tensor, tokens: torch.Tensor,
+    def _ask_drafts(self, plan: list[ScheduledSeq], hidden: torch.Tensor, emitted: torch.Tensor | None,
                     accepted: torch.Tensor | None) -> Callable[[], tuple[torch.Tensor | None, list[int]]]:
         """Ask the drafter for the sampled entries' next drafts; returns what gives them ([S, K] on the device
         and their counts). An in-process drafter has queued them already; a drafter service answers later: its
@@ -103,18 +102,20 @@ class OverlappedSteps:
         if self.drafter is None or self.num_drafts == 0:
             return lambda: (None, [0] * len(rows))
         start = time.perf_counter()
-        step = chained_draft_step(self.step_count, plan, self.runner.last_batch, hidden, tokens, accepted,
-                                  self.num_drafts, self._upload_rows)
-        later = getattr(self.drafter, "draft_on_device_later", None)
+        step, sampled = chained_draft_step(self.step_count, plan, self.runner.last_batch, hidden, emitted,
+                                           accepted, self.num_drafts, self._upload_rows)
+        drafter = self.drafter
         try:
-            answer = later(step) if later is not None else _at_once(self.drafter.draft_on_device(step))
+            answer = drafter.draft_on_device_later(step) if isinstance(drafter, DraftsOnDeviceLater) else \
+                _at_once(drafter.draft_on_device(step))
         except Exception as e:  # a drafter's bug must not take the verifier down
             answer = self._device_raised(e, len(plan))
         self._drafter_seconds += time.perf_counter() - start
-        return lambda: self._device_drafts(answer, step, rows)
+        return lambda: self._device_drafts(answer, step, rows, sampled)
 
-    def _device_drafts(self, answer: Callable[[], DeviceDrafts], step, rows: list[int]
+    def _device_drafts(self, answer: Callable[[], DeviceDrafts], step, rows: list[int], sampled: torch.Tensor
                        ) -> tuple[torch.Tensor | None, list[int]]:
+        """The drafter's answer checked, and its rows of the sampled entries (`sampled` [S]: their plan places)."""
         start = time.perf_counter()
         try:
             out = answer()
@@ -127,10 +128,9 @@ class OverlappedSteps:
             return None, [0] * len(rows)
         # the next step runs synchronously and recomputes them (those still running)
         self._context_lost.update(set(out.missing) & {s.seq_id for s in self.scheduler.running})
-        index = self._upload_forced(np.asarray(rows, np.int64))
         # ids outside the vocabulary cannot be checked on the host without a sync: clamped on the device (the
         # target verifies every draft, so a wrong id costs acceptance, never correctness)
-        return out.tokens[index].clamp_(0, self.runner.config.vocab_size - 1), [out.counts[i] for i in rows]
+        return out.tokens[sampled].clamp_(0, self.runner.config.vocab_size - 1), [out.counts[i] for i in rows]
 
     def _device_raised(self, error: Exception, num_seqs: int) -> Callable[[], DeviceDrafts]:
         kind = getattr(self.drafter, "kind", "(detached)")

@@ -18,7 +18,7 @@ next call before anything reads it) but must not use them. start_pos[b] == 0 sta
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Callable, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -59,3 +59,12 @@ class DraftsOnDevice(Protocol):
     drafts_on_device: bool        # it can right now (a link: connected to a drafter that takes device steps)
 
     def draft_on_device(self, step: DeviceDraftStep) -> DeviceDrafts: ...
+
+
+@runtime_checkable
+class DraftsOnDeviceLater(Protocol):
+    """A DraftsOnDevice drafter whose answer can be read later than it is asked for (the drafter service's link:
+    the step is sent at once, the answer read at the start of the verifier's next step). `draft_on_device(step)`
+    equals `draft_on_device_later(step)()`."""
+
+    def draft_on_device_later(self, step: DeviceDraftStep) -> Callable[[], DeviceDrafts]: ...
