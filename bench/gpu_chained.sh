@@ -5,7 +5,8 @@
 # S with --no-overlap, each run with its own GEMM chain. 4B shape, 32 layers,
 # prompt 128, T = 0, MAX_TOKENS new tokens (default 256). NO_TESTS=1 skips the tests; PATHS (default "inproc"),
 # DRAFTERS (default "none mtp@3.39"), CONC (default "1 16 64"), REPEATS, RUN_S (seconds per run), DV=1 adds the
-# 32k-id draft vocabulary (+dv rows); RUNS (default "O:overlap S:sync").
+# 32k-id draft vocabulary (+dv rows); RUNS (default "O:overlap S:sync"); TEMPS (default "0") the temperatures;
+# PRESET (default baseline; "full" has T = 0.8 at every concurrency); BENCH_ARGS: more `specdec bench` flags.
 # Usage on the device machine: bash bench/gpu_chained.sh "$OUT"
 set -u
 out=$1
@@ -30,10 +31,10 @@ fi
 for run in ${RUNS:-O:overlap S:sync}; do
   name=${run%%:*}; mode=${run#*:}; mkdir -p "$out/$name"
   flag=(); [ "$mode" = sync ] && flag=(--no-overlap)
-  timeout "${RUN_S:-200}" python3 -m specdec bench --preset baseline --device cuda --model /tmp/specdec-q35-4b-L32 \
+  timeout "${RUN_S:-200}" python3 -m specdec bench --preset ${PRESET:-baseline} --device cuda --model /tmp/specdec-q35-4b-L32 \
     --make-tiny qwen3.5-4b --layers 32 --paths ${PATHS:-inproc} --drafters ${DRAFTERS:-none mtp@3.39} \
-    --concurrency ${CONC:-1 16 64} --prompt-tokens 128 --temperatures 0 --max-tokens "${MAX_TOKENS:-256}" \
+    --concurrency ${CONC:-1 16 64} --prompt-tokens 128 --temperatures ${TEMPS:-0} --max-tokens "${MAX_TOKENS:-256}" \
     --time-budget $(( ${RUN_S:-200} - 10 )) --repeats "${REPEATS:-1}" "${dv[@]}" "${flag[@]}" --no-plot \
-    --out "$out/$name" > "$out/$name/bench.log" 2>&1
+    ${BENCH_ARGS:-} --out "$out/$name" > "$out/$name/bench.log" 2>&1
   echo "run $name ($mode) exit $?"; grep -A16 "^specdec bench (baseline)" "$out/$name/bench.log" | cut -c1-230
 done

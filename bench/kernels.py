@@ -9,6 +9,8 @@ Sections (rows: milliseconds per call, GB/s, fraction of the device-copy rooflin
                            torch reference; b1/8/32/64
   gdn-prefill              our recurrent kernel vs fla-core chunk vs the torch reference
   conv-verify / conv-prefill  our causal conv1d kernel vs the torch reference
+  sampling                 the one-launch speculative sampler vs the torch path (greedy, coupled, q rows; CUDA
+                           and --smoke: sampling_bench.py)
   step                     plain decode and k=3 verify of a random 4B-shaped model (--layers of it), eager vs
                            CUDA graph, vs the bare weight-GEMM chain in one graph (step_bench.py)
 Writes kernels.json under --out (default $OUT, else bench/results) and prints the table last.
@@ -174,6 +176,7 @@ def main() -> int:
     p.add_argument("--skip-step", action="store_true", help="kernels only")
     p.add_argument("--skip-kernels", action="store_true", help="the step and draft-loop sections only")
     p.add_argument("--skip-draft", action="store_true", help="no MTP draft-loop section")
+    p.add_argument("--only-sampling", action="store_true", help="the sampling section only")
     p.add_argument("--smoke", action="store_true", help="tiny shapes: checks the script, not the speed")
     args = p.parse_args()
     device = torch.device(args.device)
@@ -186,16 +189,22 @@ def main() -> int:
     rows = [row("device", torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "copy", None,
                 note=f"{copy_bw / 1e12:.2f} TB/s read+write")]
     print(f"device copy: {copy_bw / 1e12:.2f} TB/s", flush=True)
-    for batch in [] if args.skip_kernels else args.batches:
+    gdn_conv = not (args.skip_kernels or args.only_sampling)
+    for batch in args.batches if gdn_conv else []:
         guarded(rows, "gdn-decode", lambda: gdn_rows(shape, batch, 0, device, copy_bw, args.accepted))
         guarded(rows, "gdn-verify", lambda: gdn_rows(shape, batch, args.num_drafts, device, copy_bw, args.accepted))
         for n, section in ((1, "conv-decode"), (args.num_drafts + 1, "conv-verify")):
             guarded(rows, section, lambda: conv_rows(shape, batch, n, n - 1, device, copy_bw, section))
         print(f"kernels at b{batch} done", flush=True)
-    if not args.skip_kernels:
+    if not args.skip_kernels and (device.type == "cuda" or args.smoke):
+        from sampling_bench import VOCAB_4B, sampling_rows
+        vocab = 300 if args.smoke else VOCAB_4B
+        for batch in args.batches:
+            guarded(rows, "sampling", lambda: sampling_rows(batch, args.num_drafts, device, copy_bw, vocab))
+    if gdn_conv:
         guarded(rows, "gdn-prefill", lambda: prefill_rows(shape, 1, args.prefill_tokens, device, copy_bw))
         guarded(rows, "gdn-prefill", lambda: prefill_rows(shape, 4, args.prefill_tokens // 4, device, copy_bw))
-    if not args.skip_step:
+    if not (args.skip_step or args.only_sampling):
         from step_bench import step_rows
         guarded(rows, "step", lambda: step_rows(args, device, copy_bw))
     out = Path(args.out)

@@ -48,6 +48,7 @@ def main() -> None:
             for _ in range(20):
                 drafter.propose(batch)
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=60))
+        print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25, max_name_column_width=60))
 
 
 if __name__ == "__main__":

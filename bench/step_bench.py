@@ -82,7 +82,7 @@ def step_rows(args, device: torch.device, copy_bw: float) -> list[dict]:
     vocab = loaded.config.vocab_size
     seqs = [Sequence(i, torch.randint(1, vocab, (args.context,)).tolist(), args.context) for i in range(max_seqs)]
     prefill(runner, seqs, args.context)
-    graphs, rows, decode_ms = runner.graphs, [], {}
+    graphs, rows, decode_ms, decode_gpu_ms = runner.graphs, [], {}, {}
     for batch in batches:
         group = seqs[:batch]
         chain_ms = {}
@@ -103,9 +103,9 @@ def step_rows(args, device: torch.device, copy_bw: float) -> list[dict]:
                                 copy_bw, note=f"{gpu_ms:.3f} ms without per-step sync; "
                                               f"x{ms / chain_ms[batch * n]:.2f} the chain"))
                 if n == 1 and (mode_name == "graph" or graphs is None):
-                    decode_ms[batch] = ms
+                    decode_ms[batch], decode_gpu_ms[batch] = ms, gpu_ms
             runner.graphs = graphs
     if not args.skip_draft:
         from draft_loop_bench import draft_rows
-        rows += draft_rows(loaded, batches, k, args.context, device, decode_ms)
+        rows += draft_rows(loaded, batches, k, args.context, device, decode_ms, decode_gpu_ms)
     return rows

@@ -61,6 +61,13 @@ class SamplingParams:
         """Verification needs only each row's argmax: greedy, no penalties, no logprobs."""
         return self.greedy and not self.penalised and self.logprobs is None
 
+    @property
+    def decided_on_device(self) -> bool:
+        """Verification needs nothing of the request that only the host has: no penalties (they count the
+        output tokens), no logprobs (read per token). Temperature, top-k, top-p and min-p are per-row parameters
+        and the draws are keyed by output position, which the device can count on from an unread step."""
+        return not self.penalised and self.logprobs is None
+
     @staticmethod
     def from_fields(values: dict) -> "SamplingParams":
         """From a dict of set fields (absent or None: the default); SamplingError on unknown fields or types."""

@@ -1,13 +1,15 @@
 """Overlapped steps with drafts: with an in-process drafter that drafts on the device (MTP), step n + 1 verifies the
 drafts made from step n's unread verdict; its input ids come from that verdict and its positions, KV rows and GDN
 read offsets move by the accepted counts on the device. Greedy output must equal plain decoding through every
-accepted count, admissions, chunked prefill, stops, preemption, aborts, a full context and a switch to sampling."""
+accepted count, admissions, chunked prefill, stops, preemption, aborts, a full context and a switch to
+synchronous steps (penalties); seeded sampled requests run overlapped too and must equal plain decoding."""
 import pytest
 from device_reference_drafter import DeviceReferenceDrafter
 from engine_factory import BLOCK, make_drafter, make_engine, random_prompts
 from test_overlapped_steps import run
 
 from specdec.sampling_params import SamplingParams
+from verifier_service.forced_acceptance import ForcedAcceptance
 from verifier_service.in_flight import InFlightStep
 
 pytestmark = pytest.mark.timeout(300)
@@ -205,15 +207,60 @@ def test_mtp_out_of_blocks_drops_sequences_and_stays_exact(demo, caplog):
     assert engine.stats.accepted > 0 and engine.overlapped_draft_steps > 0
 
 
-def test_a_sampled_request_switches_to_synchronous_steps_and_back(demo):
+SAMPLED = [dict(temperature=0.9), dict(temperature=0.7, top_p=0.9), dict(temperature=1.0, top_k=20),
+           dict(temperature=0.8, min_p=0.05), dict(), dict(temperature=1.2, top_k=50, top_p=0.95)]
+
+
+def sampled_requests(prompts, max_tokens):
+    return {f"r{i}": (p, SamplingParams(max_tokens=n, ignore_eos=True, seed=100 + i, **SAMPLED[i % len(SAMPLED)]))
+            for i, (p, n) in enumerate(zip(prompts, max_tokens))}
+
+
+def synchronous_verifies(engine) -> list[int]:
+    """Counts the synchronous verdicts `engine` takes (spied on its _verify)."""
+    calls, verify = [], engine._verify
+    engine._verify = lambda *a, **kw: calls.append(1) or verify(*a, **kw)
+    return calls
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_sampled_requests_run_overlapped_steps_equal_to_synchronous_and_plain(demo, k):
+    """Temperature, top-k, top-p and min-p requests (one greedy among them) draft and verify in overlapped steps
+    only; their seeded tokens equal the synchronous engine's and plain decoding's (the coupled draw keyed by
+    output position, which the device counts on from the unread verdict)."""
+    loaded, prompts = demo
+    requests = sampled_requests(prompts[:6], [30, 17, 25, 40, 9, 33])
+    expected = plain(loaded, requests)
+    assert run(make_engine(loaded, make_drafter("mtp", loaded, k), k, overlap=False), requests) == expected
+    engine = make_engine(loaded, make_drafter("mtp", loaded, k), k)
+    synchronous = synchronous_verifies(engine)
+    assert run(engine, requests) == expected
+    assert synchronous == [] and engine.overlapped_draft_steps > 0 and engine.stats.accepted > 0
+
+
+def test_sampled_requests_preempted_with_a_step_unread_stay_exact(demo):
+    """Few KV blocks: sequences are preempted while their last step is unread, and prefill again from the
+    read tokens; the seeded output still equals plain decoding."""
+    loaded, prompts = demo
+    requests = sampled_requests(prompts, [40, 9, 33, 27, 45, 21, 14, 30])
+    engine = make_engine(loaded, make_drafter("mtp", loaded, 3), 3, num_blocks=24)
+    preempted, preempt = [], engine.scheduler.preempt
+    engine.scheduler.preempt = lambda seq, *a: preempted.append(seq.pending) or preempt(seq, *a)
+    assert run(engine, requests) == plain(loaded, requests)
+    assert any(preempted) and engine.overlapped_draft_steps > 0
+
+
+def test_a_penalised_request_switches_to_synchronous_steps_and_back(demo):
     loaded, prompts = demo
     requests = requests_of(prompts[:3], [30, 30, 30])
-    sampled = ("s", prompts[5], SamplingParams(max_tokens=6, temperature=0.9, seed=5, ignore_eos=True))
+    penalised = ("s", prompts[5], SamplingParams(max_tokens=6, temperature=0.9, seed=5, ignore_eos=True,
+                                                 repetition_penalty=1.3))
     reference = run(make_engine(loaded, make_drafter("mtp", loaded, 3), 3, overlap=False), requests,
-                    add_later={3: sampled})
+                    add_later={3: penalised})
     engine = make_engine(loaded, make_drafter("mtp", loaded, 3), 3)
-    assert run(engine, requests, add_later={3: sampled}) == reference   # seeded sampling: keyed by position
-    assert engine.overlapped_draft_steps > 0
+    synchronous = synchronous_verifies(engine)
+    assert run(engine, requests, add_later={3: penalised}) == reference   # seeded sampling: keyed by position
+    assert engine.overlapped_draft_steps > 0 and synchronous
     assert {rid: out for rid, out in reference.items() if rid != "s"} == plain(loaded, requests)
 
 
@@ -247,3 +294,28 @@ def test_gpu_overlapped_drafts_equal_synchronous_steps(tmp_path, cuda, dtype, ki
     assert results[0] == results[1]
     if dtype == "float32":
         assert results[0] == expected
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gpu_sampled_requests_overlapped_equal_synchronous_steps(tmp_path, cuda, dtype):
+    """Sampled requests (temperature, top-k, top-p, min-p) with the MTP drafter, CUDA graphs, the one-launch
+    sampler: overlapped steps only, the same seeded tokens as synchronous steps (fp32: and as plain decoding)."""
+    import torch
+
+    from specdec.models.loader import load_model
+    from specdec.tiny import make_tiny
+    loaded = load_model(make_tiny(tmp_path, seed=0, progress=False), dtype=getattr(torch, dtype), device=cuda)
+    prompts = random_prompts([3, 7, 12, 20, 5, 9, 30, 1, 4, 17, 2, 6], loaded.config.vocab_size, seed=6)
+    requests = sampled_requests(prompts, [8 + 3 * i for i in range(len(prompts))])
+    kwargs = dict(max_running=8) if dtype == "float32" else dict(max_running=1)
+    results = []
+    for overlap in (True, False):
+        engine = make_engine(loaded, make_drafter("mtp", loaded, 3), 3, overlap=overlap, **kwargs)
+        synchronous = synchronous_verifies(engine)
+        results.append(run(engine, requests))
+        assert engine.runner.graphs is not None and engine.runner.graphs.graphs
+        assert (synchronous == []) == overlap and (engine.overlapped_draft_steps > 0) == overlap
+    assert results[0] == results[1]
+    if dtype == "float32":
+        assert results[0] == plain(loaded, requests, **kwargs)

@@ -129,13 +129,27 @@ def test_a_preempted_sequence_waits_for_its_pending_token_before_it_prefills_aga
     assert tokens == make_engine(tiny_model, overlap=False).generate([prompt], seq.params)[0]
 
 
-def test_a_sampled_request_switches_to_synchronous_steps_and_back(tiny_model):
+def test_a_penalised_request_switches_to_synchronous_steps_and_back(tiny_model):
     requests = greedy_requests(tiny_model, [5, 9], [16, 16])
-    sampled = ("s", random_prompts([7], tiny_model.config.vocab_size, seed=9)[0],
-               SamplingParams(max_tokens=4, temperature=0.9, seed=5, ignore_eos=True))
-    (overlapped, engine), (synchronous, _) = both(tiny_model, requests, add_later={3: sampled})
+    penalised = ("s", random_prompts([7], tiny_model.config.vocab_size, seed=9)[0],
+                 SamplingParams(max_tokens=4, temperature=0.9, seed=5, ignore_eos=True, presence_penalty=0.5))
+    (overlapped, engine), (synchronous, _) = both(tiny_model, requests, add_later={3: penalised})
     assert overlapped == synchronous   # seeded sampling is keyed by position, not by step or batch
     assert len(overlapped["s"][0]) == 4 and engine.runner.blocks.num_free == engine.runner.blocks.size
+
+
+def test_sampled_requests_decode_in_overlapped_steps(tiny_model):
+    """Temperature / top-k / top-p / min-p requests without penalties or logprobs never take a synchronous
+    step; their seeded tokens equal the synchronous engine's (added mid-run, so offsets come from unread steps)."""
+    requests = greedy_requests(tiny_model, [5, 9, 3], [16, 11, 20], temperature=0.8, top_p=0.9, seed=7)
+    later = ("s", random_prompts([7], tiny_model.config.vocab_size, seed=9)[0],
+             SamplingParams(max_tokens=9, temperature=1.1, top_k=30, min_p=0.02, seed=5, ignore_eos=True))
+    engine = make_engine(tiny_model)
+    calls, verify = [], engine._verify
+    engine._verify = lambda *a, **kw: calls.append(1) or verify(*a, **kw)
+    overlapped = run(engine, requests, add_later={3: later})
+    assert overlapped == run(make_engine(tiny_model, overlap=False), requests, add_later={3: later})
+    assert calls == [] and len(overlapped["s"][0]) == 9
 
 
 # ---- GPU: CUDA graphs replayed, the pending tokens written into the graph's input on the device ---------------

@@ -5,8 +5,8 @@ ingests what was committed and proposes the next drafts (DESIGN §3).
 A drafter that answers later (the remote link) is asked at the end of step n and its answer read at the start
 of step n + 1: the step's tokens go out to the clients while the drafter drafts.
 
-Without drafts, when every request is greedy with nothing to count on the host (argmax only), steps overlap:
-step n + 1 is launched before step n's tokens are read (verifier_service/in_flight.py), so step() returns the
+When no request counts penalties or asks for logprobs, and drafts (if any) are made on the device, steps overlap:
+step n + 1 is launched before step n's tokens are read (overlapped_steps.py, in_flight.py), so step() returns the
 outputs of the step launched by the call before it."""
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from kernels.sampling import row_index
+from kernels.sampling import cu_rows_of
 from specdec.drafting import AnswersLater, DraftBatch, DraftInput, DraftOutput, Drafter, proposal_problem
 from specdec.models.batch_staging import concat_ranges
 from specdec.models.pinned_upload import PinnedUpload
@@ -191,7 +191,7 @@ class SpecEngine(OverlappedSteps):
         self.trace.mark("step.end")
         return outputs
 
-    # ---- synchronous steps (drafts, sampling) ----------------------------------------------
+    # ---- synchronous steps (penalties, logprobs, drafts made on the host) ---------------------------------
     def _stage_hidden(self, plan: list[ScheduledSeq], hidden: torch.Tensor):
         """Lay out this step's hidden rows for a drafter that takes them; returns what places them once the
         accepted counts are on the device (before the sync), or None."""
@@ -210,22 +210,20 @@ class SpecEngine(OverlappedSteps):
         return lambda accepted: staging.gather(hidden, accepted)
 
     def _verify(self, sampled: list[ScheduledSeq], logits: torch.Tensor, before_sync=None):
-        width = max(p.num_drafts for p in sampled)
-        num_drafts = np.fromiter((p.num_drafts for p in sampled), np.int64, count=len(sampled))
-        host = np.full((len(sampled), 2 + 2 * width), -1, np.int64)    # [B, 1 + K + (K + 1)]: k_b, drafts, rows
-        host[:, 0] = num_drafts
-        for row, p in zip(host, sampled):
-            row[1:1 + p.num_drafts] = p.chunk[len(p.chunk) - p.num_drafts:]
-        host[:, 1 + width:] = row_index(num_drafts)
-        host = self._upload_drafts(host)
-        drafts, rows = host[:, 1:1 + width], host[:, 1 + width:]
+        b, width = len(sampled), max(p.num_drafts for p in sampled)
+        num_drafts = np.fromiter((p.num_drafts for p in sampled), np.int64, count=b)
+        drafts = np.full((b, width), -1, np.int64)
+        for row, p in zip(drafts, sampled):
+            row[:p.num_drafts] = p.chunk[len(p.chunk) - p.num_drafts:]
+        flat = self._upload_drafts(np.concatenate([num_drafts, cu_rows_of(num_drafts), drafts.ravel()]))
+        num_drafts_dev, cu_rows, drafts_dev = flat[:b], flat[b:2 * b + 1], flat[2 * b + 1:].view(b, width)
         counts = self._forced_counts(sampled)
         forced_accepts = None if counts is None else self._upload_forced(np.asarray(counts, np.int64))
         if all(p.seq.params.argmax_only for p in sampled):  # no sampling state, no draws
-            return greedy_verdict(logits, rows, drafts, forced_accepts, before_sync)
+            return greedy_verdict(logits, drafts_dev, num_drafts_dev, cu_rows, forced_accepts, before_sync)
         uses_q = [p.seq.draft_probs is not None and p.num_drafts > 0 and not p.seq.params.greedy for p in sampled]
         sampling = SamplingBatch.of([p.seq for p in sampled], uses_q, logits.shape[-1], self._upload_sampling)
-        return rejection_sample(logits, drafts, host[:, 0], sampling, draft_probs_rows(sampled, uses_q, logits),
+        return rejection_sample(logits, drafts_dev, num_drafts_dev, sampling, draft_probs_rows(sampled, uses_q, logits),
                                 forced_accepts, before_sync)
 
     def _forced_counts(self, sampled: list[ScheduledSeq]) -> list[int] | None:

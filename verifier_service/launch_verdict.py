@@ -1,42 +1,54 @@
 """The verdict of a launched step, left on the device, and what the drafter chained to it gets.
 
-For an overlapped step every request is argmax-only, so the verdict is `greedy_accept` over the step's logit rows
-with the drafts read back from the staged input ids on the device (they may have been written there from the
-unread step before, never seen by the host). No host read: the engine copies the verdict to the host after
-queueing the next work, and reads it one step later.
+For an overlapped step no request has penalties or logprobs: when all are greedy the verdict is `greedy_accept`
+over the step's logit rows, else the sampled rule of launch_sampling; either way with the drafts read back from
+the staged input ids on the device (they may have been written there from the unread step before, never seen by
+the host). No host read: the engine copies the verdict to the host after queueing the next work, and reads it
+one step later.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from kernels.sampling import greedy_accept, row_index
+from kernels.sampling import cu_rows_of, greedy_accept
 from specdec.drafting import DeviceDraftStep
 from specdec.models.forward_batch import ForwardBatch
 from specdec.models.pinned_upload import PinnedUpload
 
+from .in_flight import InFlightStep
+from .launch_sampling import launched_sample
 from .scheduler import ScheduledSeq
 
 
-def launch_verdict(plan: list[ScheduledSeq], logits: torch.Tensor, batch: ForwardBatch,
-                   forced: list[int] | None, upload: PinnedUpload) -> tuple[torch.Tensor, torch.Tensor | None]:
+def launch_verdict(plan: list[ScheduledSeq], logits: torch.Tensor, batch: ForwardBatch, forced: list[int] | None,
+                   upload: PinnedUpload, previous: InFlightStep | None = None,
+                   sampling_uploads: tuple[PinnedUpload, PinnedUpload] | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(tokens [S, W] padded with -1, accepted [S] or None when no sequence verifies drafts) on the device, for
-    the plan's sampled entries in order. logits [R, V]: k_b + 1 rows per sampled sequence."""
-    argmax = logits.argmax(-1)                                                          # [R]
+    the plan's sampled entries in order. logits [R, V]: k_b + 1 rows per sampled sequence. Requests that sample
+    (temperature > 0) are decided by launch_sampling with `previous` (the unread step) and `sampling_uploads`."""
     sampled = [(at, p) for at, p in zip(_chunk_starts(plan), plan) if p.samples]
     num_drafts = np.fromiter((p.num_drafts for _, p in sampled), np.int64, count=len(sampled))
     width = int(num_drafts.max(initial=0))
-    if width == 0:
-        return argmax[:, None], None
-    cols = np.arange(width)[None, :]
-    starts = np.fromiter((at + 1 for at, _ in sampled), np.int64, count=len(sampled))
+    draws = any(not p.seq.params.greedy for _, p in sampled)
+    if width == 0 and not draws:
+        return logits.argmax(-1)[:, None], None
+    s, cols = len(sampled), np.arange(width)[None, :]
+    starts = np.fromiter((at + 1 for at, _ in sampled), np.int64, count=s)
     where = np.where(cols < num_drafts[:, None], starts[:, None] + cols, -1)           # [S, K] flat draft index
-    host = [where, row_index(num_drafts)] + ([] if forced is None else [np.asarray(forced, np.int64)[:, None]])
-    flat = upload(np.concatenate(host, axis=1))                                        # [S, K + K + 1 (+ 1)]
-    index, rows = flat[:, :width], flat[:, width:2 * width + 1]
+    host = [where.ravel(), num_drafts, cu_rows_of(num_drafts)]
+    host += [] if forced is None else [np.asarray(forced, np.int64)]
+    flat = upload(np.concatenate(host))                                                # SK + S + S + 1 (+ S)
+    index, at = flat[:s * width].view(s, width), s * width
+    num_drafts_dev, cu_rows = flat[at:at + s], flat[at + s:at + 2 * s + 1]
     drafts = torch.where(index >= 0, batch.input_ids[index.clamp(min=0)], -1)          # [S, K]
-    forced_accepts = None if forced is None else flat[:, -1]
-    return greedy_accept(argmax, rows, drafts, forced_accepts)
+    forced_accepts = None if forced is None else flat[at + 2 * s + 1:]
+    if not draws:
+        return greedy_accept(logits.argmax(-1), drafts, num_drafts_dev, cu_rows, forced_accepts)
+    tokens, accepted = launched_sample(logits, [p for _, p in sampled], drafts, num_drafts_dev, cu_rows,
+                                       forced_accepts, previous, sampling_uploads)
+    return tokens, accepted if width else None
 
 
 def chained_draft_step(step: int, plan: list[ScheduledSeq], batch: ForwardBatch, hidden: torch.Tensor,

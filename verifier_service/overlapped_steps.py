@@ -1,5 +1,6 @@
-"""Overlapped steps, the engine's step while every request is argmax-only and drafts (if any) come from a drafter
-that drafts on the device: step n + 1 is launched before step n is read (docs/architecture.md, "Overlapped steps").
+"""Overlapped steps, the engine's step while no request has penalties or logprobs and drafts (if any) come from
+a drafter that drafts on the device: step n + 1 is launched before step n is read (docs/architecture.md,
+"Overlapped steps").
 
     step():  settle step n's drafts (a drafter service's answer)  →  schedule  →  launch step n + 1: its inputs
              from step n's unread verdict (ChainedInputs), the forward, its verdict and the drafter's next drafts
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from itertools import chain
 from typing import TYPE_CHECKING, Callable
 
 import torch
@@ -28,12 +30,12 @@ log = logging.getLogger(__name__)
 
 class OverlappedSteps:
     def _overlaps(self) -> bool:
-        """Can this step be launched before the last one's tokens are read? Only when every request is
-        argmax-only (penalties, logprobs and sampling need their tokens on the host each step) and drafts, if
-        any, come from a drafter that drafts on the device from the unread verdict (an in-process MTP head, or
-        an MTP drafter service through device steps); a drafter that needs the tokens on the host (n-gram, a
-        drafter service on another host or counting tokens) and a drafter that lost context run synchronous
-        steps. The engine changes mode between two steps."""
+        """Can this step be launched before the last one's tokens are read? Only when no request has penalties
+        or logprobs (they need the tokens on the host each step; greedy and sampled requests are decided on the
+        device) and drafts, if any, come from a drafter that drafts on the device from the unread verdict (an
+        in-process MTP head, or an MTP drafter service through device steps); a drafter that needs the tokens on
+        the host (n-gram, a drafter service on another host or counting tokens) and a drafter that lost context
+        run synchronous steps. The engine changes mode between two steps."""
         if not self.config.overlap or self._context_lost:
             return False
         drafter = self.drafter
@@ -41,7 +43,7 @@ class OverlappedSteps:
                 isinstance(drafter, DraftsOnDevice) and drafter.drafts_on_device and self.num_drafts > 0):
             return False
         sched = self.scheduler
-        return all(s.params.argmax_only for s in sched.running) and all(s.params.argmax_only for s in sched.waiting)
+        return all(s.params.decided_on_device for s in chain(sched.running, sched.waiting))
 
     def _overlapped_step(self) -> list[RequestOutput]:
         self._collect_drafts()             # an answer a synchronous step asked for: drafts on the host
@@ -80,7 +82,8 @@ class OverlappedSteps:
                                              [p.num_drafts for p in plan],
                                              logits=[p.num_drafts + 1 if p.samples else 0 for p in plan],
                                              before=inputs)
-        tokens, accepted = launch_verdict(plan, logits, self.runner.last_batch, forced, self._upload_drafts)
+        tokens, accepted = launch_verdict(plan, logits, self.runner.last_batch, forced, self._upload_drafts, previous,
+                                          self._upload_sampling)
         self.trace.mark("forward.launched")
         launched = InFlightStep.launch(sampled, tokens, accepted)
         launched.settle = self._ask_drafts(plan, hidden, launched.emitted, accepted)

@@ -85,18 +85,19 @@ def rejection_sample(logits: torch.Tensor, drafts: torch.Tensor, num_drafts: tor
     return _verdict(host, logprobs)
 
 
-def greedy_verdict(logits: torch.Tensor, rows: torch.Tensor, drafts: torch.Tensor,
+def greedy_verdict(logits: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor, cu_rows: torch.Tensor,
                    forced_accepts: torch.Tensor | None = None, before_sync: BeforeSync | None = None) -> Verdict:
     """rejection_sample's verdict when every sequence is greedy without penalties or logprobs: argmax per row
-    and the leading run of drafts that match it. rows [B, K+1] from kernels.sampling.row_index. `before_sync`: as
-    in rejection_sample (None for the counts when there are no drafts)."""
+    and the leading run of drafts that match it (one Triton launch on CUDA). cu_rows [B+1] from
+    kernels.sampling.cu_rows_of. `before_sync`: as in rejection_sample (None for the counts when there are no
+    drafts)."""
     if drafts.shape[1] == 0:  # plain decoding: one row per sequence, its argmax is the token (one launch)
         argmax = logits.argmax(-1)
         if before_sync is not None:
             before_sync(None)
-        return Verdict(num_accepted=[0] * rows.shape[0], tokens=[[t] for t in argmax.tolist()],
-                       logprobs=[None] * rows.shape[0])
-    tokens, num_accepted = greedy_accept(logits.argmax(-1), rows, drafts, forced_accepts)
+        return Verdict(num_accepted=[0] * drafts.shape[0], tokens=[[t] for t in argmax.tolist()],
+                       logprobs=[None] * drafts.shape[0])
+    tokens, num_accepted = greedy_accept(logits.argmax(-1), drafts, num_drafts, cu_rows, forced_accepts)
     if before_sync is not None:
         before_sync(num_accepted)
     return _verdict(torch.cat([tokens, num_accepted[:, None]], dim=1).tolist(), [None] * drafts.shape[0])

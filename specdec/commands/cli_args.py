@@ -17,9 +17,10 @@ def add_enforce_eager_arg(p: argparse.ArgumentParser) -> None:
 
 def add_no_overlap_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-overlap", dest="overlap", action="store_false",
-                   help="read each step's tokens before launching the next (default: with greedy requests and "
-                        "no drafter, or an MTP drafter in process or on this host (device steps), the next step "
-                        "is launched first, so the host's work between steps runs while the GPU computes)")
+                   help="read each step's tokens before launching the next (default: while no request has "
+                        "penalties or logprobs, with no drafter or an MTP drafter in process or on this host "
+                        "(device steps), the next step is launched first, so the host's work between steps "
+                        "runs while the GPU computes)")
 
 
 def add_trace_steps_arg(p: argparse.ArgumentParser) -> None:
