@@ -9,7 +9,7 @@ import torch
 from timing import row, time_ms
 
 from kernels.sampling import greedy_accept_ref, speculative_sample_ref
-from kernels.sampling.speculative_triton import speculative_sample_triton
+from kernels.sampling.speculative_triton import SPLIT, speculative_sample_triton
 
 VOCAB_4B = 248320
 
@@ -41,7 +41,10 @@ def sampling_rows(batch: int, k: int, device, copy_bw, vocab: int = VOCAB_4B) ->
         if mode == "all greedy":
             impls.append(("greedy_accept_ref (torch)", lambda: greedy_accept_ref(args[1], args[3], args[4], args[5])))
         logit_rows = batch * (k + 1)
-        moved = 0 if mode == "all greedy" else logit_rows * vocab * 4 * (1 if mode == "coupled" else 2)
+        splits = -(-vocab // SPLIT)
+        # coupled: each row's logits once; with q: also q once and the logits again once per split (each
+        # q-row program normalises p over the whole row first)
+        moved = 0 if mode == "all greedy" else logit_rows * vocab * 4 * (1 if mode == "coupled" else 3 + splits)
         for impl, fn in impls:
             for graph in (True, False):
                 ms, how = time_ms(fn, device, reps=20, graph=graph)

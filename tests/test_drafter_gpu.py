@@ -98,12 +98,13 @@ def test_mtp_draft_loop_in_cuda_graphs_drafts_what_it_drafts_eagerly(model_dir, 
     assert differ == 0 if dtype == "float32" else differ <= len(results) // 20, (differ, len(results))
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
 @pytest.mark.parametrize("overlap", [True, False])
 @pytest.mark.parametrize("kind", ["none", "mtp"])
-def test_a_decode_step_synchronises_once_in_the_verifier(model_dir, kind, overlap):
-    """Greedy decode / verify steps on CUDA read the device back once. Overlapped (the default; an in-process MTP
-    drafter drafts on the device): no synchronising torch call at all, and one wait for the step launched before
-    (InFlightStep.read). Synchronous (--no-overlap): one read of the sampler's result, and an in-process MTP
+def test_a_decode_step_synchronises_once_in_the_verifier(model_dir, kind, overlap, temperature):
+    """Decode / verify steps on CUDA, greedy or sampled (top-p), read the device back once. Overlapped (the
+    default; an in-process MTP drafter drafts on the device): no synchronising torch call at all, and one wait
+    for the step launched before (InFlightStep.read). Synchronous (--no-overlap): one read of the sampler's result, and an in-process MTP
     drafter adds its one read of the drafts. Uploads of drafts, sampling parameters, forced acceptance and
     hidden-row indices go through pinned memory and wait for nothing."""
     from specdec.bench.sync_sites import site, synchronising_stacks
@@ -116,7 +117,8 @@ def test_a_decode_step_synchronises_once_in_the_verifier(model_dir, kind, overla
     engine = make_engine(loaded, drafter, k, forced=ForcedAcceptance(2.0, 3, seed=0, enabled=True) if k else None,
                          overlap=overlap)
     for i, prompt in enumerate(random_prompts([9, 13], 400)):
-        engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=60, ignore_eos=True))
+        engine.add_request(f"r{i}", prompt, SamplingParams(max_tokens=60, ignore_eos=True, temperature=temperature,
+                                                           top_p=0.9, seed=i))
     for _ in range(6):   # prefill (chunks of 8) and a few decode steps
         engine.step()
     assert all(s.num_cached >= s.num_prompt for s in engine.scheduler.running)

@@ -92,3 +92,12 @@ def test_verdict_of_a_plain_step_is_each_rows_argmax(seed):
     want_tokens, want_acc = reference(logits, drafts, nd)
     assert verdict.num_accepted == want_acc.tolist() == [0] * 5
     assert verdict.tokens == [[t] for t in want_tokens[:, 0].tolist()] and verdict.logprobs == [None] * 5
+
+
+def test_drafts_past_num_drafts_are_never_accepted():
+    """Only the first k_b drafts count, whatever the padding holds (here a token equal to the next row's argmax)."""
+    argmax, cu = torch.tensor([5, 6, 7, 8]), torch.tensor([0, 2, 4])
+    drafts, nd = torch.tensor([[5, 6], [7, 9]]), torch.tensor([1, 1])
+    for greedy_accept in implementations():
+        tokens, acc = greedy_accept(argmax, drafts, nd, cu)
+        assert acc.tolist() == [1, 1] and tokens.tolist() == [[5, 6, -1], [7, 8, -1]], greedy_accept.__name__

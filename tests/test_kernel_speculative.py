@@ -85,6 +85,18 @@ def test_kernel_equals_reference(num_drafts, vocab, seed, mode, filled_outputs):
         assert int(want[1].sum()) > 0, "the case accepts nothing: it would not check the leading run"
 
 
+@pytest.mark.parametrize("mode", ["coupled", "all greedy"])
+def test_more_sequences_than_one_lookup_block(mode):
+    """300 sequences: a row finds its sequence over two 256-wide blocks of cu_rows."""
+    kernel = load_interpreted("kernels.sampling.speculative_triton").speculative_sample_triton
+    logits, argmax, _, drafts, nd, cu, greedy, uses_q, seeds, offsets, _ = ragged_case(
+        [s % 4 for s in range(300)], 64, 9, greedy_every=1 if mode == "all greedy" else 3)
+    logits = None if mode == "all greedy" else logits
+    uses_q = torch.zeros_like(uses_q)
+    want = speculative_sample_ref(logits, argmax, None, drafts, nd, cu, greedy, uses_q, seeds, offsets)
+    assert_same(kernel(logits, argmax, None, drafts, nd, cu, greedy, uses_q, seeds, offsets, split=64, block=64), want)
+
+
 def test_q_rows_take_the_acceptance_test_and_the_residual():
     """A q row with a valid q differs from the coupled draw (it is not what the one-hot rule would give on
     every seed), and the kernel follows it: over seeds, the same accepted counts and tokens as the reference."""
@@ -118,3 +130,45 @@ def test_kernel_at_the_4b_vocabulary(batch, mode, cuda):
     for _ in range(3):  # the finishing program differs from launch to launch
         assert_same(speculative_sample_triton(logits, argmax, q, drafts, nd, cu, greedy, uses_q, seeds, offsets),
                      want)
+
+
+COMPILE_FOR_HOPPER = """
+import sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+import kernels.sampling.speculative_triton as m
+kernel = m._speculative_kernel
+assert type(kernel).__name__ == "JITFunction", type(kernel)
+pointers = dict(logits_ptr="*fp32", q_ptr="*fp32", greedy_tokens_ptr="*i64", drafts_ptr="*i64",
+                num_drafts_ptr="*i64", cu_rows_ptr="*i64", greedy_ptr="*i1", uses_q_ptr="*i1", seeds_ptr="*i64",
+                offsets_ptr="*i64", forced_ptr="*i64", part_f_ptr="*fp32", part_i_ptr="*i32",
+                row_stats_ptr="*fp32", counter_ptr="*i32", tokens_ptr="*i64", accepted_ptr="*i64",
+                row_tokens_ptr="*i64")
+for has_logits, has_q, forced in ((False, False, False), (True, False, False), (True, True, False),
+                                  (True, False, True)):
+    consts = dict(HAS_LOGITS=has_logits, HAS_Q=has_q, HAS_FORCED=forced, BLOCK_B=256, BLOCK_S=32, BLOCK_W=8,
+                  SPLIT=m.SPLIT, BLOCK=m.BLOCK)
+    signature = {name: pointers.get(name, "i32") for name in kernel.arg_names}
+    signature.update({name: "constexpr" for name in consts})
+    source = ASTSource(fn=kernel, signature=signature,
+                       constexprs={(kernel.arg_names.index(n),): v for n, v in consts.items()})
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))
+    assert "ptx" in compiled.asm, (has_logits, has_q, forced)
+print("compiled 4 modes")
+"""
+
+
+def test_the_kernel_compiles_for_hopper_in_every_mode(tmp_path):
+    """The interpreter runs code the compiler rejects (a loop-carried value changing type, say): compile the
+    kernel to PTX for sm_90 in each mode, without a GPU, in a process without TRITON_INTERPRET."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path), PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0 and "compiled 4 modes" in done.stdout, done.stderr[-3000:]

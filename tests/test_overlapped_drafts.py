@@ -9,7 +9,6 @@ from engine_factory import BLOCK, make_drafter, make_engine, random_prompts
 from test_overlapped_steps import run
 
 from specdec.sampling_params import SamplingParams
-from verifier_service.forced_acceptance import ForcedAcceptance
 from verifier_service.in_flight import InFlightStep
 
 pytestmark = pytest.mark.timeout(300)

@@ -90,7 +90,7 @@ class InFlightStep:
                 for row, d, count in zip(self.host.tolist(), drafts, self.draft_counts or [0] * len(self.sampled))]
 
 
-def _verdict_row(p: ScheduledSeq, previous: InFlightStep | None, num_rows: int) -> int:
+def verdict_row(p: ScheduledSeq, previous: InFlightStep | None, num_rows: int) -> int:
     """The unread verdict's row of a pending sequence; num_rows (a zero row appended) for any other."""
     if not p.seq.pending:
         return num_rows
@@ -123,7 +123,7 @@ class ChainedInputs:
         self.num_tokens, self.num_seqs = int(lens.sum()), len(plan)
         num_rows = 0 if previous is None else len(previous.sampled)
         k = 0 if previous is None else previous.num_drafts_made
-        rows = np.fromiter((_verdict_row(p, previous, num_rows) for p in plan), np.int64, count=len(plan))  # [B]
+        rows = np.fromiter((verdict_row(p, previous, num_rows) for p in plan), np.int64, count=len(plan))  # [B]
         chained = rows < num_rows                                                                          # [B]
         self.empty = not chained.any()
         self.shifts = previous is not None and previous.accepted is not None and not self.empty

@@ -15,7 +15,7 @@ import torch
 from kernels.sampling import speculative_sample
 from specdec.models.pinned_upload import PinnedUpload
 
-from .in_flight import InFlightStep
+from .in_flight import InFlightStep, verdict_row
 from .logits_processors import RowParams, processed_logits
 from .scheduler import ScheduledSeq
 
@@ -37,7 +37,7 @@ def launched_sample(logits: torch.Tensor, sampled: list[ScheduledSeq], drafts: t
         np.fromiter((q.top_k for q in params), np.int64, count=s),
         np.fromiter((p.seq.seed for p in sampled), np.int64, count=s),
         np.fromiter((len(p.seq.output_ids) for p in sampled), np.int64, count=s),     # tokens the host has
-        np.fromiter((_unread_row(p, previous, unread) for p in sampled), np.int64, count=s),
+        np.fromiter((verdict_row(p, previous, unread) for p in sampled), np.int64, count=s),
         np.repeat(np.arange(s, dtype=np.int64), counts)])                               # [R] sequence of row
     f, i = uploads[0](floats), uploads[1](ints)
     greedy, top_k, seeds, offsets, unread_rows = (i[j * s:(j + 1) * s] for j in range(5))
@@ -54,9 +54,3 @@ def launched_sample(logits: torch.Tensor, sampled: list[ScheduledSeq], drafts: t
                                              greedy, torch.zeros_like(greedy), seeds, offsets, forced_accepts)
     return tokens, accepted
 
-
-def _unread_row(p: ScheduledSeq, previous: InFlightStep | None, unread: int) -> int:
-    """The unread verdict's row of a sequence whose last step is not read yet; `unread` (the zero row) else."""
-    if not p.seq.pending or previous is None:
-        return unread
-    return previous.row_of[p.seq.seq_id]

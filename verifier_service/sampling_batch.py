@@ -38,18 +38,19 @@ class SamplingBatch:
            uploads: tuple[PinnedUpload, PinnedUpload]) -> "SamplingBatch":
         """`uploads`: (floats, ints) host → device copiers, owned by the caller across steps."""
         params = [s.params for s in seqs]
+        # one column per field ([6, B], [5, B]): each field a contiguous row of the upload
         floats = np.array([[1.0 if p.greedy else p.temperature, p.top_p, p.min_p, p.repetition_penalty,
-                            p.presence_penalty, p.frequency_penalty] for p in params], np.float32).reshape(-1, 6)
+                            p.presence_penalty, p.frequency_penalty] for p in params], np.float32).reshape(-1, 6).T
         ints = np.array([[p.greedy, p.top_k, s.seed, len(s.output_ids), q]
-                         for p, s, q in zip(params, seqs, uses_q)], np.int64).reshape(-1, 5)
+                         for p, s, q in zip(params, seqs, uses_q)], np.int64).reshape(-1, 5).T
         floats, ints = uploads[0](floats), uploads[1](ints)
         device = floats.device
         penalised = any(p.penalised for p in params)
         wanted = [p.logprobs for p in params]
         return SamplingBatch(
-            greedy=ints[:, 0].bool(), temperature=floats[:, 0], top_k=ints[:, 1], top_p=floats[:, 1],
-            min_p=floats[:, 2], seeds=ints[:, 2], offsets=ints[:, 3], uses_q=ints[:, 4].bool(),
-            repetition=floats[:, 3], presence=floats[:, 4], frequency=floats[:, 5],
+            greedy=ints[0].bool(), temperature=floats[0], top_k=ints[1], top_p=floats[1],
+            min_p=floats[2], seeds=ints[2], offsets=ints[3], uses_q=ints[4].bool(),
+            repetition=floats[3], presence=floats[4], frequency=floats[5],
             output_counts=_stack_counts(seqs, vocab, device) if penalised else None,
             prompt_mask=_stack_prompt_masks(seqs, vocab, device) if penalised else None,
             all_greedy=all(p.greedy for p in params), penalised=penalised,

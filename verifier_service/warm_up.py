@@ -7,7 +7,8 @@ chunks with decodes run eagerly, and on a cold cache their first compile stalled
 
 What runs (every sequence is gone afterwards, the counters start afresh):
   - short generations: prefills of several lengths (the longest takes the chunked GDN path); greedy and sampled
-    rows (the race kernel), penalties and logprobs;
+    rows (the sampler kernel's greedy and sampled variants: it compiles once per mode, not per batch size),
+    penalties and logprobs;
   - on a GPU, for each batch bucket B up to max_running: B - 1 sequences verifying k drafts (the warm-up drafter
     proposes k copies of each last token, so no drafter needs to be up), then decoding without drafts (as while a
     drafter is away), in steps mixed with one prefill chunk of each of a few sizes, and with four prompts of half

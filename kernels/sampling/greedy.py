@@ -28,7 +28,7 @@ def greedy_accept_ref(
     cols = torch.arange(width, device=argmax.device)[None, :]                                # [1, K+1]
     rows = (cu_rows[:-1, None] + cols).clamp(max=argmax.shape[0] - 1)                        # [B, K+1]
     target = argmax[rows]                                                                   # past k_b: unused
-    match = (target[:, :-1] == drafts) & (drafts >= 0)                                        # [B, K]
+    match = (target[:, :-1] == drafts) & (cols[:, :-1] < num_drafts[:, None])                 # [B, K]
     num_accepted = match.long().cumprod(-1).sum(-1)                                           # leading run
     if forced_accepts is not None:
         num_accepted = torch.minimum(forced_accepts.to(num_accepted), num_drafts)

@@ -68,7 +68,13 @@ def _best_over_splits(f_ptr, i_ptr, num_splits, BLOCK_S: tl.constexpr):
     return tl.min(tl.where(m_s & (best == top), index, 2 ** 30), axis=0).to(tl.int64)
 
 
-@triton.jit
+# Arguments whose values change from step to step (batch size, draft width, views into one upload buffer): not
+# specialised, so the kernel compiles once per mode (greedy / sampled / q / forced), not per batch or alignment.
+_PER_STEP = ["greedy_tokens_ptr", "drafts_ptr", "stride_d", "num_drafts_ptr", "cu_rows_ptr", "greedy_ptr",
+             "uses_q_ptr", "seeds_ptr", "offsets_ptr", "forced_ptr", "num_seqs", "max_drafts"]
+
+
+@triton.jit(do_not_specialize=_PER_STEP)
 def _speculative_kernel(
         logits_ptr, stride_l, q_ptr, stride_q, greedy_tokens_ptr, drafts_ptr, stride_d, num_drafts_ptr,
         cu_rows_ptr, greedy_ptr, uses_q_ptr, seeds_ptr, offsets_ptr, forced_ptr,
@@ -78,9 +84,11 @@ def _speculative_kernel(
         BLOCK_B: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_W: tl.constexpr, SPLIT: tl.constexpr,
         BLOCK: tl.constexpr):
     r, s = tl.program_id(0), tl.program_id(1)
-    o_b = tl.arange(0, BLOCK_B)
-    ends = tl.load(cu_rows_ptr + 1 + o_b, mask=o_b < num_seqs, other=2 ** 62)
-    b = tl.sum((ends <= r).to(tl.int32), axis=0)                           # the row's sequence
+    b = (r * 0).to(tl.int32)                                                # the row's sequence: ends <= r
+    for at in range(0, num_seqs, BLOCK_B):
+        o_b = at + tl.arange(0, BLOCK_B)
+        ends = tl.load(cu_rows_ptr + 1 + o_b, mask=o_b < num_seqs, other=2 ** 62)
+        b += tl.sum((ends <= r).to(tl.int32), axis=0)
     start = tl.load(cu_rows_ptr + b)
     k_b = tl.load(num_drafts_ptr + b)
 
@@ -233,7 +241,7 @@ def speculative_sample_triton(
     part_i = torch.empty(num_rows, num_splits, _I, dtype=torch.int32, device=device)
     row_stats = torch.empty(num_rows, 2, dtype=torch.float32, device=device)
     counter = torch.zeros(num_seqs, dtype=torch.int32, device=device)
-    # the kernel indexes these per sequence / row with unit stride (a no-op for the engine's own tensors)
+    # the kernel indexes these per sequence / row with unit stride (copies only for strided views)
     greedy_tokens, drafts, num_drafts, cu_rows, greedy, uses_q, seeds, offsets = (
         t.contiguous() for t in (greedy_tokens, drafts, num_drafts, cu_rows, greedy, uses_q, seeds, offsets))
     if forced_accepts is not None:
@@ -245,8 +253,8 @@ def speculative_sample_triton(
         part_f, part_i, row_stats, counter, tokens, accepted, row_tokens,
         num_seqs, vocab, num_splits, max_drafts,
         HAS_LOGITS=logits is not None, HAS_Q=has_q, HAS_FORCED=forced_accepts is not None,
-        BLOCK_B=triton.next_power_of_2(num_seqs), BLOCK_S=triton.next_power_of_2(num_splits),
-        BLOCK_W=triton.next_power_of_2(max_drafts + 1), SPLIT=split, BLOCK=block)
+        BLOCK_B=256, BLOCK_S=triton.next_power_of_2(num_splits),
+        BLOCK_W=max(8, triton.next_power_of_2(max_drafts + 1)), SPLIT=split, BLOCK=block)
     return tokens, accepted, row_tokens
 
 
