@@ -11,6 +11,7 @@ echo "gpu tests exit $?"; grep -E "passed|failed|FAILED|Error" "$out/gpu_tests.l
 timeout 200 python3 bench/kernels.py --only-sampling --out "$out" > "$out/kernels.log" 2>&1
 echo "kernels exit $?"; grep -E "^(section|sampling|device)" "$out/kernels.log" | cut -c1-150
 if [ "${PROFILE:-1}" = 1 ]; then
-  PYTHONPATH=$PYTHONPATH:$PWD/bench timeout 150 python3 -P bench/profile_draft_loop.py > "$out/profile_draft_loop.log" 2>&1
+  PYTHONPATH=$PYTHONPATH:$PWD/bench timeout 150 python3 -P bench/profile_draft_loop.py \
+    > "$out/profile_draft_loop.log" 2>&1
   echo "profile exit $?"; grep -E "^==" "$out/profile_draft_loop.log"
 fi

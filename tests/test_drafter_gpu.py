@@ -104,9 +104,9 @@ def test_mtp_draft_loop_in_cuda_graphs_drafts_what_it_drafts_eagerly(model_dir, 
 def test_a_decode_step_synchronises_once_in_the_verifier(model_dir, kind, overlap, temperature):
     """Decode / verify steps on CUDA, greedy or sampled (top-p), read the device back once. Overlapped (the
     default; an in-process MTP drafter drafts on the device): no synchronising torch call at all, and one wait
-    for the step launched before (InFlightStep.read). Synchronous (--no-overlap): one read of the sampler's result, and an in-process MTP
-    drafter adds its one read of the drafts. Uploads of drafts, sampling parameters, forced acceptance and
-    hidden-row indices go through pinned memory and wait for nothing."""
+    for the step launched before (InFlightStep.read). Synchronous (--no-overlap): one read of the sampler's
+    result, and an in-process MTP drafter adds its one read of the drafts. Uploads of drafts, sampling
+    parameters, forced acceptance and hidden-row indices go through pinned memory and wait for nothing."""
     from specdec.bench.sync_sites import site, synchronising_stacks
     from specdec.models.loader import load_model
     from verifier_service.forced_acceptance import ForcedAcceptance

@@ -53,4 +53,3 @@ def launched_sample(logits: torch.Tensor, sampled: list[ScheduledSeq], drafts: t
     tokens, accepted, _ = speculative_sample(processed, logits.argmax(-1), None, drafts, num_drafts, cu_rows,
                                              greedy, torch.zeros_like(greedy), seeds, offsets, forced_accepts)
     return tokens, accepted
-
