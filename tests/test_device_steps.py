@@ -1,7 +1,8 @@
 """Device steps with a drafter service (drafter.proto DeviceStep; verifier_service/device_exchange.py): the verifier
 overlaps steps with a remote MTP drafter too, the step's rows and the drafts going through registered buffers
 (shared memory here, on a CPU; CUDA IPC with interprocess events on a GPU). Greedy output must equal plain decoding
-with the drafter killed, slow, misbehaving or replaced, and a malformed device step is refused whole."""
+with the drafter killed, slow, misbehaving or replaced (seeded sampled output too), and a malformed device step is
+refused whole."""
 import logging
 import time
 
@@ -57,6 +58,25 @@ def wait(predicate, timeout=30.0):
 
 def serve_mtp(**config):
     return start_drafter(DrafterConfig("mtp", K, demo_model_dir(), block_size=4, **config), "127.0.0.1", 0)
+
+
+def test_sampled_requests_through_a_drafter_service_overlap_and_stay_exact(demo):
+    """Temperature / top-k / top-p / min-p requests with the drafter service: device steps and overlapped steps
+    only, and the seeded output of plain decoding (the draws are keyed by output position)."""
+    from test_overlapped_drafts import sampled_requests, synchronous_verifies
+    loaded, requests, _ = demo
+    sampled = sampled_requests([prompt for prompt, _ in requests.values()], [40, 9, 33, 27, 45, 21])
+    expected = run(make_engine(loaded, overlap=False), sampled)
+    server = serve_mtp()
+    remote = link(loaded, server.port)
+    try:
+        engine = make_engine(loaded, remote, K)
+        synchronous = synchronous_verifies(engine)
+        assert run(engine, sampled) == expected
+        assert synchronous == [] and engine.overlapped_draft_steps > 10 and engine.stats.accepted > 0
+    finally:
+        remote.close()
+        server.stop()
 
 
 def test_a_drafter_service_drafts_on_the_device_like_the_in_process_head(demo):
