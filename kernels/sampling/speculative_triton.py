@@ -70,11 +70,9 @@ def _best_over_splits(f_ptr, i_ptr, num_splits, BLOCK_S: tl.constexpr):
 
 # Arguments whose values change from step to step (batch size, draft width, views into one upload buffer): not
 # specialised, so the kernel compiles once per mode (greedy / sampled / q / forced), not per batch or alignment.
-_PER_STEP = ["greedy_tokens_ptr", "drafts_ptr", "stride_d", "num_drafts_ptr", "cu_rows_ptr", "greedy_ptr",
-             "uses_q_ptr", "seeds_ptr", "offsets_ptr", "forced_ptr", "num_seqs", "max_drafts"]
-
-
-@triton.jit(do_not_specialize=_PER_STEP)
+@triton.jit(do_not_specialize=["greedy_tokens_ptr", "drafts_ptr", "stride_d", "num_drafts_ptr", "cu_rows_ptr",
+                               "greedy_ptr", "uses_q_ptr", "seeds_ptr", "offsets_ptr", "forced_ptr", "num_seqs",
+                               "max_drafts"])
 def _speculative_kernel(
         logits_ptr, stride_l, q_ptr, stride_q, greedy_tokens_ptr, drafts_ptr, stride_d, num_drafts_ptr,
         cu_rows_ptr, greedy_ptr, uses_q_ptr, seeds_ptr, offsets_ptr, forced_ptr,
