@@ -138,6 +138,32 @@ def test_a_penalised_request_switches_to_synchronous_steps_and_back(tiny_model):
     assert len(overlapped["s"][0]) == 4 and engine.runner.blocks.num_free == engine.runner.blocks.size
 
 
+def test_a_logprobs_request_takes_synchronous_steps_and_gets_every_logprob(tiny_model):
+    """logprobs are read per token on the host: while such a request runs, steps are synchronous; its tokens and
+    logprobs equal a synchronous engine's, and the sampled requests beside it keep their seeded tokens."""
+    requests = greedy_requests(tiny_model, [5, 9], [16, 16], temperature=0.8, seed=3)
+    asking = random_prompts([7], tiny_model.config.vocab_size, seed=9)[0]
+    outputs = []
+    for overlap in (True, False):
+        engine = make_engine(tiny_model, overlap=overlap)
+        calls, verify = [], engine._verify
+        engine._verify = lambda *a, **kw: calls.append(1) or verify(*a, **kw)
+        for rid, (prompt, params) in requests.items():
+            engine.add_request(rid, prompt, params)
+        engine.add_request("lp", asking, SamplingParams(max_tokens=5, temperature=0.9, seed=5, logprobs=2,
+                                                        ignore_eos=True))
+        got = {}
+        while engine.has_work:
+            for o in engine.step():
+                tokens, logprobs = got.get(o.request_id, ([], []))
+                got[o.request_id] = (tokens + o.new_token_ids, logprobs + (o.logprobs or []))
+        outputs.append(got)
+        assert calls
+    assert outputs[0] == outputs[1]
+    tokens, logprobs = outputs[0]["lp"]
+    assert len(tokens) == len(logprobs) == 5 and [lp.token_id for lp in logprobs] == tokens
+
+
 def test_sampled_requests_decode_in_overlapped_steps(tiny_model):
     """Temperature / top-k / top-p / min-p requests without penalties or logprobs never take a synchronous
     step; their seeded tokens equal the synchronous engine's (added mid-run, so offsets come from unread steps)."""
