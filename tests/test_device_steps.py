@@ -5,6 +5,7 @@ with the drafter killed, slow, misbehaving or replaced (seeded sampled output to
 refused whole."""
 import logging
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -60,6 +61,21 @@ def serve_mtp(**config):
     return start_drafter(DrafterConfig("mtp", K, demo_model_dir(), block_size=4, **config), "127.0.0.1", 0)
 
 
+@contextmanager
+def linked_service(loaded, timeout_s=10.0, transport="auto", **config):
+    """An MTP drafter service in this process (`config`: its DrafterConfig fields) and a RemoteDrafter linked to
+    it; both stopped after."""
+    server = serve_mtp(**config)
+    try:
+        remote = link(loaded, server.port, timeout_s, transport)
+        try:
+            yield remote
+        finally:
+            remote.close()
+    finally:
+        server.stop()
+
+
 def test_sampled_requests_through_a_drafter_service_overlap_and_stay_exact(demo):
     """Temperature / top-k / top-p / min-p requests with the drafter service: device steps and overlapped steps
     only, and the seeded output of plain decoding (the draws are keyed by output position)."""
@@ -67,23 +83,16 @@ def test_sampled_requests_through_a_drafter_service_overlap_and_stay_exact(demo)
     loaded, requests, _ = demo
     sampled = sampled_requests([prompt for prompt, _ in requests.values()], [40, 9, 33, 27, 45, 21])
     expected = run(make_engine(loaded, overlap=False), sampled)
-    server = serve_mtp()
-    remote = link(loaded, server.port)
-    try:
+    with linked_service(loaded) as remote:
         engine = make_engine(loaded, remote, K)
         synchronous = synchronous_verifies(engine)
         assert run(engine, sampled) == expected
         assert synchronous == [] and engine.overlapped_draft_steps > 10 and engine.stats.accepted > 0
-    finally:
-        remote.close()
-        server.stop()
 
 
 def test_a_drafter_service_drafts_on_the_device_like_the_in_process_head(demo):
     loaded, requests, expected = demo
-    server = serve_mtp()
-    remote = link(loaded, server.port)
-    try:
+    with linked_service(loaded) as remote:
         assert remote.drafts_on_device and remote.transport_name == "shm"
         engine = make_engine(loaded, remote, K)
         log = verify_log(engine)
@@ -94,9 +103,6 @@ def test_a_drafter_service_drafts_on_the_device_like_the_in_process_head(demo):
         run(in_process, requests)
         assert log == in_process_log   # the same drafts verified at the same points: the same MTP head's
         assert engine.stats.accepted == in_process.stats.accepted > 0
-    finally:
-        remote.close()
-        server.stop()
 
 
 def test_a_drafter_killed_and_replaced_mid_stream(demo, caplog):
@@ -138,8 +144,6 @@ def test_a_drafter_killed_and_replaced_mid_stream(demo, caplog):
 def test_a_slow_drafter_is_a_failed_step_and_the_link_comes_back(demo, monkeypatch):
     from drafter_service.mtp.mtp_drafter import MTPDrafter
     loaded, requests, expected = demo
-    server = serve_mtp()   # in this process: its MTPDrafter is the patched class
-    remote = link(loaded, server.port, timeout_s=0.3)
     calls, real = [], MTPDrafter.draft_on_device
 
     def slow(self, step):
@@ -148,40 +152,28 @@ def test_a_slow_drafter_is_a_failed_step_and_the_link_comes_back(demo, monkeypat
             time.sleep(0.6)   # past the verifier's step timeout
         return real(self, step)
     monkeypatch.setattr(MTPDrafter, "draft_on_device", slow)
-    try:
+    with linked_service(loaded, timeout_s=0.3) as remote:   # in this process: its MTPDrafter is the patched class
         engine = make_engine(loaded, remote, K)
         assert run(engine, requests) == expected
         assert engine.fallback_steps > 0 and len(calls) > 5 and engine.overlapped_draft_steps > 5
-    finally:
-        remote.close()
-        server.stop()
 
 
 def test_a_drafter_counting_tokens_takes_no_device_steps(demo, tmp_path):
     """Counting the served tokens needs them on the drafter's host: such a drafter offers no device steps, and
     the verifier's steps with it are synchronous."""
     loaded, requests, expected = demo
-    server = serve_mtp(count_tokens=str(tmp_path / "counts.json"), vocab_size=loaded.config.vocab_size)
-    remote = link(loaded, server.port)
-    try:
+    with linked_service(loaded, count_tokens=str(tmp_path / "counts.json"), vocab_size=loaded.config.vocab_size) \
+            as remote:
         assert not remote.drafts_on_device
         engine = make_engine(loaded, remote, K)
         assert run(engine, requests) == expected
         assert engine.overlapped_draft_steps == 0 and engine.stats.accepted > 0
-    finally:
-        remote.close()
-        server.stop()
 
 
 def test_an_inline_link_takes_no_device_steps(demo):
     loaded, requests, _ = demo
-    server = serve_mtp()
-    remote = link(loaded, server.port, transport="inline")
-    try:
+    with linked_service(loaded, transport="inline") as remote:
         assert remote.transport_name == "inline" and not remote.drafts_on_device
-    finally:
-        remote.close()
-        server.stop()
 
 
 class Misbehaving(DeviceReferenceDrafter):
