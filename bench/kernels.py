@@ -83,14 +83,31 @@ def fla_fused_recurrent():
         return None
 
 
+GDN_CONFIGS = ((16, 1, True), (32, 2, True), (32, 2, False))   # (BV, warps, pipelined loop): launch_config's
+
+
+def config_name(config) -> str:
+    bv, warps, pipeline = config
+    return f"BV={bv} w{warps} {'pipelined' if pipeline else 'loop'}"
+
+
 def gdn_rows(shape, batch, k, device, copy_bw, accepted: int) -> list[dict]:
-    from kernels.gated_delta_rule.fused_recurrent import SAVE_NONE, gated_delta_rule_triton
+    from kernels.gated_delta_rule.fused_recurrent import SAVE_NONE, gated_delta_rule_triton, launch_config
     rows, n = [], k + 1
     section = "gdn-verify" if k else "gdn-decode"
     c = GDNCase(shape, batch, n, k, device, 1 + max(k, 1))
     case = f"b{batch} n{n}"
+    chosen = launch_config(batch, n)
     ms, mode = time_ms(lambda: gated_delta_rule_triton(*c.gdn_args), device)
-    rows.append(row(section, case, "ours: write 1+k states", ms, mode, c.state_bytes(2 + k) + c.token_bytes(), copy_bw))
+    rows.append(row(section, case, "ours: write 1+k states", ms, mode, c.state_bytes(2 + k) + c.token_bytes(), copy_bw,
+                    note=config_name(chosen)))
+    for config in GDN_CONFIGS:
+        if config != chosen:
+            bv, warps, pipeline = config
+            ms, mode = time_ms(lambda: gated_delta_rule_triton(*c.gdn_args, block_v=bv, num_warps=warps,
+                                                               pipeline=pipeline), device)
+            rows.append(row(section, case, f"ours {config_name(config)}", ms, mode,
+                            c.state_bytes(2 + k) + c.token_bytes(), copy_bw))
     if k:
         none_ms, mode = time_ms(lambda: gated_delta_rule_triton(*c.gdn_args, save=SAVE_NONE), device)
         commit = GDNCase(shape, batch, accepted, 0, device, 1 + k)
@@ -99,13 +116,10 @@ def gdn_rows(shape, batch, k, device, copy_bw, accepted: int) -> list[dict]:
         rows.append(row(section, case, f"ours: no state + commit of {accepted}", none_ms + commit_ms, mode, moved,
                         copy_bw, note=f"verify {none_ms:.4f} + commit {commit_ms:.4f}"))
         deferred = GDNCase(shape, batch, accepted + n, 0, device, 1 + k)   # rerun last step's accepted + this step
-        ms, mode = time_ms(lambda: gated_delta_rule_triton(*deferred.gdn_args), device)
+        ms, mode = time_ms(lambda: gated_delta_rule_triton(*deferred.gdn_args, block_v=16, num_warps=1,
+                                                           pipeline=True), device)
         rows.append(row(section, case, f"ours: deferred commit ({accepted}+{n} tokens, 1 state)", ms, mode,
-                        deferred.state_bytes(2) + deferred.token_bytes(), copy_bw))
-    for bv in (16, 32):
-        ms, mode = time_ms(lambda: gated_delta_rule_triton(*c.gdn_args, block_v=bv, num_warps=2 if bv == 16 else 4),
-                           device)
-        rows.append(row(section, case, f"ours BV={bv}", ms, mode, c.state_bytes(2 + k) + c.token_bytes(), copy_bw))
+                        deferred.state_bytes(2) + deferred.token_bytes(), copy_bw, note=config_name((16, 1, True))))
     fla = fla_fused_recurrent()
     if fla is not None and device.type == "cuda":
         h0 = c.state[: batch, 0].contiguous()

@@ -3,7 +3,8 @@
 1. prefill steps (eager): N prompts x L tokens in one step, wall ms and prompt tokens/s, then a profile of one
 2. engine steps at batch 1 and 16, plain and MTP k = 3 at forced acceptance 3.39: wall per step, the engine's
    phases, and the profiler's top host (self CPU) and GPU entries.
-Run from bench/ on the GPU machine: python3 profile_steps.py [--out DIR]
+Run on the GPU machine: PYTHONPATH=$PWD:$PWD/bench python3 -P bench/profile_steps.py [--out DIR] (-P: bench/kernels.py
+would shadow the kernels package)
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from specdec.sampling_params import SamplingParams
 from verifier_service.model_runner import ModelRunner
 from verifier_service.sequence import Sequence
 
-PREFILL_CASES = ((1, 128), (4, 128), (16, 128), (1, 512), (4, 512), (1, 2048))
+PREFILL_CASES = ((1, 128), (4, 128), (16, 128), (1, 512), (4, 512), (1, 2048), (2, 2048), (1, 4096))
 ACTIVITIES = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
 SORT = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
 
@@ -82,7 +83,7 @@ def sync_sites(engine, steps: int = 3) -> dict[str, float]:
 
 def launch_timers(engine) -> dict[str, list[float]]:
     """Host ms of the parts of an overlapped step's launch and read (wrapped in place), per call."""
-    import verifier_service.engine as engine_module
+    import verifier_service.overlapped_steps as steps_module
     from verifier_service.in_flight import InFlightStep
     times: dict[str, list[float]] = {}
 
@@ -98,9 +99,9 @@ def launch_timers(engine) -> dict[str, list[float]]:
         setattr(owner, name, timed)
     wrap(engine.runner, "forward", "runner.forward")
     wrap(engine.runner.graphs.staging if engine.runner.graphs else engine.runner.staging, "stage", "  staging")
-    wrap(engine_module, "ChainedInputs", "chained inputs")
-    wrap(engine_module, "launch_verdict", "launch verdict")
-    wrap(engine, "_draft_on_device", "drafter (on device)")
+    wrap(steps_module, "ChainedInputs", "chained inputs")
+    wrap(steps_module, "launch_verdict", "launch verdict")
+    wrap(engine, "_ask_drafts", "drafter (asked)")
     wrap(InFlightStep, "launch", "in-flight launch (host copy)")
     wrap(engine, "_launch", "LAUNCH (all)")
     wrap(engine, "_finish_in_flight", "READ (all)")
@@ -149,6 +150,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default=None)
     parser.add_argument("--skip-prefill", action="store_true")
+    parser.add_argument("--skip-engine", action="store_true", help="the prefill table only")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (checks the script runs)")
     args = parser.parse_args()
     device = torch.device("cpu" if args.smoke else "cuda")
@@ -157,9 +159,11 @@ def main() -> None:
               prefill_table(loaded, device, PREFILL_CASES[:2] if args.smoke else PREFILL_CASES)}
     loaded.mtp_weights = random_mtp_weights(loaded, device)
     bench = InprocBench(loaded, device)
-    record["engine"] = [engine_steps(bench, Workload("inproc", d, c, 32 if args.smoke else 128, 60 if args.smoke else 200, forced_length=f))
-                        for c in (1, 16) for d, f in (("none", None), ("mtp", 3.39))]
+    workloads = [Workload("inproc", d, c, 32 if args.smoke else 128, 60 if args.smoke else 200, forced_length=f)
+                 for c in (1, 16) for d, f in (("none", None), ("mtp", 3.39))]
+    record["engine"] = [] if args.skip_engine else [engine_steps(bench, w) for w in workloads]
     if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
         Path(args.out, "profile_steps.json").write_text(json.dumps(record, indent=1))
 
 

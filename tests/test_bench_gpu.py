@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from specdec.bench import checks
+from specdec.bench.workloads import PATHS, STACK_PATHS
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 
@@ -26,7 +27,7 @@ def record(tmp_path_factory):
 
 def test_gpu_run_is_complete_and_consistent(record):
     assert record["device"]["kind"] == "cuda" and record["problems"] == [] and record["skipped"] == []
-    assert {r["workload"]["path"] for r in record["results"]} == {"inproc", "gateway", "peer"}
+    assert {r["workload"]["path"] for r in record["results"]} == set(PATHS)
     for r in record["results"]:
         for key, value in checks.numbers({"m": r["metrics"], "b": r["bandwidth"]}):
             assert value > 0 or key.rsplit(".", 1)[-1] in checks.ZERO_OK, (r["name"], key, value)
@@ -40,7 +41,9 @@ def test_cuda_figures(record):
     assert p["host_syncs_per_step"] > 0 and 0 < p["gpu_busy_fraction"] <= 1
     for r in record["results"]:
         memory = r["metrics"]["memory"]
-        if r["workload"]["path"] == "gateway":
-            assert memory["verifier_gpu_mib"] > 0 and memory["drafter_gpu_mib"] > 0
+        if r["workload"]["path"] in STACK_PATHS:   # per process; colocated runs no drafter process
+            assert memory["verifier_gpu_mib"] > 0
+            if r["workload"]["path"] == "gateway" and r["workload"]["drafter"] != "none":
+                assert memory["drafter_gpu_mib"] > 0
         else:
             assert memory["weights_mib"] > 0 and memory["workload_peak_mib"] > 0

@@ -70,15 +70,16 @@ def interpreted():
 
 
 @pytest.mark.parametrize("name", list(CASES))
-@pytest.mark.parametrize("block_v", [8, 16, 32])  # 32: the default, a partial last block at V = 40
-def test_triton_interpreter_matches_reference(interpreted, name, block_v):
+@pytest.mark.parametrize("block_v", [8, 16, 32])  # 32: a partial last block at V = 40
+@pytest.mark.parametrize("pipeline", [False, True], ids=["loop", "pipelined"])
+def test_triton_interpreter_matches_reference(interpreted, name, block_v, pipeline):
     case = CASES[name]
     q, k, v, a, b, A_log, dt_bias, state = make_inputs(case, seed=5)
     ref_state = state.clone()
     want = gated_delta_rule_ref(q, k, v, a, b, A_log, dt_bias, ref_state, *case.tensors(), case.max_seqlen)
     out = torch.full_like(want, NAN)
     interpreted.gated_delta_rule_triton(q, k, v, a, b, A_log, dt_bias, state, *case.tensors(), case.max_seqlen,
-                                        block_v=block_v, out=out)
+                                        block_v=block_v, pipeline=pipeline, out=out)
     real = case.real_token_mask()
     torch.testing.assert_close(out[real], want[real], atol=1e-5, rtol=1e-4)
     assert_state_equal(state, ref_state, atol=1e-5)
@@ -101,8 +102,11 @@ def test_triton_save_none_writes_no_state(interpreted):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(GPU_CASES))
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_gpu_kernel_matches_reference_4b_shape(name, dtype):
+@pytest.mark.parametrize("dtype,config", [  # every launch_config choice in fp32; bf16 as the engine picks
+    (torch.float32, None), (torch.float32, (16, 1, True)), (torch.float32, (16, 1, False)),
+    (torch.float32, (32, 2, False)), (torch.bfloat16, None)],
+    ids=["fp32-auto", "fp32-bv16w1-pipelined", "fp32-bv16w1", "fp32-bv32w2", "bf16-auto"])
+def test_gpu_kernel_matches_reference_4b_shape(name, dtype, config):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     case = GPU_CASES[name]
@@ -110,7 +114,13 @@ def test_gpu_kernel_matches_reference_4b_shape(name, dtype):
     q, k, v, a, b, A_log, dt_bias, state = inputs
     ref_state = state.clone()
     want = gated_delta_rule_ref(q, k, v, a, b, A_log, dt_bias, ref_state, *case.tensors("cuda"), case.max_seqlen)
-    out = gated_delta_rule(q, k, v, a, b, A_log, dt_bias, state, *case.tensors("cuda"), case.max_seqlen)
+    if config is None:
+        out = gated_delta_rule(q, k, v, a, b, A_log, dt_bias, state, *case.tensors("cuda"), case.max_seqlen)
+    else:
+        from kernels.gated_delta_rule.fused_recurrent import gated_delta_rule_triton
+        bv, warps, pipeline = config
+        out = gated_delta_rule_triton(q, k, v, a, b, A_log, dt_bias, state, *case.tensors("cuda"), case.max_seqlen,
+                                      block_v=bv, num_warps=warps, pipeline=pipeline)
     real = case.real_token_mask().cuda()
     tol = dict(atol=2e-4, rtol=1e-3) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
     torch.testing.assert_close(out[real].float(), want[real].float(), **tol)

@@ -7,9 +7,11 @@ Qwen3-Next's fused in_proj_qkvz / in_proj_ba are split into these projections by
 one GEMM here (FusedLinear), their outputs read in place as column slices.
 Steps without drafts whose longest sequence has at least CHUNKED_PREFILL_MIN_TOKENS tokens run the chunked
 prefill kernel (fla-core's when installed); every other step the fused recurrent one. The threshold is measured
-(H100, 4B shape, 32 layers, whole eager prefill steps, `bench/profile_steps.py`): fla-core 0.6.0's chunk call
-costs about 2.5 ms of host time per layer, so the recurrent kernel wins up to 512-token sequences (1 x 512:
-35 vs 84 ms; 4 x 512: 55 vs 91 ms; 16 x 128: 57 vs 89 ms) and loses at 2048 (123 vs 59 ms).
+(H100, 4B shape, 32 layers, whole eager prefill steps, `bench/profile_steps.py`,
+bench/results/h100_2026-11-25/gdn/prefill_steps.log): fla-core 0.6.0's chunk call costs about 2.5 ms of host time
+per layer, so steps with it take 66-83 ms from 128 to 4096 tokens, while the pipelined recurrent kernel's grow
+with the longest sequence: 1 x 512: 24.5 vs 80.1 ms; 4 x 512: 41.8 vs 67.2 ms; 1 x 2048: 77.3 vs 66.1 ms;
+1 x 4096: 154.8 vs 82.7 ms. Linear between 512 and 2048, the two cross near 1800 tokens.
 """
 import torch
 from torch import nn
@@ -22,7 +24,7 @@ from .fused_linear import FusedLinear
 from .model_config import ModelConfig
 from .norms import GatedRMSNorm
 
-CHUNKED_PREFILL_MIN_TOKENS = 1024  # between the measured 512 (recurrent wins) and 2048 (chunked wins)
+CHUNKED_PREFILL_MIN_TOKENS = 1536  # below the interpolated crossing (~1800), above the measured 512
 
 
 class GatedDeltaNet(nn.Module):
