@@ -3,10 +3,10 @@
     python bench/kernels.py [--out DIR] [--layers 32] [--batches 1 8 32 64] [-k 3]
 
 Sections (rows: milliseconds per call, GB/s, fraction of the device-copy roofline measured in the same run):
-  gdn-verify / gdn-decode  our fused recurrent kernel (slot-writing: 1 + k states written) vs the same kernel
-                           writing no state + a commit pass over the accepted tokens (the recompute design,
-                           bench/gdn_state_traffic.md), vs fla-core fused_recurrent (final state only), vs the
-                           torch reference; b1/8/32/64
+  gdn-verify / gdn-decode  our fused recurrent kernel (deferred commit: a verify replays the last step's
+                           --accepted drafts, runs its 1 + k tokens, writes one state; bench/gdn_state_traffic.md)
+                           at its launch shape and the other shapes, vs fla-core fused_recurrent for the same
+                           1 + k tokens (final state only), vs the torch reference; --batches
   gdn-prefill              our recurrent kernel vs fla-core chunk vs the torch reference
   conv-verify / conv-prefill  our causal conv1d kernel vs the torch reference
   sampling                 the one-launch speculative sampler vs the torch path (greedy, coupled, q rows; CUDA
@@ -39,9 +39,10 @@ SHAPE_SMOKE = dict(hk=2, hv=4, dk=24, dv=40, width=4)
 
 
 class GDNCase:
-    """Random inputs for B sequences of n tokens (the last d are drafts) at one shape."""
+    """Random inputs for B sequences of n tokens (the last d are drafts), each replaying `replayed` drafts of its
+    last step from a pending ring sized for `max_drafts`, at one shape."""
 
-    def __init__(self, shape: dict, batch: int, n: int, drafts: int, device, slots_per_seq: int):
+    def __init__(self, shape: dict, batch: int, n: int, drafts: int, device, replayed: int = 0, max_drafts: int = 3):
         self.shape, self.batch, self.n, self.drafts = shape, batch, n, drafts
         hk, hv, dk, dv = shape["hk"], shape["hv"], shape["dk"], shape["dv"]
         t, bf16 = batch * n, torch.bfloat16
@@ -51,11 +52,14 @@ class GDNCase:
         self.a, self.b = torch.randn(t, hv, device=device, dtype=bf16), torch.randn(t, hv, device=device, dtype=bf16)
         self.A_log = torch.rand(hv, device=device).to(bf16)
         self.dt_bias = torch.randn(hv, device=device).to(bf16)
-        self.state = torch.randn(batch + 1, slots_per_seq, hv, dk, dv, device=device) * 0.1
+        self.state = torch.randn(batch + 1, hv, dk, dv, device=device) * 0.1
+        self.pending = torch.randn(batch + 1, 2 * (1 + max_drafts), hk * dk + hv * (dv + 2), device=device,
+                                   dtype=bf16)
         i32 = dict(dtype=torch.int32, device=device)
         self.cu = torch.arange(0, t + 1, n, **i32)
-        self.slots, self.offsets = torch.arange(batch, **i32), torch.zeros(batch, **i32)
+        self.slots, self.offsets = torch.arange(batch, **i32), torch.full((batch,), replayed, **i32)
         self.num_drafts = torch.full((batch,), drafts, **i32)
+        self.positions = (100 + torch.arange(n, device=device)).repeat(batch)
         self.x = mixed  # conv input [T, C] (C = 2·HK·K + HV·V)
         self.conv_w = torch.randn(mixed.shape[1], shape["width"], device=device, dtype=bf16)
         self.conv_state = torch.randn(batch + 1, mixed.shape[1], shape["width"] - 1 + drafts, device=device,
@@ -63,8 +67,8 @@ class GDNCase:
 
     @property
     def gdn_args(self):
-        return (self.q, self.k, self.v, self.a, self.b, self.A_log, self.dt_bias, self.state, self.cu, self.slots,
-                self.offsets, self.num_drafts, self.n)
+        return (self.q, self.k, self.v, self.a, self.b, self.A_log, self.dt_bias, self.state, self.pending, self.cu,
+                self.slots, self.offsets, self.num_drafts, self.positions, self.n)
 
     def state_bytes(self, copies: int) -> int:
         s = self.shape
@@ -83,7 +87,7 @@ def fla_fused_recurrent():
         return None
 
 
-GDN_CONFIGS = ((16, 1, True), (32, 2, True), (32, 2, False))   # (BV, warps, pipelined loop): launch_config's
+GDN_CONFIGS = ((16, 1, True), (16, 1, False), (32, 2, False))   # (BV, warps, pipelined): launch_config's choices
 
 
 def config_name(config) -> str:
@@ -92,53 +96,41 @@ def config_name(config) -> str:
 
 
 def gdn_rows(shape, batch, k, device, copy_bw, accepted: int) -> list[dict]:
-    from kernels.gated_delta_rule.fused_recurrent import SAVE_NONE, gated_delta_rule_triton, launch_config
+    """Our kernel at its launch shape and the others (a verify replays `accepted` drafts of the last step first:
+    the deferred commit), fla-core's for the same new tokens, the torch reference."""
+    from kernels.gated_delta_rule.fused_recurrent import gated_delta_rule_triton, launch_config
     rows, n = [], k + 1
     section = "gdn-verify" if k else "gdn-decode"
-    c = GDNCase(shape, batch, n, k, device, 1 + max(k, 1))
+    replayed = accepted if k else 0
+    c = GDNCase(shape, batch, n, k, device, replayed=replayed, max_drafts=k)
     case = f"b{batch} n{n}"
-    chosen = launch_config(batch, n)
-    ms, mode = time_ms(lambda: gated_delta_rule_triton(*c.gdn_args), device)
-    rows.append(row(section, case, "ours: write 1+k states", ms, mode, c.state_bytes(2 + k) + c.token_bytes(), copy_bw,
-                    note=config_name(chosen)))
-    for config in GDN_CONFIGS:
-        if config != chosen:
-            bv, warps, pipeline = config
-            ms, mode = time_ms(lambda: gated_delta_rule_triton(*c.gdn_args, block_v=bv, num_warps=warps,
-                                                               pipeline=pipeline), device)
-            rows.append(row(section, case, f"ours {config_name(config)}", ms, mode,
-                            c.state_bytes(2 + k) + c.token_bytes(), copy_bw))
-    if k:
-        none_ms, mode = time_ms(lambda: gated_delta_rule_triton(*c.gdn_args, save=SAVE_NONE), device)
-        commit = GDNCase(shape, batch, accepted, 0, device, 1 + k)
-        commit_ms, _ = time_ms(lambda: gated_delta_rule_triton(*commit.gdn_args), device)
-        moved = c.state_bytes(1) + c.token_bytes() + commit.state_bytes(2) + commit.token_bytes()
-        rows.append(row(section, case, f"ours: no state + commit of {accepted}", none_ms + commit_ms, mode, moved,
-                        copy_bw, note=f"verify {none_ms:.4f} + commit {commit_ms:.4f}"))
-        deferred = GDNCase(shape, batch, accepted + n, 0, device, 1 + k)   # rerun last step's accepted + this step
-        ms, mode = time_ms(lambda: gated_delta_rule_triton(*deferred.gdn_args, block_v=16, num_warps=1,
-                                                           pipeline=True), device)
-        rows.append(row(section, case, f"ours: deferred commit ({accepted}+{n} tokens, 1 state)", ms, mode,
-                        deferred.state_bytes(2) + deferred.token_bytes(), copy_bw, note=config_name((16, 1, True))))
+    label = f"ours: {replayed} replayed + {n} tokens, 1 state" if k else "ours"
+    moved = c.state_bytes(2) + c.token_bytes()
+    chosen = launch_config(batch, n + k)   # what the wrapper picks: the step's tokens + the drafts it may replay
+    for config in (None,) + tuple(x for x in GDN_CONFIGS if x != chosen):
+        kw = {} if config is None else dict(zip(("block_v", "num_warps", "pipeline"), config))
+        ms, mode = time_ms(lambda: gated_delta_rule_triton(*c.gdn_args, **kw), device)
+        rows.append(row(section, case, label if config is None else f"ours {config_name(config)}", ms, mode, moved,
+                        copy_bw, note=config_name(chosen) if config is None else ""))
     fla = fla_fused_recurrent()
     if fla is not None and device.type == "cuda":
-        h0 = c.state[: batch, 0].contiguous()
+        h0 = c.state[:batch].contiguous()                      # [B, HV, K, V]
         q4, k4, v4 = (x.contiguous()[None] for x in (c.q, c.k, c.v))
         g, beta = gdn_gating(c.a, c.b, c.A_log, c.dt_bias)
         cu = c.cu.long()
         run = lambda: fla(q4, k4, v4, g[None], beta=beta[None], initial_state=h0,  # noqa: E731
                           output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
         ms, mode = time_ms(run, device)
-        rows.append(row(section, case, "fla fused_recurrent (final state)", ms, mode,
+        rows.append(row(section, case, f"fla fused_recurrent ({n} tokens, final state)", ms, mode,
                         c.state_bytes(2) + c.token_bytes(), copy_bw, note="g, beta precomputed"))
     ms, mode = time_ms(lambda: gated_delta_rule_ref(*c.gdn_args), device, reps=3)
-    rows.append(row(section, case, "torch reference", ms, mode, c.state_bytes(2 + k) + c.token_bytes(), copy_bw))
+    rows.append(row(section, case, "torch reference", ms, mode, moved, copy_bw))
     return rows
 
 
 def conv_rows(shape, batch, n, drafts, device, copy_bw, section) -> list[dict]:
     from kernels.causal_conv1d.triton_conv import causal_conv1d_triton
-    c = GDNCase(shape, batch, n, drafts, device, 1)
+    c = GDNCase(shape, batch, n, drafts, device)
     args = (c.x, c.conv_w, c.conv_state, c.cu, c.slots, c.offsets, c.num_drafts, n)
     moved = 2 * c.x.numel() * 2 + c.conv_w.numel() * 2 + batch * c.x.shape[1] * (2 * shape["width"] - 2 + drafts) * 2
     rows = []
@@ -152,7 +144,7 @@ def conv_rows(shape, batch, n, drafts, device, copy_bw, section) -> list[dict]:
 def prefill_rows(shape, batch, tokens, device, copy_bw) -> list[dict]:
     from kernels.gated_delta_rule.chunk import chunk_gated_delta_rule_fla, fla_chunk_kernel
     from kernels.gated_delta_rule.fused_recurrent import gated_delta_rule_triton
-    c = GDNCase(shape, batch, tokens, 0, device, 1)
+    c = GDNCase(shape, batch, tokens, 0, device)
     moved = c.state_bytes(2) + c.token_bytes()
     case, rows = f"b{batch} x {tokens} tokens", []
     # Prefill runs eagerly in the engine, and fla's chunk kernel syncs with the host (a failed capture would
@@ -183,7 +175,7 @@ def main() -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
     p.add_argument("-k", "--num-drafts", type=int, default=3)
-    p.add_argument("--accepted", type=int, default=3, help="tokens the commit pass reruns (recompute design)")
+    p.add_argument("--accepted", type=int, default=3, help="drafts of the last step a verify replays first")
     p.add_argument("--prefill-tokens", type=int, default=2048)
     p.add_argument("--layers", type=int, default=32, help="layers of the 4B-shaped model in the step section")
     p.add_argument("--context", type=int, default=256, help="tokens prefilled per sequence before the step")
@@ -191,6 +183,7 @@ def main() -> int:
     p.add_argument("--skip-kernels", action="store_true", help="the step and draft-loop sections only")
     p.add_argument("--skip-draft", action="store_true", help="no MTP draft-loop section")
     p.add_argument("--only-sampling", action="store_true", help="the sampling section only")
+    p.add_argument("--skip-sampling", action="store_true", help="no sampling section")
     p.add_argument("--smoke", action="store_true", help="tiny shapes: checks the script, not the speed")
     args = p.parse_args()
     device = torch.device(args.device)
@@ -210,7 +203,7 @@ def main() -> int:
         for n, section in ((1, "conv-decode"), (args.num_drafts + 1, "conv-verify")):
             guarded(rows, section, lambda: conv_rows(shape, batch, n, n - 1, device, copy_bw, section))
         print(f"kernels at b{batch} done", flush=True)
-    if not args.skip_kernels and (device.type == "cuda" or args.smoke):
+    if not (args.skip_kernels or args.skip_sampling) and (device.type == "cuda" or args.smoke):
         from sampling_bench import VOCAB_4B, sampling_rows
         vocab = 300 if args.smoke else VOCAB_4B
         for batch in args.batches:

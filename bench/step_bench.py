@@ -92,6 +92,8 @@ def step_rows(args, device: torch.device, copy_bw: float) -> list[dict]:
                             weight_bytes, copy_bw))
         for n, name in ((1, "decode"), (k + 1, f"verify k={k}")):
             chunks = [[7] * n for _ in group]
+            for s in group:   # a verify after one that accepted all k drafts (the GDN replays k), decode after none
+                s.gdn_read_offset = n - 1
             step = lambda: runner.forward(group, chunks, [n - 1] * batch, logits=[n] * batch)  # noqa: E731
             for mode_name, use in (("eager", None), ("graph", graphs)):
                 if mode_name == "graph" and use is None:

@@ -160,5 +160,5 @@ class DraftModelDrafter:
         src = torch.tensor(pairs, dtype=torch.long, device=self.device)
         dst = src + offset
         for recurrent, conv in zip(self.caches.gdn.recurrent, self.caches.gdn.conv):
-            recurrent[dst] = recurrent[src]  # [n, 1, HV, K, V]
+            recurrent[dst] = recurrent[src]  # [n, HV, K, V] (no pending drafts: this model steps with d = 0)
             conv[dst] = conv[src]            # [n, C, W - 1]

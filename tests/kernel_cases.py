@@ -40,6 +40,10 @@ class RaggedCase:
         for n in self.lens:
             cu.append(cu[-1] + n)
         self.cu_list = cu
+        # absolute positions: each real sequence starts past the drafts it replays (GDN), tail tokens at 0
+        starts = [off + int(torch.randint(0, 13, (1,), generator=g)) for off in self.offset_list]
+        self.start_list = starts
+        self.position_list = [starts[b] + i for b, n in enumerate(self.lens) for i in range(n)] + [0] * self.tail
 
     @property
     def num_tokens(self) -> int:
@@ -53,6 +57,9 @@ class RaggedCase:
         """(cu_seqlens, slots, read_offsets, num_drafts) as int32 device tensors."""
         as_i32 = lambda xs: torch.tensor(xs, dtype=torch.int32, device=device)  # noqa: E731
         return as_i32(self.cu_list), as_i32(self.slot_list), as_i32(self.offset_list), as_i32(self.drafts)
+
+    def positions(self, device="cpu") -> torch.Tensor:
+        return torch.tensor(self.position_list, dtype=torch.int64, device=device)
 
     def token_ranges(self):
         """(sequence index, flat token range) of the real sequences."""

@@ -54,15 +54,15 @@ def test_byte_model_matches_the_loaded_tensors(tmp_path, tied):
                                   dtype=torch.bfloat16)
     kv = sum(x.numel() * x.element_size() for x in caches.kv.k + caches.kv.v)
     assert t.kv_bytes_per_token == kv // ((3 + 1) * 4)  # + the scratch block padding tokens write
-    assert t.gdn_state_bytes == sum(r[0, 0].numel() * r.element_size() for r in caches.gdn.recurrent)
+    assert t.gdn_state_bytes == sum(r[0].numel() * r.element_size() for r in caches.gdn.recurrent)
     assert t.conv_bytes_per_column == sum(c[0, :, 0].numel() * c.element_size() for c in caches.gdn.conv)
 
 
 def test_step_bytes_and_utilisation():
     t = ModelTraffic(weight_bytes=1000, linear_shapes=((4, 4),), kv_bytes_per_token=10, gdn_state_bytes=100,
                      conv_bytes_per_column=1, conv_kernel=4, num_params=500)
-    # per sequence: KV read 50·10 + KV write (1+3)·10 + state (1 read + 4 writes)·100 + conv (2·3 + 3)·1
-    assert t.step_bytes(batch=2, mean_context=50, drafts=3, state_writes=4) == 1000 + 2 * (500 + 40 + 500 + 9)
+    # per sequence: KV read 50·10 + KV write (1+3)·10 + state (1 read + 1 write)·100 + conv (2·3 + 3)·1
+    assert t.step_bytes(batch=2, mean_context=50, drafts=3) == 1000 + 2 * (500 + 40 + 200 + 9)
     u = utilisation(2e9, 0.5, copy_gbs=8.0, chain_gbs=5.0)
     assert (u["achieved_gbs"], u["vs_copy"], u["vs_chain"]) == (4.0, 0.5, 0.8)
     assert utilisation(1.0, None, 1.0, 1.0)["vs_copy"] is None

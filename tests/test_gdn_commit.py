@@ -1,7 +1,10 @@
-"""After a verify step that accepts j of k drafts, the GDN state selected for the next step equals the state
-after feeding the same j+1 tokens one at a time (DESIGN §3.4)."""
+"""After a verify step that accepts j of k drafts, the GDN state the next step starts from (the kept state with the
+j accepted drafts replayed from the pending ring) equals the state after feeding the same j+1 tokens one at a time
+(DESIGN §3.4; the deferred commit of kernels/gated_delta_rule/reference.py)."""
 import pytest
 import torch
+
+from kernels.gated_delta_rule import gated_delta_rule
 
 from verifier_service.model_runner import ModelRunner
 from verifier_service.sequence import Sequence
@@ -32,10 +35,28 @@ def test_state_after_verify_equals_sequential(tiny_model, k, j):
     torch.testing.assert_close(verify_logits[: j + 1], torch.stack(step_logits), atol=1e-4, rtol=1e-5)
 
     width = tiny_model.config.linear_conv_kernel_dim - 1
-    for rec, conv, ref_rec, ref_conv in zip(runner.caches.gdn.recurrent, runner.caches.gdn.conv,
-                                            reference.caches.gdn.recurrent, reference.caches.gdn.conv):
-        assert torch.allclose(rec[seq.gdn_slot, j], ref_rec[ref_seq.gdn_slot, 0], atol=ATOL)
-        assert torch.allclose(conv[seq.gdn_slot, :, j:j + width], ref_conv[ref_seq.gdn_slot, :, :width], atol=ATOL)
+    caches, ref_caches = runner.caches.gdn, reference.caches.gdn
+    for i, layer in enumerate(gdn_layers(runner)):
+        next_step = len(prompt) + 1 + j                 # the position the next step starts at
+        committed = replay(layer, caches.recurrent[i].clone(), caches.pending[i], seq.gdn_slot, j, next_step)
+        assert torch.allclose(committed[seq.gdn_slot], ref_caches.recurrent[i][ref_seq.gdn_slot], atol=ATOL)
+        assert torch.allclose(caches.conv[i][seq.gdn_slot, :, j:j + width],
+                              ref_caches.conv[i][ref_seq.gdn_slot, :, :width], atol=ATOL)
+
+
+def gdn_layers(runner):
+    return [layer.linear_attn for layer in runner.model.layers if not layer.is_attention]
+
+
+def replay(layer, state, pending, slot, j, position):
+    """`state` with sequence `slot`'s j accepted drafts folded in: the replay pass of a one-token step at
+    `position` (the step's own token is not run)."""
+    hk, hv, dk, dv = layer.num_k_heads, layer.num_v_heads, layer.head_k, layer.head_v
+    i32 = lambda *x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
+    gated_delta_rule(torch.zeros(1, hk, dk), torch.zeros(1, hk, dk), torch.zeros(1, hv, dv), torch.zeros(1, hv),
+                     torch.zeros(1, hv), layer.A_log, layer.dt_bias, state, pending, i32(0, 1), i32(slot), i32(j),
+                     i32(0), torch.tensor([position]), 1, replay_only=True)
+    return state
 
 
 def test_next_step_reads_the_accepted_slot(tiny_model):

@@ -1,7 +1,9 @@
-"""Gated delta rule: the vectorised torch reference against a per-token loop written from the math, and the
-Triton kernel (TRITON_INTERPRET=1 on CPU; compiled on the GPU at the 4B shape) against the reference.
-Ragged batches with 0-length padding sequences, tail tokens, k = 0..4 drafts, read offsets, non-power-of-two
-head dims, outputs pre-filled with NaN and unused state slots poisoned with NaN."""
+"""Gated delta rule: the vectorised torch reference against a per-token loop written from the math (the deferred
+commit: replay the last step's accepted drafts from the pending ring, keep the state after the step's last
+non-draft token, stash the step's drafts), and the Triton kernel (TRITON_INTERPRET=1 on CPU; compiled on the GPU
+at the 4B shape) against the reference. Ragged batches with 0-length padding sequences, tail tokens, k = 0..4
+drafts, 0..k replayed drafts, non-power-of-two head dims, outputs pre-filled with NaN, ring entries a step must
+not read and the padding sequences' scratch state poisoned with NaN."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,6 +15,7 @@ NAN = float("nan")
 
 
 def make_inputs(case: RaggedCase, hk=2, hv=4, dk=24, dv=40, device="cpu", dtype=torch.float32, seed=0):
+    """(q, k, v, a, b, A_log, dt_bias, state, pending): the kernel's inputs before the ragged-batch tensors."""
     g = torch.Generator().manual_seed(seed)
     rand = lambda *s: torch.randn(*s, generator=g).to(device=device, dtype=dtype)  # noqa: E731
     t = case.num_tokens
@@ -22,46 +25,75 @@ def make_inputs(case: RaggedCase, hk=2, hv=4, dk=24, dv=40, device="cpu", dtype=
     ab = rand(t, 2 * hv)
     a, b = ab[:, :hv], ab[:, hv:]
     A_log, dt_bias = (torch.rand(hv, generator=g) * 2 - 1).to(device), rand(hv).float()
-    state = torch.randn(case.num_slots, 1 + case.max_drafts, hv, dk, dv, generator=g).to(device)
-    for b_idx, slot in enumerate(case.slot_list):      # slots a step must not read: NaN
+    state = torch.randn(case.num_slots, hv, dk, dv, generator=g).to(device)
+    state[case.num_slots - 1] = NAN                              # the scratch slot of padding sequences
+    ring = 2 * (1 + case.max_drafts)
+    pending = rand(case.num_slots, ring, hk * dk + hv * (dv + 2))
+    for b_idx, slot in enumerate(case.slot_list):                # ring entries a step must not read: NaN
         if case.lens[b_idx]:
-            for j in range(1 + case.max_drafts):
-                if j != case.offset_list[b_idx]:
-                    state[slot, j] = NAN
-    return q, k, v, a, b, A_log.to(dtype), dt_bias.to(dtype), state
+            start, j = case.start_list[b_idx], case.offset_list[b_idx]
+            for e in set(range(ring)) - {p % ring for p in range(start - j, start)}:
+                pending[slot, e] = NAN
+    return q, k, v, a, b, A_log, dt_bias.to(dtype), state, pending
 
 
-def loop_spec(q, k, v, a, b, A_log, dt_bias, state, case: RaggedCase):
-    """DESIGN §2 per token, one sequence at a time; returns (out for the real tokens, new state)."""
-    state = state.clone()
-    group = v.shape[1] // q.shape[1]
-    out = torch.zeros(case.num_tokens, v.shape[1], v.shape[2])
+def args_of(case: RaggedCase, device="cpu"):
+    """The ragged-batch arguments after `pending`: cu_seqlens, slots, read_offsets, num_drafts, positions,
+    max_seqlen."""
+    return (*case.tensors(device), case.positions(device), case.max_seqlen)
+
+
+def token_update(s, kt, vt, at, bt, A_log, dt_bias, group):
+    """One token of DESIGN §2 on one sequence's state [HV, K, V]."""
+    gt = -A_log.float().exp() * F.softplus(at.float() + dt_bias.float())
+    beta = torch.sigmoid(bt.float())
+    kt = F.normalize(kt.float(), dim=-1, eps=0).repeat_interleave(group, 0)
+    s = s * gt.exp()[:, None, None]
+    return s + kt[:, :, None] * (beta[:, None] * (vt.float() - torch.einsum("hkv,hk->hv", s, kt)))[:, None, :]
+
+
+def replayed(state, pending, A_log, dt_bias, case: RaggedCase, b_idx, hk, dk):
+    """Sequence b_idx's state after the drafts of its last step it accepted (ring entries start - j .. start - 1)."""
+    slot, j, start = case.slot_list[b_idx], case.offset_list[b_idx], case.start_list[b_idx]
+    hv, ring = A_log.shape[0], pending.shape[1]
+    dv = (pending.shape[2] - hk * dk) // hv - 2
+    s = state[slot].clone()
+    for p in range(start - j, start):
+        kr, vr, ar, br = pending[slot, p % ring].split([hk * dk, hv * dv, hv, hv])
+        s = token_update(s, kr.view(hk, dk), vr.view(hv, dv), ar, br, A_log, dt_bias, hv // hk)
+    return s
+
+
+def loop_spec(q, k, v, a, b, A_log, dt_bias, state, pending, case: RaggedCase):
+    """DESIGN §2 per token, one sequence at a time; returns (out for the real tokens, new state, new pending)."""
+    state, pending = state.clone(), pending.clone()
+    hk, dk, hv = q.shape[1], q.shape[2], v.shape[1]
+    group, ring = hv // hk, pending.shape[1]
+    out = torch.zeros(case.num_tokens, hv, v.shape[2])
     for b_idx, rows in case.token_ranges():
-        slot, d = case.slot_list[b_idx], case.drafts[b_idx]
-        s = state[slot, case.offset_list[b_idx]].clone()
+        slot, d, start = case.slot_list[b_idx], case.drafts[b_idx], case.start_list[b_idx]
+        s = replayed(state, pending, A_log, dt_bias, case, b_idx, hk, dk)
         for i, t in enumerate(rows):
-            gt = -A_log.float().exp() * F.softplus(a[t].float() + dt_bias.float())
-            beta = torch.sigmoid(b[t].float())
-            qt = F.normalize(q[t].float(), dim=-1, eps=0).repeat_interleave(group, 0) * q.shape[2] ** -0.5
-            kt = F.normalize(k[t].float(), dim=-1, eps=0).repeat_interleave(group, 0)
-            s = s * gt.exp()[:, None, None]
-            delta = beta[:, None] * (v[t].float() - torch.einsum("hkv,hk->hv", s, kt))
-            s = s + kt[:, :, None] * delta[:, None, :]
+            s = token_update(s, k[t], v[t], a[t], b[t], A_log, dt_bias, group)
+            qt = F.normalize(q[t].float(), dim=-1, eps=0).repeat_interleave(group, 0) * dk ** -0.5
             out[t] = torch.einsum("hkv,hk->hv", s, qt)
-            if i >= len(rows) - 1 - d:
-                state[slot, i - (len(rows) - 1 - d)] = s
-    return out, state
+            if i == len(rows) - 1 - d:
+                state[slot] = s                                               # the step's last non-draft token
+            if i > len(rows) - 1 - d:                                         # a draft: stashed at its position
+                pending[slot, (start + i) % ring] = torch.cat([k[t].flatten(), v[t].flatten(), a[t], b[t]])
+    return out, state, pending
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_reference_matches_the_per_token_loop(name):
     case = CASES[name]
-    q, k, v, a, b, A_log, dt_bias, state = make_inputs(case)
-    want_out, want_state = loop_spec(q, k, v, a, b, A_log, dt_bias, state, case)
-    out = gated_delta_rule_ref(q, k, v, a, b, A_log, dt_bias, state, *case.tensors(), case.max_seqlen)
+    q, k, v, a, b, A_log, dt_bias, state, pending = make_inputs(case)
+    want_out, want_state, want_pending = loop_spec(q, k, v, a, b, A_log, dt_bias, state, pending, case)
+    out = gated_delta_rule_ref(q, k, v, a, b, A_log, dt_bias, state, pending, *args_of(case))
     real = case.real_token_mask()
     torch.testing.assert_close(out[real], want_out[real], atol=1e-5, rtol=1e-4)
     assert_state_equal(state, want_state, atol=1e-5)
+    assert_state_equal(pending, want_pending, atol=0)
 
 
 @pytest.fixture(scope="module")
@@ -74,27 +106,37 @@ def interpreted():
 @pytest.mark.parametrize("pipeline", [False, True], ids=["loop", "pipelined"])
 def test_triton_interpreter_matches_reference(interpreted, name, block_v, pipeline):
     case = CASES[name]
-    q, k, v, a, b, A_log, dt_bias, state = make_inputs(case, seed=5)
-    ref_state = state.clone()
-    want = gated_delta_rule_ref(q, k, v, a, b, A_log, dt_bias, ref_state, *case.tensors(), case.max_seqlen)
+    q, k, v, a, b, A_log, dt_bias, state, pending = make_inputs(case, seed=5)
+    ref_state, ref_pending = state.clone(), pending.clone()
+    want = gated_delta_rule_ref(q, k, v, a, b, A_log, dt_bias, ref_state, ref_pending, *args_of(case))
     out = torch.full_like(want, NAN)
-    interpreted.gated_delta_rule_triton(q, k, v, a, b, A_log, dt_bias, state, *case.tensors(), case.max_seqlen,
+    interpreted.gated_delta_rule_triton(q, k, v, a, b, A_log, dt_bias, state, pending, *args_of(case),
                                         block_v=block_v, pipeline=pipeline, out=out)
     real = case.real_token_mask()
     torch.testing.assert_close(out[real], want[real], atol=1e-5, rtol=1e-4)
     assert_state_equal(state, ref_state, atol=1e-5)
+    assert_state_equal(pending, ref_pending, atol=0)
 
 
-def test_triton_save_none_writes_no_state(interpreted):
-    """The recompute-at-commit variant (benchmark only): same outputs, state untouched."""
-    case = CASES["verify-k0..4"]
-    q, k, v, a, b, A_log, dt_bias, state = make_inputs(case, seed=6)
-    before = state.clone()
-    want = gated_delta_rule_ref(q, k, v, a, b, A_log, dt_bias, state.clone(), *case.tensors(), case.max_seqlen)
-    out = interpreted.gated_delta_rule_triton(q, k, v, a, b, A_log, dt_bias, state, *case.tensors(),
-                                              case.max_seqlen, save=interpreted.SAVE_NONE)
-    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-4)
-    assert torch.equal(state.isnan(), before.isnan()) and torch.equal(state.nan_to_num(), before.nan_to_num())
+@pytest.mark.parametrize("pipeline", [False, True], ids=["loop", "pipelined"])
+def test_replay_only_folds_the_accepted_drafts_in(interpreted, pipeline):
+    """What the chunked prefill runs first: state[slot] becomes the state after the replayed drafts; no token runs,
+    nothing is stashed, the output is untouched."""
+    case = CASES["verify-padded"]
+    q, k, v, a, b, A_log, dt_bias, state, pending = make_inputs(case, seed=7)
+    before, want_state = pending.clone(), state.clone()
+    for b_idx, _ in case.token_ranges():
+        want_state[case.slot_list[b_idx]] = replayed(state, pending, A_log, dt_bias, case, b_idx, q.shape[1],
+                                                     q.shape[2])
+    ref_state = state.clone()
+    gated_delta_rule_ref(q, k, v, a, b, A_log, dt_bias, ref_state, pending.clone(), *args_of(case), replay_only=True)
+    assert_state_equal(ref_state, want_state, atol=1e-5)
+    out = torch.full((case.num_tokens, v.shape[1], v.shape[2]), NAN)
+    interpreted.gated_delta_rule_triton(q, k, v, a, b, A_log, dt_bias, state, pending, *args_of(case),
+                                        replay_only=True, pipeline=pipeline, out=out)
+    assert_state_equal(state, want_state, atol=1e-5)
+    assert_state_equal(pending, before, atol=0)
+    assert out.isnan().all()
 
 
 # ---- GPU, 4B shape: 16 key heads / 32 value heads × 128 ------------------------------------------------------
@@ -110,45 +152,50 @@ def test_gpu_kernel_matches_reference_4b_shape(name, dtype, config):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     case = GPU_CASES[name]
-    inputs = make_inputs(case, hk=16, hv=32, dk=128, dv=128, device="cuda", dtype=dtype)
-    q, k, v, a, b, A_log, dt_bias, state = inputs
-    ref_state = state.clone()
-    want = gated_delta_rule_ref(q, k, v, a, b, A_log, dt_bias, ref_state, *case.tensors("cuda"), case.max_seqlen)
+    q, k, v, a, b, A_log, dt_bias, state, pending = make_inputs(case, hk=16, hv=32, dk=128, dv=128, device="cuda",
+                                                                dtype=dtype)
+    ref_state, ref_pending = state.clone(), pending.clone()
+    want = gated_delta_rule_ref(q, k, v, a, b, A_log, dt_bias, ref_state, ref_pending, *args_of(case, "cuda"))
     if config is None:
-        out = gated_delta_rule(q, k, v, a, b, A_log, dt_bias, state, *case.tensors("cuda"), case.max_seqlen)
+        out = gated_delta_rule(q, k, v, a, b, A_log, dt_bias, state, pending, *args_of(case, "cuda"))
     else:
         from kernels.gated_delta_rule.fused_recurrent import gated_delta_rule_triton
         bv, warps, pipeline = config
-        out = gated_delta_rule_triton(q, k, v, a, b, A_log, dt_bias, state, *case.tensors("cuda"), case.max_seqlen,
+        out = gated_delta_rule_triton(q, k, v, a, b, A_log, dt_bias, state, pending, *args_of(case, "cuda"),
                                       block_v=bv, num_warps=warps, pipeline=pipeline)
     real = case.real_token_mask().cuda()
     tol = dict(atol=2e-4, rtol=1e-3) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
     torch.testing.assert_close(out[real].float(), want[real].float(), **tol)
     assert torch.equal(state.isnan(), ref_state.isnan())
     torch.testing.assert_close(state.nan_to_num(), ref_state.nan_to_num(), atol=1e-3, rtol=1e-3)
+    assert torch.equal(pending.isnan(), ref_pending.isnan())
+    assert torch.equal(pending.nan_to_num(), ref_pending.nan_to_num())
 
 
 @pytest.mark.gpu
 def test_gpu_fla_chunk_prefill_matches_reference():
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
+    from kernels.gated_delta_rule import gated_delta_rule_prefill
     from kernels.gated_delta_rule.chunk import chunk_gated_delta_rule_fla, fla_chunk_kernel
     if fla_chunk_kernel() is None:
         pytest.skip("fla-core not installed")
     case = RaggedCase([300, 17, 1, 129], [0, 0, 0, 0], 3, 5, seed=10)
-    q, k, v, a, b, A_log, dt_bias, state = make_inputs(case, hk=16, hv=32, dk=128, dv=128, device="cuda")
-    state = state.nan_to_num()  # fla reads only slot[read_offset] too, but keep its inputs finite
+    q, k, v, a, b, A_log, dt_bias, state, pending = make_inputs(case, hk=16, hv=32, dk=128, dv=128, device="cuda")
+    state, pending = state.nan_to_num(), pending.nan_to_num()   # keep fla's inputs finite
     ref_state = state.clone()
-    want = gated_delta_rule_ref(q, k, v, a, b, A_log, dt_bias, ref_state, *case.tensors("cuda"), case.max_seqlen)
-    tensors = case.tensors("cuda")
+    want = gated_delta_rule_ref(q, k, v, a, b, A_log, dt_bias, ref_state, pending.clone(), *args_of(case, "cuda"))
     before = state.clone()
-    out = chunk_gated_delta_rule_fla(q, k, v, a, b, A_log, dt_bias, state, *tensors, case.max_seqlen)
-    torch.testing.assert_close(out, want, atol=1e-2, rtol=1e-2)  # tf32 dots, chunked sums; a wrong slot is O(1)
+    # the engine's entry point: replayed drafts folded in first (the case replays 0..3 of them), then fla
+    out = gated_delta_rule_prefill(q, k, v, a, b, A_log, dt_bias, state, pending, *args_of(case, "cuda"))
+    torch.testing.assert_close(out, want, atol=1e-2, rtol=1e-2)  # tf32 dots, chunked sums; a wrong state is O(1)
     torch.testing.assert_close(state, ref_state, atol=1e-2, rtol=1e-2)
     # with the offsets from the host (the engine's path: no read-back), twice (the cached index): same results
+    tensors = case.tensors("cuda")
     for _ in range(2):
         again = before.clone()
-        out_host = chunk_gated_delta_rule_fla(q, k, v, a, b, A_log, dt_bias, again, *tensors, case.max_seqlen,
+        gated_delta_rule(q, k, v, a, b, A_log, dt_bias, again, pending, *args_of(case, "cuda"), replay_only=True)
+        out_host = chunk_gated_delta_rule_fla(q, k, v, a, b, A_log, dt_bias, again, pending, *args_of(case, "cuda"),
                                               cu_seqlens_host=tensors[0].cpu().numpy())
         torch.testing.assert_close(out_host, out, atol=1e-5, rtol=1e-5)  # a wrong index is O(1)
         torch.testing.assert_close(again, state, atol=1e-5, rtol=1e-5)

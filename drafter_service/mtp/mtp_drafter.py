@@ -79,7 +79,7 @@ class MTPDrafter:
         kv = KVCache(k=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)],
                      v=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)],
                      block_size=block_size)
-        caches = ModelCaches(kv=kv, gdn=GDNCache([], []), layer_slot={i: i for i in range(num_layers)})
+        caches = ModelCaches(kv=kv, gdn=GDNCache([], [], []), layer_slot={i: i for i in range(num_layers)})
         self.tables = SequenceTables(IdPool(num_blocks, "mtp kv blocks"), block_size,
                                      math.ceil(options.max_context / block_size))
         draft_vocab = None if options.draft_vocab is None else torch.as_tensor(options.draft_vocab)

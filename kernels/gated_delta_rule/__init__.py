@@ -1,10 +1,11 @@
 """Gated delta rule (DESIGN §2): public entry points, dispatched by device.
 
-    gated_delta_rule(q, k, v, a, b, A_log, dt_bias, state, cu_seqlens, slots, read_offsets, num_drafts,
-                     max_seqlen) -> [T, HV, V]
+    gated_delta_rule(q, k, v, a, b, A_log, dt_bias, state, pending, cu_seqlens, slots, read_offsets, num_drafts,
+                     positions, max_seqlen, *, replay_only=False) -> [T, HV, V]
 CUDA tensors run the Triton fused recurrent kernel (`fused_recurrent.py`), anything else the torch reference
-(`reference.py`). `gated_delta_rule_prefill` (same signature, steps without drafts only) runs fla-core's chunk
-kernel when it is installed and the tensors are on CUDA, else `gated_delta_rule`.
+(`reference.py`, which documents the state and the pending ring of drafts). `gated_delta_rule_prefill` (same
+signature, steps without drafts only) runs fla-core's chunk kernel when it is installed and the tensors are on
+CUDA, after folding the replayed drafts into the state, else `gated_delta_rule`.
 The Triton module is imported on first CUDA use, so tests can set TRITON_INTERPRET=1 before importing it.
 """
 import torch
@@ -12,24 +13,26 @@ import torch
 from .reference import gated_delta_rule_ref, gdn_gating, l2norm
 
 
-def gated_delta_rule(q, k, v, a, b, A_log, dt_bias, state, cu_seqlens, slots, read_offsets, num_drafts,
-                     max_seqlen: int) -> torch.Tensor:
+def gated_delta_rule(q, k, v, a, b, A_log, dt_bias, state, pending, cu_seqlens, slots, read_offsets, num_drafts,
+                     positions, max_seqlen: int, *, replay_only: bool = False) -> torch.Tensor:
+    args = (q, k, v, a, b, A_log, dt_bias, state, pending, cu_seqlens, slots, read_offsets, num_drafts, positions,
+            max_seqlen)
     if q.is_cuda:
         from .fused_recurrent import gated_delta_rule_triton
-        return gated_delta_rule_triton(q, k, v, a, b, A_log, dt_bias, state, cu_seqlens, slots, read_offsets,
-                                       num_drafts, max_seqlen)
-    return gated_delta_rule_ref(q, k, v, a, b, A_log, dt_bias, state, cu_seqlens, slots, read_offsets,
-                                num_drafts, max_seqlen)
+        return gated_delta_rule_triton(*args, replay_only=replay_only)
+    return gated_delta_rule_ref(*args, replay_only=replay_only)
 
 
-def gated_delta_rule_prefill(q, k, v, a, b, A_log, dt_bias, state, cu_seqlens, slots, read_offsets, num_drafts,
-                             max_seqlen: int, cu_seqlens_host=None) -> torch.Tensor:
+def gated_delta_rule_prefill(q, k, v, a, b, A_log, dt_bias, state, pending, cu_seqlens, slots, read_offsets,
+                             num_drafts, positions, max_seqlen: int, cu_seqlens_host=None) -> torch.Tensor:
     """For steps whose num_drafts are all 0 (the caller knows it on the host). `cu_seqlens_host`: cu_seqlens
     as a host array, when the caller has it (spares fla-core a read-back per call)."""
-    args = (q, k, v, a, b, A_log, dt_bias, state, cu_seqlens, slots, read_offsets, num_drafts, max_seqlen)
+    args = (q, k, v, a, b, A_log, dt_bias, state, pending, cu_seqlens, slots, read_offsets, num_drafts, positions,
+            max_seqlen)
     if q.is_cuda:
         from .chunk import chunk_gated_delta_rule_fla, fla_chunk_kernel
         if fla_chunk_kernel() is not None:
+            gated_delta_rule(*args, replay_only=True)   # fla starts from state[slot]: fold last step's drafts in
             return chunk_gated_delta_rule_fla(*args, cu_seqlens_host=cu_seqlens_host)
     return gated_delta_rule(*args)
 

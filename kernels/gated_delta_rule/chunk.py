@@ -1,9 +1,10 @@
 """Chunked gated delta rule for prefill: fla-core's `chunk_gated_delta_rule` when it is importable (an optional
 GPU dependency, `pip install fla-core`), else our fused recurrent kernel. Same signature as the reference.
 
-Only for steps without drafts (every num_drafts is 0): the chunk kernel yields the final state per sequence,
-not the per-draft states. Initial states are gathered from state[slot, read_offset], final states scattered to
-state[slot, 0], which is what the slot rule of the reference gives when d = 0.
+Only for steps without drafts (every num_drafts is 0), and after the drafts the step replays have been folded
+into state[slot] (`gated_delta_rule(..., replay_only=True)`, which `gated_delta_rule_prefill` runs first):
+initial states are gathered from state[slot], final states scattered back, which is what the reference gives
+when d = 0 (the state after the last token; nothing to stash).
 
 fla's varlen path derives chunk indices from cu_seqlens, reading them back from the device (a host sync) unless
 they come from the host, and caches what it derives per cu_seqlens TENSOR. Given the step's cu_seqlens on the
@@ -32,24 +33,25 @@ def fla_chunk_kernel():
 
 def chunk_gated_delta_rule_fla(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-    A_log: torch.Tensor, dt_bias: torch.Tensor, state: torch.Tensor, cu_seqlens: torch.Tensor,
-    slots: torch.Tensor, read_offsets: torch.Tensor, num_drafts: torch.Tensor, max_seqlen: int,
-    cu_seqlens_host: np.ndarray | None = None,
+    A_log: torch.Tensor, dt_bias: torch.Tensor, state: torch.Tensor, pending: torch.Tensor,
+    cu_seqlens: torch.Tensor, slots: torch.Tensor, read_offsets: torch.Tensor, num_drafts: torch.Tensor,
+    positions: torch.Tensor, max_seqlen: int, cu_seqlens_host: np.ndarray | None = None,
 ) -> torch.Tensor:
-    """Shapes as in `gated_delta_rule_ref`; needs fla-core and CUDA tensors. `cu_seqlens_host`: the same
-    offsets on the host (optional: without them fla reads them back from the device in every call)."""
+    """Shapes as in `gated_delta_rule_ref` (`pending`, `read_offsets`, `positions` unused: see above); needs
+    fla-core and CUDA tensors. `cu_seqlens_host`: the same offsets on the host (optional: without them fla reads
+    them back from the device in every call)."""
     chunk = fla_chunk_kernel()
     if chunk is None:
         raise RuntimeError("chunk_gated_delta_rule_fla needs fla-core (pip install fla-core)")
     g, beta = gdn_gating(a, b, A_log, dt_bias)                                  # [T, HV] fp32
-    slot, offset = slots.long(), read_offsets.long()
-    initial = state[slot, offset]                                               # [B, HV, K, V] fp32
+    slot = slots.long()
+    initial = state[slot]                                                       # [B, HV, K, V] fp32
     index = ({"cu_seqlens": cu_seqlens.long()} if cu_seqlens_host is None else
              fla_varlen_index(tuple(int(x) for x in cu_seqlens_host), cu_seqlens.device))
     o, final = chunk(q.contiguous()[None], k.contiguous()[None], v.contiguous()[None], g[None], beta[None],
                      scale=q.shape[-1] ** -0.5, initial_state=initial, output_final_state=True,
                      use_qk_l2norm_in_kernel=True, **index)
-    state[slot, torch.zeros_like(slot)] = final.float()
+    state[slot] = final.float()
     return o[0].to(v.dtype)
 
 

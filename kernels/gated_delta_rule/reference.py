@@ -1,4 +1,4 @@
-"""Pure-torch gated delta rule over a ragged batch, with speculative state slots.
+"""Pure-torch gated delta rule over a ragged batch, with the deferred commit of draft tokens.
 
 Math, per value head h and token t (state S is [K, V], fp32):
     g_t = -exp(A_log) * softplus(a_t + dt_bias)   beta_t = sigmoid(b_t)        # gating, fp32
@@ -9,18 +9,20 @@ Math, per value head h and token t (state S is [K, V], fp32):
     o_t = S^T q_t
 Key heads repeat to value heads: value head h reads key head h // (HV // HK).
 
-State slots (DESIGN §3.4): each sequence owns `state[slot]`, a group of 1 + max_drafts states. A sequence's
-step of n tokens whose last `d` are drafts starts from `state[slot, read_offset]` and writes the state after
-token n-1-d+i into `state[slot, i]` for i = 0..d. Plain decoding and prefill use d = 0, read_offset = 0.
-Sequences of length 0 (padding in a CUDA-graph bucket) change nothing.
-
-This reference loops over the max_seqlen token steps only (all sequences advance together, masked), and never
-reads a device value back to the host, so it also runs inside a CUDA graph.
+Deferred commit (bench/gdn_state_traffic.md, design C): each sequence owns one state, `state[slot]`, and a ring of
+R = 2 (1 + max_drafts) pending rows, `pending[slot]`, each the raw inputs of one draft token [k | v | a | b]
+(HK*K + HV*V + 2*HV values, the inputs' dtype), kept at its position mod R. A step of n tokens whose last d are
+drafts, after a step whose first j = read_offset drafts were accepted:
+  1. replays those j drafts from the ring (positions p0 - j .. p0 - 1, p0 the step's first position): committed now;
+  2. runs its n tokens, and writes the state after token n-1-d (its last non-draft token) into state[slot];
+  3. stashes its d drafts' raw inputs in the ring; the next step replays the accepted ones.
+So the state is read once and written once per step, whatever k. Plain decoding and prefill have d = 0 and leave
+nothing to replay. A step's n tokens are its last emitted token plus its drafts (n = 1 + d) whenever d > 0, so
+the ring entries it writes never alias the j it replays (n + j - 1 < R). Sequences of length 0 (padding in a
+CUDA-graph bucket) replay nothing and change nothing.
 """
 import torch
 import torch.nn.functional as F
-
-from kernels.ragged import padded_token_index
 
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -42,33 +44,52 @@ def gated_delta_rule_ref(
     b: torch.Tensor,               # [T, HV] raw beta projection
     A_log: torch.Tensor,           # [HV]
     dt_bias: torch.Tensor,         # [HV]
-    state: torch.Tensor,           # [num_slots, 1 + max_drafts, HV, K, V] fp32, updated in place
+    state: torch.Tensor,           # [num_slots, HV, K, V] fp32, updated in place
+    pending: torch.Tensor,         # [num_slots, R, HK*K + HV*V + 2*HV] raw draft inputs, updated in place
     cu_seqlens: torch.Tensor,      # [B + 1] int32
     slots: torch.Tensor,           # [B] int32
-    read_offsets: torch.Tensor,    # [B] int32
-    num_drafts: torch.Tensor,      # [B] int32
+    read_offsets: torch.Tensor,    # [B] int32 drafts of the last step accepted (replayed first)
+    num_drafts: torch.Tensor,      # [B] int32 trailing draft tokens in this step (stashed)
+    positions: torch.Tensor,       # [T] int64 absolute position of each token
     max_seqlen: int,
-) -> torch.Tensor:                 # [T, HV, V] in v's dtype
+    *, replay_only: bool = False,  # fold the replayed drafts into state[slot] and stop (before a chunked prefill)
+) -> torch.Tensor:                 # [T, HV, V] in v's dtype (zeros for replay_only)
     num_tokens, num_k_heads, head_k = q.shape
     num_v_heads, head_v = v.shape[1], v.shape[2]
-    group = num_v_heads // num_k_heads
-    g, beta = gdn_gating(a, b, A_log, dt_bias)                                           # [T, HV] each
+    group, ring = num_v_heads // num_k_heads, pending.shape[1]
+    cu = cu_seqlens.long()
+    bos, eos = cu[:-1], cu[1:]                                                           # [B]
+    live = eos > bos
+    j = torch.where(live, read_offsets.long(), 0)
+    pos = torch.cat([positions.long(), positions.new_zeros(1)])                         # row T: padding
+    pos0 = torch.where(live, pos[bos], 0)
+    first_saved = eos - 1 - num_drafts.long()
+    slot = slots.long()
+    raw = torch.cat([k.reshape(num_tokens, -1), v.reshape(num_tokens, -1), a, b], dim=1)  # [T, W] ring rows
+    raw = torch.cat([raw, raw.new_zeros(1, raw.shape[1])])
     qf = l2norm(q.float()).repeat_interleave(group, dim=1) * head_k ** -0.5              # [T, HV, K]
-    kf = l2norm(k.float()).repeat_interleave(group, dim=1)                               # [T, HV, K]
-    index, valid = padded_token_index(cu_seqlens, max_seqlen)                            # [B, L]
-    slot, lens = slots.long(), (cu_seqlens[1:] - cu_seqlens[:-1]).long()
-    first_saved = lens - 1 - num_drafts.long()                                           # [B]
-    last_state = state.shape[1] - 1
-    s = state[slot, read_offsets.long()].clone()                                         # [B, HV, K, V]
+    qf = torch.cat([qf, qf.new_zeros(1, *qf.shape[1:])])
+    split = [num_k_heads * head_k, num_v_heads * head_v, num_v_heads, num_v_heads]
+    s = state[slot].clone()                                                              # [B, HV, K, V]
     out = torch.zeros(num_tokens + 1, num_v_heads, head_v, dtype=torch.float32, device=v.device)
-    for t in range(max_seqlen):
-        rows, live = index[:, t], valid[:, t]                                            # [B]
-        decayed = s * g[rows].exp()[:, :, None, None]
-        delta = beta[rows][:, :, None] * (v[rows].float() - torch.einsum("bhkv,bhk->bhv", decayed, kf[rows]))
-        stepped = decayed + kf[rows][:, :, :, None] * delta[:, :, None, :]               # [B, HV, K, V]
-        s = torch.where(live[:, None, None, None], stepped, s)
-        out[torch.where(live, rows, num_tokens)] = torch.einsum("bhkv,bhk->bhv", s, qf[rows])
-        save = live & (t >= first_saved)                                                 # [B]
-        dest = (t - first_saved).clamp(0, last_state)                                    # [B]
-        state[slot, dest] = torch.where(save[:, None, None, None], s, state[slot, dest])
+    for u in range(ring // 2 - 1 + (0 if replay_only else max_seqlen)):
+        replayed, t = u < j, bos + u - j                                                 # [B]
+        real = (u >= j) & (t < eos) & (not replay_only)
+        row = torch.where(real, t, num_tokens)
+        rows = torch.where(replayed[:, None], pending[slot, (pos0 - j + u).clamp(min=0) % ring], raw[row])
+        kk, vv, aa, bb = rows.split(split, dim=1)
+        kf = l2norm(kk.view(-1, num_k_heads, head_k).float()).repeat_interleave(group, dim=1)   # [B, HV, K]
+        g, beta = gdn_gating(aa, bb, A_log, dt_bias)                                     # [B, HV]
+        decayed = s * g.exp()[:, :, None, None]
+        delta = beta[:, :, None] * (vv.view(-1, num_v_heads, head_v).float()
+                                    - torch.einsum("bhkv,bhk->bhv", decayed, kf))
+        stepped = decayed + kf[:, :, :, None] * delta[:, :, None, :]                     # [B, HV, K, V]
+        s = torch.where((replayed | real)[:, None, None, None], stepped, s)
+        out[row] = torch.einsum("bhkv,bhk->bhv", s, qf[row])
+        commit = real & (t == first_saved)
+        state[slot] = torch.where(commit[:, None, None, None], s, state[slot])
+        entry = (pos0 + t - bos).clamp(min=0) % ring
+        pending[slot, entry] = torch.where((real & (t > first_saved))[:, None], rows, pending[slot, entry])
+    if replay_only:
+        state[slot] = torch.where(live[:, None, None, None], s, state[slot])
     return out[:num_tokens].to(v.dtype)

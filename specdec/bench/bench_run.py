@@ -208,8 +208,7 @@ class BenchRun:
         step_s = m["itl_ms_mean"] / 1e3 if m.get("itl_ms_mean") else None
         verify = m.get("verify_steps") or 0
         drafts = m.get("draft_tokens", 0) / verify if verify else 0.0
-        writes = 1 + drafts if w.path != "peer" else 1.0   # our verifier keeps one state per verify token
-        nbytes = self.traffic.step_bytes(w.concurrency, w.prompt_tokens + w.max_tokens / 2, drafts, writes)
+        nbytes = self.traffic.step_bytes(w.concurrency, w.prompt_tokens + w.max_tokens / 2, drafts)
         roof = self.record["roofline"]
         return utilisation(nbytes, step_s, roof["device_copy"]["gbs"], roof["weight_chain"]["gbs"])
 

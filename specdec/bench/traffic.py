@@ -62,11 +62,12 @@ class ModelTraffic:
             conv_bytes_per_column=gdn * config.gdn_conv_dim * elem, conv_kernel=config.linear_conv_kernel_dim,
             num_params=numel + (math.prod(shapes[EMBED]) if LM_HEAD in shapes else 0))
 
-    def step_bytes(self, batch: int, mean_context: float, drafts: float, state_writes: float) -> float:
+    def step_bytes(self, batch: int, mean_context: float, drafts: float) -> float:
         """Bytes one decode step moves for `batch` sequences of `mean_context` cached tokens, each verifying
-        1 + drafts tokens and writing `state_writes` GDN states."""
+        1 + drafts tokens, reading and writing its GDN state once (drafts commit in the next step: the
+        deferred commit of kernels/gated_delta_rule/reference.py; the ring of draft inputs is not counted)."""
         per_seq = (mean_context * self.kv_bytes_per_token + (1 + drafts) * self.kv_bytes_per_token
-                   + (1 + state_writes) * self.gdn_state_bytes
+                   + 2 * self.gdn_state_bytes
                    + (2 * (self.conv_kernel - 1) + drafts) * self.conv_bytes_per_column)
         return self.weight_bytes + batch * per_seq
 

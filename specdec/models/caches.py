@@ -31,12 +31,14 @@ class KVCache:
 
 @dataclass
 class GDNCache:
-    recurrent: list[torch.Tensor]  # per GDN layer [num_slots + 1 scratch, 1 + max_drafts, HV, K, V] fp32
+    recurrent: list[torch.Tensor]  # per GDN layer [num_slots + 1 scratch, HV, K, V] fp32
+    pending: list[torch.Tensor]    # per GDN layer [num_slots + 1, 2 (1 + max_drafts), HK*K + HV*V + 2*HV] draft inputs
     conv: list[torch.Tensor]       # per GDN layer [num_slots + 1 scratch, conv_dim, kernel - 1 + max_drafts]
     scratch_slot: int = 0          # the slot padding sequences use (the last one)
 
     def reset(self, slot: int) -> None:
-        """Zero a sequence's state before it starts (a new prompt or a recompute after preemption)."""
+        """Zero a sequence's state before it starts (a new prompt or a recompute after preemption). Its pending
+        drafts need no reset: a fresh sequence replays none (read offset 0)."""
         for r, c in zip(self.recurrent, self.conv):
             r[slot].zero_()
             c[slot].zero_()
@@ -53,13 +55,16 @@ class ModelCaches:
                  max_drafts: int = 0, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu") -> "ModelCaches":
         kv_shape = (num_blocks + 1, block_size, config.num_key_value_heads, config.head_dim)
-        rec_shape = (num_gdn_slots + 1, 1 + max_drafts, config.linear_num_value_heads,
-                     config.linear_key_head_dim, config.linear_value_head_dim)
+        hk, hv = config.linear_num_key_heads, config.linear_num_value_heads
+        head_k, head_v = config.linear_key_head_dim, config.linear_value_head_dim
+        rec_shape = (num_gdn_slots + 1, hv, head_k, head_v)
+        pending_shape = (num_gdn_slots + 1, 2 * (1 + max_drafts), hk * head_k + hv * (head_v + 2))
         conv_shape = (num_gdn_slots + 1, config.gdn_conv_dim, config.linear_conv_kernel_dim - 1 + max_drafts)
         attn, gdn = config.attention_layers, config.gdn_layers
         kv = KVCache(k=[torch.zeros(kv_shape, dtype=dtype, device=device) for _ in attn],
                      v=[torch.zeros(kv_shape, dtype=dtype, device=device) for _ in attn], block_size=block_size)
         states = GDNCache(recurrent=[torch.zeros(rec_shape, dtype=torch.float32, device=device) for _ in gdn],
+                          pending=[torch.zeros(pending_shape, dtype=dtype, device=device) for _ in gdn],
                           conv=[torch.zeros(conv_shape, dtype=dtype, device=device) for _ in gdn],
                           scratch_slot=num_gdn_slots)
         layer_slot = {layer: i for i, layer in enumerate(attn)} | {layer: i for i, layer in enumerate(gdn)}

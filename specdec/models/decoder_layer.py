@@ -38,6 +38,7 @@ class DecoderLayer(nn.Module):
         if self.is_attention:
             h = self.self_attn(h, batch, caches.kv.k[cache_idx], caches.kv.v[cache_idx])
         else:
-            h = self.linear_attn(h, batch, caches.gdn.recurrent[cache_idx], caches.gdn.conv[cache_idx])
+            h = self.linear_attn(h, batch, caches.gdn.recurrent[cache_idx], caches.gdn.pending[cache_idx],
+                                 caches.gdn.conv[cache_idx])
         h, residual = self.post_attention_layernorm.add_and_norm(h, residual)
         return self.mlp(h), residual

@@ -46,7 +46,7 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = nn.Linear(self.value_dim, hidden, bias=False)
         self.in_proj = FusedLinear(self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, recurrent: torch.Tensor,
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, recurrent: torch.Tensor, pending: torch.Tensor,
                 conv: torch.Tensor) -> torch.Tensor:
         num_tokens = x.shape[0]
         slots = (batch.cu_seqlens, batch.gdn_slots, batch.gdn_read_offsets, batch.num_drafts, batch.max_seqlen)
@@ -59,6 +59,7 @@ class GatedDeltaNet(nn.Module):
         chunked = batch.max_num_drafts == 0 and batch.max_seqlen >= CHUNKED_PREFILL_MIN_TOKENS
         extra = {"cu_seqlens_host": batch.cu_seqlens_host} if chunked else {}
         rule = gated_delta_rule_prefill if chunked else gated_delta_rule
-        o = rule(q, k, v, a, b, self.A_log, self.dt_bias, recurrent, *slots, **extra)  # [T, HV, V]
+        o = rule(q, k, v, a, b, self.A_log, self.dt_bias, recurrent, pending, *slots[:-1], batch.positions,
+                 batch.max_seqlen, **extra)                                            # [T, HV, V]
         z = z.view(num_tokens, self.num_v_heads, self.head_v)                          # row-strided
         return self.out_proj(self.norm(o, z).reshape(num_tokens, self.value_dim))
