@@ -33,6 +33,7 @@ from timing import copy_bandwidth, row, table, time_ms  # noqa: E402
 
 from kernels.causal_conv1d.reference import causal_conv1d_ref  # noqa: E402
 from kernels.gated_delta_rule.reference import gated_delta_rule_ref, gdn_gating  # noqa: E402
+from specdec.models.caches import pending_ring_rows  # noqa: E402
 
 SHAPE_4B = dict(hk=16, hv=32, dk=128, dv=128, width=4)
 SHAPE_SMOKE = dict(hk=2, hv=4, dk=24, dv=40, width=4)
@@ -53,7 +54,7 @@ class GDNCase:
         self.A_log = torch.rand(hv, device=device).to(bf16)
         self.dt_bias = torch.randn(hv, device=device).to(bf16)
         self.state = torch.randn(batch + 1, hv, dk, dv, device=device) * 0.1
-        self.pending = torch.randn(batch + 1, 2 * (1 + max_drafts), hk * dk + hv * (dv + 2), device=device,
+        self.pending = torch.randn(batch + 1, pending_ring_rows(max_drafts), hk * dk + hv * (dv + 2), device=device,
                                    dtype=bf16)
         i32 = dict(dtype=torch.int32, device=device)
         self.cu = torch.arange(0, t + 1, n, **i32)

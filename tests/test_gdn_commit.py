@@ -59,8 +59,8 @@ def replay(layer, state, pending, slot, j, position):
     return state
 
 
-def test_next_step_reads_the_accepted_slot(tiny_model):
-    """Continuing from slot j after the verify gives the logits of continuing the sequential run."""
+def test_next_step_replays_the_accepted_drafts(tiny_model):
+    """Continuing with read offset j after the verify gives the logits of continuing the sequential run."""
     prompt, last, drafts, j = [5, 9, 33, 7], 42, [17, 250, 8], 1
     runner, seq = prefilled(tiny_model, prompt, 3)
     runner.forward([seq], [[last] + drafts], [3], logits=[4])
@@ -70,4 +70,22 @@ def test_next_step_reads_the_accepted_slot(tiny_model):
 
     reference, ref_seq = prefilled(tiny_model, prompt + [last] + drafts[:j], 0)
     _, want = reference.forward([ref_seq], [[77, 5, 6]], logits="all")
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
+
+
+def test_a_step_the_draft_ring_cannot_hold_is_refused(tiny_model):
+    """The ring of draft inputs assumes a step with drafts is its last token plus them, and at most max_drafts of
+    them: anything else is refused before it runs, and the sequence goes on unchanged."""
+    runner, seq = prefilled(tiny_model, [5, 9, 33, 7], 2)
+    with pytest.raises(ValueError, match="4 tokens, 2 drafts"):
+        runner.forward([seq], [[1, 2, 3, 4]], [2], logits=[3])
+    with pytest.raises(ValueError, match="0..2 drafts"):
+        runner.forward([seq], [[1, 2, 3, 4]], [3], logits=[4])
+    seq.gdn_read_offset = 3
+    with pytest.raises(ValueError, match="read offset 3"):
+        runner.forward([seq], [[1]])
+    seq.gdn_read_offset = 0
+    _, got = runner.forward([seq], [[77]])
+    reference, ref_seq = prefilled(tiny_model, [5, 9, 33, 7], 0)
+    _, want = reference.forward([ref_seq], [[77]])
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)

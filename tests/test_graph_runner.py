@@ -58,8 +58,10 @@ def prefilled_pair(loaded, max_drafts=3):
 
 
 def assert_caches_equal(a: ModelRunner, b: ModelRunner, slots: list[int]):
-    for ra, rb, ca, cb in zip(a.caches.gdn.recurrent, b.caches.gdn.recurrent, a.caches.gdn.conv, b.caches.gdn.conv):
+    ga, gb = a.caches.gdn, b.caches.gdn
+    for ra, rb, pa, pb, ca, cb in zip(ga.recurrent, gb.recurrent, ga.pending, gb.pending, ga.conv, gb.conv):
         torch.testing.assert_close(ra[slots], rb[slots], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(pa[slots], pb[slots], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(ca[slots], cb[slots], atol=1e-5, rtol=1e-5)
     blocks = a.caches.kv.num_blocks  # the scratch block (the last) is where padding writes
     for ka, kb in zip(a.caches.kv.k + a.caches.kv.v, b.caches.kv.k + b.caches.kv.v):
@@ -85,10 +87,10 @@ def test_padded_bucket_equals_unpadded(tiny_model, drafts):
 def test_padding_touches_only_scratch_rows(tiny_model):
     (_, padded), (_, seqs) = prefilled_pair(tiny_model)
     idle = seqs[3].gdn_slot
-    before_rec = [r[idle].clone() for r in padded.caches.gdn.recurrent]
+    before_rec = [r[idle].clone() for r in padded.caches.gdn.recurrent + padded.caches.gdn.pending]
     before_kv = [k.clone() for k in padded.caches.kv.k]
     padded.forward(seqs[:3], [[1, 2], [3], [4, 5, 6]], [1, 0, 2], logits=[2, 1, 3])    # bucket of 4 sequences
-    for r, before in zip(padded.caches.gdn.recurrent, before_rec):
+    for r, before in zip(padded.caches.gdn.recurrent + padded.caches.gdn.pending, before_rec):
         assert torch.equal(r[idle], before)
     used = {b for s in seqs[:3] for b in s.block_table} | {padded.caches.kv.scratch_block}
     untouched = [b for b in range(padded.caches.kv.num_blocks + 1) if b not in used]

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from kernel_cases import CASES, GPU_CASES, RaggedCase, assert_state_equal, load_interpreted
 
 from kernels.gated_delta_rule import gated_delta_rule, gated_delta_rule_ref
+from specdec.models.caches import pending_ring_rows
 
 NAN = float("nan")
 
@@ -27,7 +28,7 @@ def make_inputs(case: RaggedCase, hk=2, hv=4, dk=24, dv=40, device="cpu", dtype=
     A_log, dt_bias = (torch.rand(hv, generator=g) * 2 - 1).to(device), rand(hv).float()
     state = torch.randn(case.num_slots, hv, dk, dv, generator=g).to(device)
     state[case.num_slots - 1] = NAN                              # the scratch slot of padding sequences
-    ring = 2 * (1 + case.max_drafts)
+    ring = pending_ring_rows(case.max_drafts)
     pending = rand(case.num_slots, ring, hk * dk + hv * (dv + 2))
     for b_idx, slot in enumerate(case.slot_list):                # ring entries a step must not read: NaN
         if case.lens[b_idx]:

@@ -1,5 +1,5 @@
 """The speculative decoding engine: one step = schedule → target forward over [last, drafts] (ragged) →
-rejection sampling → commit (KV by position, GDN state slot by accepted count) → stop checks → drafter
+rejection sampling → commit (KV by position, GDN drafts replayed by accepted count) → stop checks → drafter
 ingests what was committed and proposes the next drafts (DESIGN §3).
 
 A drafter that answers later (the remote link) is asked at the end of step n and its answer read at the start

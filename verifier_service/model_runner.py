@@ -138,12 +138,25 @@ class ModelRunner:
         b = len(seqs)
         lens = np.fromiter(map(len, chunks), np.int64, count=b)
         slots = np.fromiter((s.gdn_slot for s in seqs), np.int32, count=b)
+        drafts = np.zeros(b, np.int32) if num_drafts is None else as_array(num_drafts, "num_drafts", b, np.int32)
+        offsets = np.fromiter((s.gdn_read_offset for s in seqs), np.int32, count=b)
+        self._check_drafts(lens, drafts, offsets)
         return StepPlan(
             token_ids=np.fromiter(chain.from_iterable(chunks), np.int64, count=int(lens.sum())),
             seq_lens=lens, start_positions=np.fromiter((s.num_cached for s in seqs), np.int64, count=b),
             block_tables=self.block_rows[slots],
             table_lens=np.fromiter((len(s.block_table) for s in seqs), np.int64, count=b),
-            gdn_slots=slots, gdn_read_offsets=np.fromiter((s.gdn_read_offset for s in seqs), np.int32, count=b),
-            num_drafts=np.zeros(b, np.int32) if num_drafts is None else as_array(num_drafts, "num_drafts", b,
-                                                                                 np.int32),
+            gdn_slots=slots, gdn_read_offsets=offsets, num_drafts=drafts,
             logits_per_seq=logit_rows_per_seq(logits, lens))
+
+    def _check_drafts(self, lens: np.ndarray, drafts: np.ndarray, offsets: np.ndarray) -> None:
+        """What the GDN ring of draft inputs relies on (kernels/gated_delta_rule/reference.py): at most max_drafts
+        drafts stashed or replayed, and a step with drafts is its last token plus the drafts (else the entries it
+        stashes could alias the ones it replays)."""
+        bad = ((drafts < 0) | (drafts > self.max_drafts) | (offsets < 0) | (offsets > self.max_drafts)
+               | ((drafts > 0) & (lens != 1 + drafts)))
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise ValueError(f"step of sequence #{i}: {int(lens[i])} tokens, {int(drafts[i])} drafts, read offset "
+                             f"{int(offsets[i])}; this runner takes 0..{self.max_drafts} drafts, each step with "
+                             f"drafts being one token plus its drafts")

@@ -29,7 +29,7 @@ class Sequence:
     num_cached: int = 0                  # tokens whose KV / GDN state is in the cache
     block_table: list[int] = field(default_factory=list)
     gdn_slot: int = -1
-    gdn_read_offset: int = 0             # state slot / conv column holding the state after num_cached tokens
+    gdn_read_offset: int = 0             # drafts of the last step accepted: GDN replays them, conv column
     pending: int = 0                     # launched steps that sampled and are not read yet (0 or 1 when scheduling)
     unread_accepts: int = 0              # drafts of the newest unread step: num_cached grows by up to this at its read
     device_drafts: int = 0               # drafts the newest unread step left on the device for the next one

@@ -140,13 +140,11 @@ def _gdn_recurrent_kernel(
 
 def launch_config(num_seqs: int, max_tokens: int) -> tuple[int, int, bool]:
     """(BV, warps, pipelined token loop) for `num_seqs` sequences of at most `max_tokens` virtual tokens (replayed
-    drafts + the step's tokens). Measured on an H100 at the 4B shape (bench/results/h100_2026-11-25/gdn/): several
-    tokens (a verify with its replay, prefill) run fastest at one warp per 16-wide value slice, pipelined, at every
-    batch (3 + 4 tokens, b64: 0.152 ms against 0.235 at BV 32 / 2 warps); a single token (plain decode of a model
-    without drafts) the same slices unpipelined up to 16 sequences, beyond 32-wide slices on 2 warps."""
-    if max_tokens > 1:
-        return 16, 1, True
-    return (16, 1, False) if num_seqs <= 16 else (32, 2, False)
+    drafts + the step's tokens). Measured on an H100 at the 4B shape (bench/results/h100_2026-11-25/gdn/deferred/
+    kernels.log): one warp per 16-wide value slice at every batch (verify with 3 replayed, b64: 0.181 ms against
+    0.264 at BV 32 / 2 warps), pipelined except for single tokens up to 16 sequences (decode b1: 0.0030 ms
+    against 0.0035; b64: 0.104 against 0.111 unpipelined)."""
+    return 16, 1, max_tokens > 1 or num_seqs > 16
 
 
 def gated_delta_rule_triton(

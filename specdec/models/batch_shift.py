@@ -3,8 +3,7 @@
 A step launched before the last one's verdict is read (verifier_service/in_flight.py) is staged with each
 sequence where the host last knew it. How many drafts each sequence accepted in the unread step, `shift[b]`,
 is only on the device. Token t of sequence b then sits at positions[t] + shift[b], its KV row follows from its
-block table, and its GDN state and conv window start from slot / column shift[b] (the state after the last
-accepted token):
+block table, its GDN state replays shift[b] accepted drafts and its conv window starts from column shift[b]:
 
     positions[t]         += shift[b]                                    b = seq_of_token[t], t < num_tokens
     slot_mapping[t]       = block_tables[b, positions[t] // bs] * bs + positions[t] % bs

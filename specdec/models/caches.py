@@ -29,6 +29,12 @@ class KVCache:
         return self.num_blocks
 
 
+def pending_ring_rows(max_drafts: int) -> int:
+    """Rows of a sequence's ring of draft inputs: a step of 1 + d tokens stashes d drafts and replays up to
+    max_drafts of the last step's, and the two sets must not alias (kernels/gated_delta_rule/reference.py)."""
+    return 2 * (1 + max_drafts)
+
+
 @dataclass
 class GDNCache:
     recurrent: list[torch.Tensor]  # per GDN layer [num_slots + 1 scratch, HV, K, V] fp32
@@ -58,7 +64,7 @@ class ModelCaches:
         hk, hv = config.linear_num_key_heads, config.linear_num_value_heads
         head_k, head_v = config.linear_key_head_dim, config.linear_value_head_dim
         rec_shape = (num_gdn_slots + 1, hv, head_k, head_v)
-        pending_shape = (num_gdn_slots + 1, 2 * (1 + max_drafts), hk * head_k + hv * (head_v + 2))
+        pending_shape = (num_gdn_slots + 1, pending_ring_rows(max_drafts), hk * head_k + hv * (head_v + 2))
         conv_shape = (num_gdn_slots + 1, config.gdn_conv_dim, config.linear_conv_kernel_dim - 1 + max_drafts)
         attn, gdn = config.attention_layers, config.gdn_layers
         kv = KVCache(k=[torch.zeros(kv_shape, dtype=dtype, device=device) for _ in attn],

@@ -21,8 +21,8 @@ class ForwardBatch:
     block_tables: torch.Tensor      # [B, W] int32 padded KV block ids
     slot_mapping: torch.Tensor      # [T] int64 flat KV row (block * block_size + offset); padding → a scratch row
     gdn_slots: torch.Tensor         # [B] int32 GDN state group of each sequence
-    gdn_read_offsets: torch.Tensor  # [B] int32 state slot / conv column to start from (accepted drafts of last step)
-    num_drafts: torch.Tensor        # [B] int32 trailing draft tokens in this step (their states are all kept)
+    gdn_read_offsets: torch.Tensor  # [B] int32 accepted drafts of the last step: GDN replays them, conv column
+    num_drafts: torch.Tensor        # [B] int32 trailing draft tokens in this step (stashed for the next one)
     logits_indices: torch.Tensor    # [N] int64 flat token indices whose logits are wanted
     num_seqs: int                   # B, padding sequences included
     num_tokens: int                 # T, padding tokens included
