@@ -89,6 +89,44 @@ GPU_CASES = {
 }
 
 
+COMPILE_FOR_HOPPER = """
+import importlib, json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+spec = json.loads(sys.argv[1])
+kernel = getattr(importlib.import_module(spec["module"]), spec["kernel"])
+assert type(kernel).__name__ == "JITFunction", type(kernel)
+for consts in spec["modes"]:
+    signature = {name: spec["types"].get(name, "i32") for name in kernel.arg_names}
+    signature.update({name: "constexpr" for name in consts})
+    source = ASTSource(fn=kernel, signature=signature,
+                       constexprs={(kernel.arg_names.index(n),): v for n, v in consts.items()})
+    assert "ptx" in triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm, consts
+print(f"compiled {len(spec['modes'])} modes")
+"""
+
+
+def assert_compiles_for_hopper(tmp_path, module: str, kernel: str, types: dict, modes: list[dict]) -> None:
+    """The interpreter runs code the compiler rejects (a loop-carried value changing type, say): compile the
+    kernel to PTX for sm_90 in each mode (its constexpr values), without a GPU, in a process without
+    TRITON_INTERPRET. `types`: Triton types of the arguments that are not i32 scalars (pointers, floats)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pytest
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path), PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    spec = json.dumps({"module": module, "kernel": kernel, "types": types, "modes": modes})
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER, spec], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0 and f"compiled {len(modes)} modes" in done.stdout, done.stderr[-3000:]
+
+
 def assert_state_equal(got: torch.Tensor, want: torch.Tensor, atol: float) -> None:
     """Equal where the expected state is finite; NaN exactly where a step must leave a poisoned slot alone."""
     assert torch.equal(got.isnan(), want.isnan())

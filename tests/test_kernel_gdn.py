@@ -7,7 +7,8 @@ not read and the padding sequences' scratch state poisoned with NaN."""
 import pytest
 import torch
 import torch.nn.functional as F
-from kernel_cases import CASES, GPU_CASES, RaggedCase, assert_state_equal, load_interpreted
+from kernel_cases import (CASES, GPU_CASES, RaggedCase, assert_compiles_for_hopper, assert_state_equal,
+                          load_interpreted)
 
 from kernels.gated_delta_rule import gated_delta_rule, gated_delta_rule_ref
 from specdec.models.caches import pending_ring_rows
@@ -138,6 +139,19 @@ def test_replay_only_folds_the_accepted_drafts_in(interpreted, pipeline):
     assert_state_equal(state, want_state, atol=1e-5)
     assert_state_equal(pending, before, atol=0)
     assert out.isnan().all()
+
+
+def test_the_kernel_compiles_for_hopper_in_every_mode(tmp_path):
+    """The interpreter accepts code the compiler rejects: compile for sm_90 on the CPU, 4B shape, bf16 inputs,
+    in every loop mode and both value-slice widths the launch rule picks."""
+    types = {name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "a_ptr", "b_ptr", "A_log_ptr", "dt_bias_ptr",
+                                         "pending_ptr", "out_ptr")}
+    types |= dict(state_ptr="*fp32", cu_seqlens_ptr="*i32", slots_ptr="*i32", read_offsets_ptr="*i32",
+                  num_drafts_ptr="*i32", positions_ptr="*i64", scale="fp32")
+    modes = [dict(HK=16, HV=32, GROUP=2, K=128, V=128, R=8, BK=128, BV=bv, PIPELINE=pipeline, REPLAY_ONLY=replay)
+             for bv, pipeline, replay in ((16, True, False), (16, False, False), (32, False, False), (16, True, True))]
+    assert_compiles_for_hopper(tmp_path, "kernels.gated_delta_rule.fused_recurrent", "_gdn_recurrent_kernel", types,
+                               modes)
 
 
 # ---- GPU, 4B shape: 16 key heads / 32 value heads × 128 ------------------------------------------------------

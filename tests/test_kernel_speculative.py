@@ -6,7 +6,7 @@ vocabulary cut into several splits whose last one is partial. Integer outputs st
 workspaces as NaN: an entry the kernel forgets to write, or a partial it reads before it is written, shows."""
 import pytest
 import torch
-from kernel_cases import load_interpreted
+from kernel_cases import assert_compiles_for_hopper, load_interpreted
 
 from kernels.sampling import DRAW, exponential_race_ref, speculative_sample_ref
 from kernels.sampling.reference import row_layout
@@ -132,43 +132,16 @@ def test_kernel_at_the_4b_vocabulary(batch, mode, cuda):
                      want)
 
 
-COMPILE_FOR_HOPPER = """
-import sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-import kernels.sampling.speculative_triton as m
-kernel = m._speculative_kernel
-assert type(kernel).__name__ == "JITFunction", type(kernel)
-pointers = dict(logits_ptr="*fp32", q_ptr="*fp32", greedy_tokens_ptr="*i64", drafts_ptr="*i64",
-                num_drafts_ptr="*i64", cu_rows_ptr="*i64", greedy_ptr="*i1", uses_q_ptr="*i1", seeds_ptr="*i64",
-                offsets_ptr="*i64", forced_ptr="*i64", part_f_ptr="*fp32", part_i_ptr="*i32",
-                row_stats_ptr="*fp32", counter_ptr="*i32", tokens_ptr="*i64", accepted_ptr="*i64",
-                row_tokens_ptr="*i64")
-for has_logits, has_q, forced in ((False, False, False), (True, False, False), (True, True, False),
-                                  (True, False, True)):
-    consts = dict(HAS_LOGITS=has_logits, HAS_Q=has_q, HAS_FORCED=forced, BLOCK_B=256, BLOCK_S=32, BLOCK_W=8,
-                  SPLIT=m.SPLIT, BLOCK=m.BLOCK)
-    signature = {name: pointers.get(name, "i32") for name in kernel.arg_names}
-    signature.update({name: "constexpr" for name in consts})
-    source = ASTSource(fn=kernel, signature=signature,
-                       constexprs={(kernel.arg_names.index(n),): v for n, v in consts.items()})
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))
-    assert "ptx" in compiled.asm, (has_logits, has_q, forced)
-print("compiled 4 modes")
-"""
-
-
 def test_the_kernel_compiles_for_hopper_in_every_mode(tmp_path):
-    """The interpreter runs code the compiler rejects (a loop-carried value changing type, say): compile the
-    kernel to PTX for sm_90 in each mode, without a GPU, in a process without TRITON_INTERPRET."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-    pytest.importorskip("triton")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(TRITON_CACHE_DIR=str(tmp_path), PYTHONPATH=str(Path(__file__).resolve().parent.parent))
-    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_HOPPER], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0 and "compiled 4 modes" in done.stdout, done.stderr[-3000:]
+    """The interpreter accepts code the compiler rejects: compile for sm_90 on the CPU, in each mode."""
+    import kernels.sampling.speculative_triton as m
+    types = dict(logits_ptr="*fp32", q_ptr="*fp32", greedy_tokens_ptr="*i64", drafts_ptr="*i64",
+                 num_drafts_ptr="*i64", cu_rows_ptr="*i64", greedy_ptr="*i1", uses_q_ptr="*i1", seeds_ptr="*i64",
+                 offsets_ptr="*i64", forced_ptr="*i64", part_f_ptr="*fp32", part_i_ptr="*i32",
+                 row_stats_ptr="*fp32", counter_ptr="*i32", tokens_ptr="*i64", accepted_ptr="*i64",
+                 row_tokens_ptr="*i64")
+    modes = [dict(HAS_LOGITS=has_logits, HAS_Q=has_q, HAS_FORCED=forced, BLOCK_B=256, BLOCK_S=32, BLOCK_W=8,
+                  SPLIT=m.SPLIT, BLOCK=m.BLOCK)
+             for has_logits, has_q, forced in ((False, False, False), (True, False, False), (True, True, False),
+                                               (True, False, True))]
+    assert_compiles_for_hopper(tmp_path, "kernels.sampling.speculative_triton", "_speculative_kernel", types, modes)
