@@ -46,8 +46,8 @@ def launch_verdict(plan: list[ScheduledSeq], logits: torch.Tensor, batch: Forwar
     forced_accepts = None if forced is None else flat[at + 2 * s + 1:]
     if not draws:
         return greedy_accept(logits.argmax(-1), drafts, num_drafts_dev, cu_rows, forced_accepts)
-    tokens, accepted = launched_sample(logits, [p for _, p in sampled], drafts, num_drafts_dev, cu_rows,
-                                       forced_accepts, previous, sampling_uploads)
+    tokens, accepted = launched_sample(logits, [p for _, p in sampled], drafts, num_drafts_dev, forced_accepts,
+                                       previous, sampling_uploads)
     return tokens, accepted if width else None
 
 

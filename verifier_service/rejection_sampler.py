@@ -63,6 +63,23 @@ def rejection_sample(logits: torch.Tensor, drafts: torch.Tensor, num_drafts: tor
     the draft rows of sequences with sampling.uses_q) or None. `forced_accepts` [B] (benchmarks only) imposes
     the accepted count; the emitted token is still the target's. `before_sync` gets the accepted counts [B] on the
     device before the host reads them (to queue work that depends on them)."""
+    tokens, num_accepted, row_tokens, processed, cu_rows = decide_on_device(logits, drafts, num_drafts, sampling,
+                                                                            draft_probs, forced_accepts)
+    if before_sync is not None:
+        before_sync(num_accepted)
+    host = torch.cat([tokens, num_accepted[:, None]], dim=1).tolist()                         # the one sync
+    logprobs = [None] * len(host)
+    if sampling.max_logprobs is not None:
+        logprobs = _logprobs(processed.log_softmax(-1), row_tokens, cu_rows, [row[-1] for row in host], sampling)
+    return _verdict(host, logprobs)
+
+
+def decide_on_device(logits: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor, sampling: SamplingBatch,
+                     draft_probs: torch.Tensor | None = None, forced_accepts: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """rejection_sample up to its host read: (tokens [B, K+1] padded with -1, accepted [B], row tokens [R],
+    processed logits [R, V] or None when every row is greedy without logprobs, cu_rows [B+1]), all on the device.
+    The launched (overlapped) steps use it alone."""
     vocab, num_rows = logits.shape[-1], logits.shape[0]
     cu_rows, seq_of_row, pos = _rows(num_drafts, num_rows)
     if sampling.penalised:
@@ -76,13 +93,7 @@ def rejection_sample(logits: torch.Tensor, drafts: torch.Tensor, num_drafts: tor
     tokens, num_accepted, row_tokens = speculative_sample(
         processed, logits.argmax(-1), draft_probs, drafts, num_drafts, cu_rows, sampling.greedy, sampling.uses_q,
         sampling.seeds, sampling.offsets, forced_accepts)
-    if before_sync is not None:
-        before_sync(num_accepted)
-    host = torch.cat([tokens, num_accepted[:, None]], dim=1).tolist()                         # the one sync
-    logprobs = [None] * len(host)
-    if sampling.max_logprobs is not None:
-        logprobs = _logprobs(processed.log_softmax(-1), row_tokens, cu_rows, [row[-1] for row in host], sampling)
-    return _verdict(host, logprobs)
+    return tokens, num_accepted, row_tokens, processed, cu_rows
 
 
 def greedy_verdict(logits: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor, cu_rows: torch.Tensor,
