@@ -2,15 +2,16 @@
 fallback: same math and signature as `reference.gated_delta_rule_ref` (the deferred-commit layout is described
 there).
 
-One program owns one (sequence, value head, BV-wide slice of V). It loads its [K, BV] slice of state[slot], then
-walks the sequence's virtual tokens: first the `read_offset` drafts of the last step that were accepted (their
-raw inputs read back from the pending ring), then this step's tokens. It stores the state after the step's
-last non-draft token into state[slot] (only that program reads and writes its slice, so in place is safe) and
-the raw inputs of the step's drafts into the ring at their positions mod R. The entries a step writes and the
-ones it replays never alias (n + j - 1 < R for a step of n = 1 + d tokens replaying j <= R / 2 - 1), so programs
-of one sequence that still replay never read what another has just written.
-The token loop is software-pipelined: token u + 1's inputs are loaded while token u updates the state and are
-normalised after it, so each token's dependent chain is one pass of reductions over the state slice.
+One program owns one (sequence, value head, BV-wide slice of V). It loads its [K, BV] slice of state[slot] and
+runs two loops: first it replays the `read_offset` drafts of the last step that were accepted (their raw k, v,
+a, b read back from the pending ring: a state update, no query, no output), then this step's tokens. It stores
+the state after the step's last non-draft token into state[slot] (only that program reads and writes its slice,
+so in place is safe) and the raw inputs of the step's drafts into the ring at their positions mod R. The
+entries a step writes and the ones it replays never alias (n + j - 1 < R for a step of n = 1 + d tokens
+replaying j <= R / 2 - 1), so programs of one sequence never read what another has just written.
+Both loops are software-pipelined: token u + 1's inputs are loaded while token u updates the state and are
+normalised after it, so each token's dependent chain is one pass of reductions over the state slice; the first
+token's inputs are loaded before the replay starts.
 Grid (cdiv(V, BV), B * HV): static for a CUDA-graph bucket; sequences of length 0 replay nothing, run no token.
 """
 import torch
@@ -19,52 +20,53 @@ import triton.language as tl
 
 
 @triton.jit
-def _load_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, p_pend, u, j, bos, eos, first_saved, pos0, i_v, i_hk, i_hv,
-                o_k, o_v, m_k, m_v, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at,
-                stride_bt, stride_pe, R: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                HK: tl.constexpr, HV: tl.constexpr):
-    """Virtual token u's raw inputs (q [BK], k [BK], v [BV], a, b) in fp32: u < j replays ring entry
-    (pos0 - j + u) mod R (q is zero: a replayed token has no output), u >= j is token t = bos + u - j; zeros
-    past the end. A draft token's raw k, v, a, b go to ring entry (pos0 + t - bos) mod R on the way."""
-    t = bos + u - j
-    rk, rv = o_k * 0 + u, o_v * 0 + u                          # vectors: the interpreter cannot AND scalar masks
-    real_k, real_v = m_k & (rk >= j) & (rk - j + bos < eos), m_v & (rv >= j) & (rv - j + bos < eos)
-    rep_k, rep_v = m_k & (rk < j), m_v & (rv < j)
-    real, rep = (u >= j) & (t < eos), u < j
-    p_e = p_pend + (tl.maximum(pos0 - j + u, 0) % R) * stride_pe
-    off_v, off_a = HK * K, HK * K + HV * V
-    b_q = tl.load(q_ptr + t * stride_qt + i_hk * stride_qh + o_k, mask=real_k, other=0.0).to(tl.float32)
-    b_k = (tl.load(k_ptr + t * stride_kt + i_hk * stride_kh + o_k, mask=real_k, other=0.0).to(tl.float32)
-           + tl.load(p_e + i_hk * K + o_k, mask=rep_k, other=0.0).to(tl.float32))
-    b_v = (tl.load(v_ptr + t * stride_vt + i_hv * stride_vh + o_v, mask=real_v, other=0.0).to(tl.float32)
-           + tl.load(p_e + off_v + i_hv * V + o_v, mask=rep_v, other=0.0).to(tl.float32))
-    x = (tl.load(a_ptr + t * stride_at + i_hv, mask=real, other=0.0).to(tl.float32)
-         + tl.load(p_e + off_a + i_hv, mask=rep, other=0.0).to(tl.float32))
-    y = (tl.load(b_ptr + t * stride_bt + i_hv, mask=real, other=0.0).to(tl.float32)
-         + tl.load(p_e + off_a + HV + i_hv, mask=rep, other=0.0).to(tl.float32))
-    # a draft (t > first_saved): stash; k once per key head, a and b once per value head
-    p_w = p_pend + (tl.maximum(pos0 + t - bos, 0) % R) * stride_pe
-    draft_k, draft_v = real_k & (rk - j + bos > first_saved), real_v & (rv - j + bos > first_saved)
-    first_k = (o_k * 0 + i_v == 0) & (o_k * 0 + i_hv % GROUP == 0)
-    tl.store(p_w + i_hk * K + o_k, b_k.to(p_pend.dtype.element_ty), mask=draft_k & first_k)
-    tl.store(p_w + off_v + i_hv * V + o_v, b_v.to(p_pend.dtype.element_ty), mask=draft_v)
-    draft = real & (t > first_saved) & (i_v == 0)
-    tl.store(p_w + off_a + i_hv, x.to(p_pend.dtype.element_ty), mask=draft)
-    tl.store(p_w + off_a + HV + i_hv, y.to(p_pend.dtype.element_ty), mask=draft)
-    return b_q, b_k, b_v, x, y
+def _gates(x, y, neg_A, dt_bias):
+    """(decay exp(g), beta) of a token from its raw a (x) and b (y)."""
+    x = x + dt_bias
+    softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))   # = F.softplus
+    return tl.exp(neg_A * softplus), 1.0 / (1.0 + tl.exp(-y))
 
 
 @triton.jit
-def _prepare_token(b_q, b_k, x, y, neg_A, dt_bias, scale):
-    """Everything of a token that does not touch the state: l2-normed q (scaled) and k, the decay exp(g),
-    beta, and q.k (for the output identity below)."""
-    x = x + dt_bias
-    softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))   # = F.softplus
-    decay = tl.exp(neg_A * softplus)
-    beta = 1.0 / (1.0 + tl.exp(-y))
-    b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q) + 1e-6) * scale
-    b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k) + 1e-6)
-    return b_q, b_k, decay, beta, tl.sum(b_q * b_k)
+def _l2normed(x):
+    return x * tl.rsqrt(tl.sum(x * x) + 1e-6)
+
+
+@triton.jit
+def _load_replayed(p_pend, e, stride_pe, i_hk, i_hv, o_k, o_v, m_k, m_v, K: tl.constexpr, V: tl.constexpr,
+                   HK: tl.constexpr, HV: tl.constexpr):
+    """Ring entry e's raw k [BK], v [BV], a, b in fp32 (an accepted draft of the last step, committed now)."""
+    p_e = p_pend + e * stride_pe
+    b_k = tl.load(p_e + i_hk * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+    b_v = tl.load(p_e + HK * K + i_hv * V + o_v, mask=m_v, other=0.0).to(tl.float32)
+    x = tl.load(p_e + HK * K + HV * V + i_hv).to(tl.float32)
+    y = tl.load(p_e + HK * K + HV * V + HV + i_hv).to(tl.float32)
+    return b_k, b_v, x, y
+
+
+@triton.jit
+def _load_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, p_pend, t, eos, first_saved, pos0, bos, i_v, i_hk, i_hv,
+                o_k, o_v, m_k, m_v, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at,
+                stride_bt, stride_pe, R: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                HK: tl.constexpr, HV: tl.constexpr):
+    """Token t's raw q [BK], k [BK], v [BV], a, b in fp32, zeros at t >= eos (the look-ahead past the end). A
+    draft (first_saved < t < eos) also goes to ring entry (its position) mod R, k once per key head, a and b
+    once per value head."""
+    in_k, in_v = m_k & (o_k * 0 + t < eos), m_v & (o_v * 0 + t < eos)   # vectors: the interpreter cannot AND scalars
+    b_q = tl.load(q_ptr + t * stride_qt + i_hk * stride_qh + o_k, mask=in_k, other=0.0)
+    b_k = tl.load(k_ptr + t * stride_kt + i_hk * stride_kh + o_k, mask=in_k, other=0.0)
+    b_v = tl.load(v_ptr + t * stride_vt + i_hv * stride_vh + o_v, mask=in_v, other=0.0)
+    x = tl.load(a_ptr + t * stride_at + i_hv, mask=t < eos, other=0.0)
+    y = tl.load(b_ptr + t * stride_bt + i_hv, mask=t < eos, other=0.0)
+    if (t > first_saved) & (t < eos):
+        p_w = p_pend + ((pos0 + t - bos) % R) * stride_pe
+        if (i_v == 0) & (i_hv % GROUP == 0):
+            tl.store(p_w + i_hk * K + o_k, b_k.to(p_pend.dtype.element_ty), mask=m_k)
+        tl.store(p_w + HK * K + i_hv * V + o_v, b_v.to(p_pend.dtype.element_ty), mask=m_v)
+        if i_v == 0:
+            tl.store(p_w + HK * K + HV * V + i_hv, x.to(p_pend.dtype.element_ty))
+            tl.store(p_w + HK * K + HV * V + HV + i_hv, y.to(p_pend.dtype.element_ty))
+    return b_q.to(tl.float32), b_k.to(tl.float32), b_v.to(tl.float32), x.to(tl.float32), y.to(tl.float32)
 
 
 @triton.jit
@@ -88,7 +90,7 @@ def _gdn_recurrent_kernel(
     j = tl.where(live, tl.load(read_offsets_ptr + i_b).to(tl.int64), 0)            # last step's drafts to replay
     pos0 = tl.load(positions_ptr + bos, mask=live, other=0).to(tl.int64)            # position of token bos
     first_saved = eos - 1 - tl.load(num_drafts_ptr + i_b).to(tl.int64)   # last non-draft token: its state is kept
-    end = j if REPLAY_ONLY else j + eos - bos                                       # virtual tokens
+    stop = bos if REPLAY_ONLY else eos
 
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -98,52 +100,75 @@ def _gdn_recurrent_kernel(
            + o_k[:, None].to(tl.int64) * stride_s_k + o_v[None, :])                # [BK, BV] slice of state[slot]
     b_h = tl.load(p_h, mask=m_h, other=0.0).to(tl.float32)
     p_pend = pending_ptr + slot * stride_p_slot
+    first_replayed = tl.maximum(pos0 - j, 0)                                        # its ring entry: mod R
 
     neg_A = -tl.exp(tl.load(A_log_ptr + i_hv).to(tl.float32))
     dt_bias = tl.load(dt_bias_ptr + i_hv).to(tl.float32)
-    if PIPELINE:
-        b_q, b_k, b_v, x, y = _load_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, p_pend, 0, j, bos, eos, first_saved,
-                                          pos0, i_v, i_hk, i_hv, o_k, o_v, m_k, m_v, stride_qt, stride_qh,
-                                          stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_bt,
-                                          stride_pe, R, GROUP, K, V, HK, HV)
-        b_q, b_k, decay, beta, qk = _prepare_token(b_q, b_k, x, y, neg_A, dt_bias, scale)
-    for u in range(0, end):
-        if PIPELINE:   # token u + 1's inputs in flight while token u updates the state
-            n_q, n_k, n_v, x, y = _load_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, p_pend, u + 1, j, bos, eos,
-                                              first_saved, pos0, i_v, i_hk, i_hv, o_k, o_v, m_k, m_v, stride_qt,
-                                              stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at,
-                                              stride_bt, stride_pe, R, GROUP, K, V, HK, HV)
+    if PIPELINE:   # the step's first token and first replayed draft: neither depends on the state
+        n_q, n_k, n_v, nx, ny = _load_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, p_pend, bos, stop, first_saved, pos0,
+                                            bos, i_v, i_hk, i_hv, o_k, o_v, m_k, m_v, stride_qt, stride_qh,
+                                            stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_bt,
+                                            stride_pe, R, GROUP, K, V, HK, HV)
+        r_k, r_v, x, y = _load_replayed(p_pend, first_replayed % R, stride_pe, i_hk, i_hv, o_k, o_v, m_k, m_v,
+                                        K, V, HK, HV)
+        r_k = _l2normed(r_k)
+        decay, beta = _gates(x, y, neg_A, dt_bias)
+    # Replay: S <- decay * S + k delta^T,  delta = beta * (v - decay * S^T k)
+    for u in range(j):
+        if PIPELINE:   # entry u + 1 (unused after the last: an in-bounds ring row) in flight during entry u
+            nr_k, nr_v, x, y = _load_replayed(p_pend, (first_replayed + u + 1) % R, stride_pe, i_hk, i_hv, o_k,
+                                              o_v, m_k, m_v, K, V, HK, HV)
         else:
-            b_q, b_k, b_v, x, y = _load_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, p_pend, u, j, bos, eos,
-                                              first_saved, pos0, i_v, i_hk, i_hv, o_k, o_v, m_k, m_v, stride_qt,
-                                              stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at,
-                                              stride_bt, stride_pe, R, GROUP, K, V, HK, HV)
-            b_q, b_k, decay, beta, qk = _prepare_token(b_q, b_k, x, y, neg_A, dt_bias, scale)
-        # Both reductions read the old S, side by side (one dependent reduction per token, not two):
-        #   S' = decay * S + k delta^T,   delta = beta * (v - decay * S^T k),   o = S'^T q = decay * S^T q + (q.k) delta
+            r_k, r_v, x, y = _load_replayed(p_pend, (first_replayed + u) % R, stride_pe, i_hk, i_hv, o_k, o_v,
+                                            m_k, m_v, K, V, HK, HV)
+            r_k = _l2normed(r_k)
+            decay, beta = _gates(x, y, neg_A, dt_bias)
+        delta = beta * (r_v - decay * tl.sum(b_h * r_k[:, None], axis=0))           # [BV]
+        b_h = b_h * decay + r_k[:, None] * delta[None, :]
+        if PIPELINE:
+            r_v, r_k = nr_v, _l2normed(nr_k)
+            decay, beta = _gates(x, y, neg_A, dt_bias)
+    if PIPELINE:
+        b_q, b_k, b_v = _l2normed(n_q) * scale, _l2normed(n_k), n_v
+        decay, beta = _gates(nx, ny, neg_A, dt_bias)
+    # This step's tokens. Both reductions read the old S, side by side (one dependent reduction per token):
+    #   S' = decay * S + k delta^T,   delta = beta * (v - decay * S^T k),   o = S'^T q = decay * S^T q + (q.k) delta
+    for t in range(bos, stop):
+        if PIPELINE:
+            n_q, n_k, n_v, nx, ny = _load_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, p_pend, t + 1, stop, first_saved,
+                                                pos0, bos, i_v, i_hk, i_hv, o_k, o_v, m_k, m_v, stride_qt, stride_qh,
+                                                stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_bt,
+                                                stride_pe, R, GROUP, K, V, HK, HV)
+        else:
+            b_q, b_k, b_v, x, y = _load_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, p_pend, t, stop, first_saved, pos0,
+                                              bos, i_v, i_hk, i_hv, o_k, o_v, m_k, m_v, stride_qt, stride_qh,
+                                              stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_bt,
+                                              stride_pe, R, GROUP, K, V, HK, HV)
+            b_q, b_k = _l2normed(b_q) * scale, _l2normed(b_k)
+            decay, beta = _gates(x, y, neg_A, dt_bias)
         s_k = tl.sum(b_h * b_k[:, None], axis=0)                                   # [BV]
         s_q = tl.sum(b_h * b_q[:, None], axis=0)                                   # [BV]
         delta = beta * (b_v - decay * s_k)                                         # [BV]
-        b_o = decay * s_q + qk * delta                                             # [BV]
+        b_o = decay * s_q + tl.sum(b_q * b_k) * delta                              # [BV]
         b_h = b_h * decay + b_k[:, None] * delta[None, :]
-        t = bos + u - j
-        vt = o_v * 0 + u                                                           # [BV] (see _load_token)
-        tl.store(out_ptr + t * stride_ot + i_hv * stride_oh + o_v, b_o.to(out_ptr.dtype.element_ty),
-                 mask=m_v & (vt >= j))
-        tl.store(p_h, b_h, mask=m_h & (vt - j + bos == first_saved)[None, :])      # the committed state
+        tl.store(out_ptr + t * stride_ot + i_hv * stride_oh + o_v, b_o.to(out_ptr.dtype.element_ty), mask=m_v)
+        if t == first_saved:                                                       # the committed state
+            tl.store(p_h, b_h, mask=m_h)
         if PIPELINE:
-            b_v = n_v
-            b_q, b_k, decay, beta, qk = _prepare_token(n_q, n_k, x, y, neg_A, dt_bias, scale)
+            b_q, b_k, b_v = _l2normed(n_q) * scale, _l2normed(n_k), n_v
+            decay, beta = _gates(nx, ny, neg_A, dt_bias)
     if REPLAY_ONLY:
-        tl.store(p_h, b_h, mask=m_h & (o_v * 0 + bos < eos)[None, :])
+        if live:
+            tl.store(p_h, b_h, mask=m_h)
 
 
 def launch_config(num_seqs: int, max_tokens: int) -> tuple[int, int, bool]:
-    """(BV, warps, pipelined token loop) for `num_seqs` sequences of at most `max_tokens` virtual tokens (replayed
-    drafts + the step's tokens). Measured on an H100 at the 4B shape (bench/results/h100_2026-11-25/gdn/deferred/
-    kernels.log): one warp per 16-wide value slice at every batch (verify with 3 replayed, b64: 0.181 ms against
-    0.264 at BV 32 / 2 warps), pipelined except for single tokens up to 16 sequences (decode b1: 0.0030 ms
-    against 0.0035; b64: 0.104 against 0.111 unpipelined)."""
+    """(BV, warps, pipelined token loops) for `num_seqs` sequences of at most `max_tokens` virtual tokens (replayed
+    drafts + the step's tokens). Measured on an H100 at the 4B shape (bench/results/h100_2026-11-25/gdn/split_loops/
+    ab.log, ms per call): one warp per 16-wide value slice at every batch (verify, 3 replayed + 4 tokens: b1 0.0068,
+    b16 0.0419, b64 0.1717, against 0.0091 / 0.0525 / 0.2196 at BV 32 / 2 warps and 0.0070 / 0.0565 / 0.2099 at
+    BV 8, pipelined); pipelined except for single tokens up to 16 sequences (decode b1: 0.0032 ms against 0.0040
+    pipelined; b64: 0.1052 against 0.1103 unpipelined)."""
     return 16, 1, max_tokens > 1 or num_seqs > 16
 
 
