@@ -3,6 +3,7 @@ mixed with prefill chunks of several sizes) and leaves the engine as it found it
 import pytest
 from engine_factory import make_drafter, make_engine, random_prompts
 
+from specdec.models import gated_deltanet
 from specdec.models.cuda_graph_runner import buckets_for
 from specdec.sampling_params import SamplingParams
 from verifier_service.warm_up import MIN_CONTEXT, PREFILL_SIZES, warm_up
@@ -65,3 +66,21 @@ def test_a_short_maximum_context_skips_the_warm_up_with_a_warning(tiny_model, ca
     engine.runner.forward = lambda *args, **kwargs: (calls.append(1), forward(*args, **kwargs))[1]
     warm_up(engine, mixed=True)
     assert "warm-up skipped" in caplog.text and not calls and not engine.has_work
+
+
+@pytest.mark.parametrize("chunk", [64, gated_deltanet.CHUNKED_PREFILL_MIN_TOKENS])
+def test_a_prefill_chunk_that_reaches_the_chunked_gdn_path_is_warmed_up(tiny_model, monkeypatch, chunk):
+    """With a prefill chunk of CHUNKED_PREFILL_MIN_TOKENS or more, serving meets the chunked GDN prefill (fla-core's
+    kernels and the replay-only pass, seconds to compile on first use): the warm-up runs one step on it. With a
+    smaller chunk serving never does, and neither does the warm-up."""
+    engine = make_engine(tiny_model, make_drafter("ngram", tiny_model, 3), 3, max_running=2, num_blocks=512,
+                         chunk=chunk, budget=max(chunk, 128))
+    chunked, prefill = [], gated_deltanet.gated_delta_rule_prefill
+    monkeypatch.setattr(gated_deltanet, "gated_delta_rule_prefill",
+                        lambda *args, **kwargs: (chunked.append(args[0].shape[0]), prefill(*args, **kwargs))[1])
+    warm_up(engine, mixed=False)
+    if chunk >= gated_deltanet.CHUNKED_PREFILL_MIN_TOKENS:
+        assert chunked and max(chunked) >= gated_deltanet.CHUNKED_PREFILL_MIN_TOKENS, chunked
+    else:
+        assert not chunked
+    assert not engine.has_work and engine.runner.blocks.num_free == 512

@@ -6,9 +6,10 @@ chunks with decodes run eagerly, and on a cold cache their first compile stalled
 1.4 s at batch 64 on an H100.
 
 What runs (every sequence is gone afterwards, the counters start afresh):
-  - short generations: prefills of several lengths (the longest takes the chunked GDN path); greedy and sampled
-    rows (the sampler kernel's greedy and sampled variants: it compiles once per mode, not per batch size),
-    penalties and logprobs;
+  - short generations: prefills of several lengths, and one of CHUNKED_PREFILL_MIN_TOKENS tokens when the prefill
+    chunk and the context take it (the chunked GDN path: fla-core's kernels and the replay-only pass before them;
+    their first compile took seconds); greedy and sampled rows (the sampler kernel's greedy and sampled variants:
+    it compiles once per mode, not per batch size), penalties and logprobs;
   - on a GPU, for each batch bucket B up to max_running: B - 1 sequences verifying k drafts (the warm-up drafter
     proposes k copies of each last token, so no drafter needs to be up), then decoding without drafts (as while a
     drafter is away), in steps mixed with one prefill chunk of each of a few sizes, and with four prompts of half
@@ -23,6 +24,7 @@ from tqdm import tqdm
 
 from specdec.drafting import DraftBatch, DraftOutput
 from specdec.models.cuda_graph_runner import buckets_for
+from specdec.models.gated_deltanet import CHUNKED_PREFILL_MIN_TOKENS
 from specdec.sampling_params import SamplingParams
 
 from .acceptance_stats import AcceptanceStats
@@ -87,14 +89,18 @@ def _mixed_steps(engine: SpecEngine, k: int) -> None:
 
 
 def _short_generations(engine: SpecEngine) -> None:
-    vocab, room = engine.runner.config.vocab_size, engine.max_len - 8
+    vocab, room, config = engine.runner.config.vocab_size, engine.max_len - 8, engine.scheduler.config
     lengths = sorted({min(n, room) for n in (3, 17, 70)})
     prompts = [[(7 * i + j) % vocab for j in range(n)] for i, n in enumerate(lengths)]
-    params = [SamplingParams(max_tokens=4, ignore_eos=True),
+    greedy = SamplingParams(max_tokens=4, ignore_eos=True)
+    params = [greedy,
               SamplingParams(max_tokens=4, temperature=0.8, top_p=0.9, seed=1, ignore_eos=True),
               SamplingParams(max_tokens=4, temperature=0.7, min_p=0.05, repetition_penalty=1.1, logprobs=2, seed=2,
                              ignore_eos=True)]
     engine.generate(prompts, params[:len(prompts)])
+    if min(room, config.prefill_chunk, config.max_batched_tokens) >= CHUNKED_PREFILL_MIN_TOKENS:
+        # alone, so that its first chunk is all of it: one step on the chunked GDN path
+        engine.generate([[(3 * j + 1) % vocab for j in range(CHUNKED_PREFILL_MIN_TOKENS)]], [greedy])
 
 
 def _mixed_step(engine: SpecEngine, decoders: int, prefill: int, count: int) -> None:
