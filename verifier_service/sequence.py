@@ -18,7 +18,7 @@ class PenaltyState:
     prompt_mask: torch.Tensor            # [V] bool tokens of the prompt (repetition penalty)
 
 
-@dataclass
+@dataclass(eq=False)   # one request's state: equal only to itself (the scheduler's list lookups compare identity)
 class Sequence:
     seq_id: int
     token_ids: list[int]                 # prompt + committed output
