@@ -1,4 +1,4 @@
-"""GPU benchmark of fastcore's kernels and of the verify step, Qwen3.5-4B shape, bf16 (GDN state fp32).
+"""GPU benchmark of specdec's kernels and of the verify step, Qwen3.5-4B shape, bf16 (GDN state fp32).
 
     python bench/kernels.py [--out DIR] [--layers 32] [--batches 1 8 32 64] [-k 3]
 
