@@ -68,19 +68,30 @@ def test_a_short_maximum_context_skips_the_warm_up_with_a_warning(tiny_model, ca
     assert "warm-up skipped" in caplog.text and not calls and not engine.has_work
 
 
-@pytest.mark.parametrize("chunk", [64, gated_deltanet.CHUNKED_PREFILL_MIN_TOKENS])
-def test_a_prefill_chunk_that_reaches_the_chunked_gdn_path_is_warmed_up(tiny_model, monkeypatch, chunk):
-    """With a prefill chunk of CHUNKED_PREFILL_MIN_TOKENS or more, serving meets the chunked GDN prefill (fla-core's
-    kernels and the replay-only pass, seconds to compile on first use): the warm-up runs one step on it. With a
-    smaller chunk serving never does, and neither does the warm-up."""
+CHUNKED = gated_deltanet.CHUNKED_PREFILL_MIN_TOKENS
+
+
+@pytest.mark.parametrize("chunk,budget,gpu_parts,runs", [
+    (CHUNKED, CHUNKED, True, True),        # serving can reach the chunked GDN path: warmed up
+    (64, 128, True, False),                # the default-like chunk never reaches it
+    (CHUNKED, CHUNKED - 1, True, False),   # nor does a token budget below it, whatever the chunk
+    (CHUNKED, CHUNKED, False, False)],     # on a CPU (the default there) nothing compiles: no long prompt
+    ids=["reaches", "small-chunk", "small-budget", "cpu-default"])
+def test_the_chunked_gdn_prefill_is_warmed_up_when_serving_can_reach_it(tiny_model, monkeypatch, chunk, budget,
+                                                                         gpu_parts, runs):
+    """With a prefill chunk and a token budget of CHUNKED_PREFILL_MIN_TOKENS or more, serving meets the chunked GDN
+    prefill (fla-core's kernels and the replay-only pass: seconds to compile on first use), so the warm-up runs one
+    step on it; otherwise it would only spend time."""
     engine = make_engine(tiny_model, make_drafter("ngram", tiny_model, 3), 3, max_running=2, num_blocks=512,
-                         chunk=chunk, budget=max(chunk, 128))
+                         chunk=chunk, budget=budget)
     chunked, prefill = [], gated_deltanet.gated_delta_rule_prefill
     monkeypatch.setattr(gated_deltanet, "gated_delta_rule_prefill",
                         lambda *args, **kwargs: (chunked.append(args[0].shape[0]), prefill(*args, **kwargs))[1])
-    warm_up(engine, mixed=False)
-    if chunk >= gated_deltanet.CHUNKED_PREFILL_MIN_TOKENS:
-        assert chunked and max(chunked) >= gated_deltanet.CHUNKED_PREFILL_MIN_TOKENS, chunked
+    prompts, add = [], engine.add_request
+    engine.add_request = lambda rid, ids, params: (prompts.append(len(ids)), add(rid, ids, params))[1]
+    warm_up(engine, mixed=gpu_parts)
+    if runs:
+        assert chunked and max(chunked) >= CHUNKED, chunked
     else:
-        assert not chunked
+        assert not chunked and max(prompts) < CHUNKED, (chunked, sorted(prompts))
     assert not engine.has_work and engine.runner.blocks.num_free == 512

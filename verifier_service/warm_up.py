@@ -6,10 +6,10 @@ chunks with decodes run eagerly, and on a cold cache their first compile stalled
 1.4 s at batch 64 on an H100.
 
 What runs (every sequence is gone afterwards, the counters start afresh):
-  - short generations: prefills of several lengths, and one of CHUNKED_PREFILL_MIN_TOKENS tokens when the prefill
-    chunk and the context take it (the chunked GDN path: fla-core's kernels and the replay-only pass before them;
-    their first compile took seconds); greedy and sampled rows (the sampler kernel's greedy and sampled variants:
-    it compiles once per mode, not per batch size), penalties and logprobs;
+  - short generations: prefills of several lengths; greedy and sampled rows (the sampler kernel's greedy and
+    sampled variants: it compiles once per mode, not per batch size), penalties and logprobs;
+  - on a GPU, when the prefill chunk, the token budget and the context all reach CHUNKED_PREFILL_MIN_TOKENS (the
+    chunked GDN path: fla-core's kernels and the replay-only pass before them), one prompt of that length alone;
   - on a GPU, for each batch bucket B up to max_running: B - 1 sequences verifying k drafts (the warm-up drafter
     proposes k copies of each last token, so no drafter needs to be up), then decoding without drafts (as while a
     drafter is away), in steps mixed with one prefill chunk of each of a few sizes, and with four prompts of half
@@ -54,7 +54,8 @@ class EchoDrafter:
 
 
 def warm_up(engine: SpecEngine, mixed: bool | None = None) -> None:
-    """Run the warm-up (see the module docstring); `mixed`: the mixed steps too (default: on a GPU only)."""
+    """Run the warm-up (see the module docstring); `mixed`: the GPU parts too, the chunked prefill and the mixed
+    steps (default: on a GPU only; a CPU compiles nothing)."""
     start, steps = time.perf_counter(), engine.step_count
     drafter = engine.drafter
     k = engine.config.num_drafts if drafter is not None else 0
@@ -66,6 +67,7 @@ def warm_up(engine: SpecEngine, mixed: bool | None = None) -> None:
         else:
             _short_generations(engine)
             if mixed if mixed is not None else engine.runner.device.type == "cuda":
+                _chunked_prefill(engine)
                 _mixed_steps(engine, k)
             while engine.has_work:   # an overlapped step still running: its aborted requests' tokens are dropped
                 engine.step()
@@ -89,18 +91,23 @@ def _mixed_steps(engine: SpecEngine, k: int) -> None:
 
 
 def _short_generations(engine: SpecEngine) -> None:
-    vocab, room, config = engine.runner.config.vocab_size, engine.max_len - 8, engine.scheduler.config
+    vocab, room = engine.runner.config.vocab_size, engine.max_len - 8
     lengths = sorted({min(n, room) for n in (3, 17, 70)})
     prompts = [[(7 * i + j) % vocab for j in range(n)] for i, n in enumerate(lengths)]
-    greedy = SamplingParams(max_tokens=4, ignore_eos=True)
-    params = [greedy,
+    params = [SamplingParams(max_tokens=4, ignore_eos=True),
               SamplingParams(max_tokens=4, temperature=0.8, top_p=0.9, seed=1, ignore_eos=True),
               SamplingParams(max_tokens=4, temperature=0.7, min_p=0.05, repetition_penalty=1.1, logprobs=2, seed=2,
                              ignore_eos=True)]
     engine.generate(prompts, params[:len(prompts)])
-    if min(room, config.prefill_chunk, config.max_batched_tokens) >= CHUNKED_PREFILL_MIN_TOKENS:
-        # alone, so that its first chunk is all of it: one step on the chunked GDN path
-        engine.generate([[(3 * j + 1) % vocab for j in range(CHUNKED_PREFILL_MIN_TOKENS)]], [greedy])
+
+
+def _chunked_prefill(engine: SpecEngine) -> None:
+    """One prompt of CHUNKED_PREFILL_MIN_TOKENS tokens, alone so that its first chunk is all of it, when serving can
+    reach the chunked GDN path (prefill chunk, token budget and context); else nothing."""
+    config, size = engine.scheduler.config, CHUNKED_PREFILL_MIN_TOKENS
+    if min(engine.max_len - 4, config.prefill_chunk, config.max_batched_tokens) >= size:
+        vocab = engine.runner.config.vocab_size
+        engine.generate([[(3 * j + 1) % vocab for j in range(size)]], [SamplingParams(max_tokens=4, ignore_eos=True)])
 
 
 def _mixed_step(engine: SpecEngine, decoders: int, prefill: int, count: int) -> None:

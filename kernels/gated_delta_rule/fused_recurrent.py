@@ -100,7 +100,7 @@ def _gdn_recurrent_kernel(
            + o_k[:, None].to(tl.int64) * stride_s_k + o_v[None, :])                # [BK, BV] slice of state[slot]
     b_h = tl.load(p_h, mask=m_h, other=0.0).to(tl.float32)
     p_pend = pending_ptr + slot * stride_p_slot
-    first_replayed = tl.maximum(pos0 - j, 0)                                        # its ring entry: mod R
+    first_replayed = tl.maximum(pos0 - j, 0)   # ring entry of the first replay: mod R (a valid step has pos0 >= j)
 
     neg_A = -tl.exp(tl.load(A_log_ptr + i_hv).to(tl.float32))
     dt_bias = tl.load(dt_bias_ptr + i_hv).to(tl.float32)
