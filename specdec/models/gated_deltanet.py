@@ -49,9 +49,9 @@ class GatedDeltaNet(nn.Module):
     def forward(self, x: torch.Tensor, batch: ForwardBatch, recurrent: torch.Tensor, pending: torch.Tensor,
                 conv: torch.Tensor) -> torch.Tensor:
         num_tokens = x.shape[0]
-        slots = (batch.cu_seqlens, batch.gdn_slots, batch.gdn_read_offsets, batch.num_drafts, batch.max_seqlen)
+        ragged = (batch.cu_seqlens, batch.gdn_slots, batch.gdn_read_offsets, batch.num_drafts)
         qkv, z, b, a = self.in_proj(x)       # column views of one [T, conv_dim + value_dim + 2 HV] GEMM
-        mixed = causal_conv1d(qkv, self.conv1d_weight, conv, *slots)                 # [T, conv_dim]
+        mixed = causal_conv1d(qkv, self.conv1d_weight, conv, *ragged, batch.max_seqlen)  # [T, conv_dim]
         q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)  # row-strided views
         q = q.view(num_tokens, self.num_k_heads, self.head_k)
         k = k.view(num_tokens, self.num_k_heads, self.head_k)
@@ -59,7 +59,7 @@ class GatedDeltaNet(nn.Module):
         chunked = batch.max_num_drafts == 0 and batch.max_seqlen >= CHUNKED_PREFILL_MIN_TOKENS
         extra = {"cu_seqlens_host": batch.cu_seqlens_host} if chunked else {}
         rule = gated_delta_rule_prefill if chunked else gated_delta_rule
-        o = rule(q, k, v, a, b, self.A_log, self.dt_bias, recurrent, pending, *slots[:-1], batch.positions,
+        o = rule(q, k, v, a, b, self.A_log, self.dt_bias, recurrent, pending, *ragged, batch.positions,
                  batch.max_seqlen, **extra)                                            # [T, HV, V]
         z = z.view(num_tokens, self.num_v_heads, self.head_v)                          # row-strided
         return self.out_proj(self.norm(o, z).reshape(num_tokens, self.value_dim))
