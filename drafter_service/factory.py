@@ -102,6 +102,7 @@ class DrafterHolder:
     def _load_mtp_parts(self) -> None:
         from specdec.models.loader import load_drafter_weights
 
+        from specdec.drafting.device_schedule import START_POS_SLACK
         from specdec.drafting.draft_vocab import load_draft_vocab
 
         from .mtp.mtp_drafter import mtp_facts
@@ -115,8 +116,9 @@ class DrafterHolder:
         self.mtp_parts = (config, mtp)
         c = self.config
         vocab = load_draft_vocab(c.draft_vocab, config.vocab_size) if c.draft_vocab else None
-        self.mtp_options = MTPOptions(max_seqs=c.max_seqs, max_context=c.max_context, enforce_eager=c.enforce_eager,
-                                      draft_vocab=vocab)
+        # a device step sent as changes gives start positions up to START_POS_SLACK ahead: room for them
+        self.mtp_options = MTPOptions(max_seqs=c.max_seqs, max_context=c.max_context + START_POS_SLACK,
+                                      enforce_eager=c.enforce_eager, draft_vocab=vocab)
         dtype = next(iter(mtp.values())).dtype
         self.mtp_facts = mtp_facts(config, dtype, vocabulary_fingerprint(self.config.model_dir))
         if shared:

@@ -45,7 +45,8 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             transports=usable or [pb.INLINE], host_id=host_id(), gpu_uuid=self.gpu_uuid,
             local_lane=self.local_lane if same_host else "",
             # device steps keep the tokens on the device: not while counting the served tokens on the host
-            device_steps=same_host and self.holder.takes_device_steps and self.counter is None)
+            device_steps=same_host and self.holder.takes_device_steps and self.counter is None,
+            device_step_changes=True)   # (read by the stream's DeviceSteps, whatever the drafter)
 
     def Step(self, request_iterator, context):
         session = StepSession(self)

@@ -5,17 +5,18 @@ from __future__ import annotations
 from specdec.drafting import DrafterInfo
 from specdec.rpc.v1 import drafter_pb2 as pb
 
-from .device_step import device_step_problem
+from .device_step import DeviceSteps
 from .stream_buffers import StreamBuffers
 
 
 def step_problem(step: pb.StepInput, last_step: int, info: DrafterInfo, buffers: StreamBuffers,
-                 takes_device_steps: bool = False) -> str:
-    """What is wrong with `step` ("" if nothing), naming the field."""
+                 device_steps: DeviceSteps | None = None) -> str:
+    """What is wrong with `step` ("" if nothing), naming the field. `device_steps`: the stream's, when this
+    drafter takes device steps."""
     if step.step <= last_step:
         return f"step {step.step} is not after the previous step {last_step} (replayed or out of order)"
     if step.HasField("device"):
-        return device_step_problem(step, info, buffers) if takes_device_steps else \
+        return device_steps.problem(step, info) if device_steps is not None else \
             "a device step, but this drafter does not take them (it did not offer device_steps)"
     seq_ids = [s.seq_id for s in step.seqs]
     if len(set(seq_ids)) != len(seq_ids):

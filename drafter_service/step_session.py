@@ -14,7 +14,7 @@ import torch
 from specdec.drafting import DraftBatch, DraftInput
 from specdec.rpc.v1 import drafter_pb2 as pb
 
-from .device_step import run_device_step
+from .device_step import DeviceSteps
 from .step_check import step_problem
 from .stream_buffers import StreamBuffers
 
@@ -33,6 +33,7 @@ class StepSession:
     def __init__(self, servicer):
         self.servicer = servicer   # the DrafterServicer: its holder, lock, counter and trace
         self.buffers, self.last_step = StreamBuffers(), 0
+        self.device_steps = DeviceSteps(self.buffers)
 
     def handle(self, message: pb.DraftStepRequest) -> pb.DraftStepResponse | None:
         """The answer to one message of the stream (None for a setup); raises StreamRefused."""
@@ -41,8 +42,9 @@ class StepSession:
             return None
         step, s = message.step, self.servicer
         s.trace.mark("drafter.received", step.step)
+        takes = s.holder.takes_device_steps and s.counter is None
         problem = step_problem(step, self.last_step, s.holder.info, self.buffers,
-                               s.holder.takes_device_steps and s.counter is None)
+                               self.device_steps if takes else None)
         if problem:
             log.warning("refused step %d: %s", step.step, problem)
             raise StreamRefused(grpc.StatusCode.INVALID_ARGUMENT, f"step {step.step}: {problem}")
@@ -102,7 +104,7 @@ class StepSession:
     def _device_step(self, drafter, step: pb.StepInput, start: float) -> pb.DraftStepResponse:
         """(under the lock) A step whose rows are in the registered buffers: queue the drafts, answer at once."""
         s = self.servicer
-        out = run_device_step(drafter, step, self.buffers, torch.device(s.holder.config.device))
+        out = self.device_steps.run(drafter, step, torch.device(s.holder.config.device))
         s.trace.mark("drafter.proposed", step.step)
         if out.failure:
             raise RuntimeError(out.failure)

@@ -103,6 +103,27 @@ def test_a_drafter_service_drafts_on_the_device_like_the_in_process_head(demo):
         run(in_process, requests)
         assert log == in_process_log   # the same drafts verified at the same points: the same MTP head's
         assert engine.stats.accepted == in_process.stats.accepted > 0
+        whole, as_changes = remote.device_steps_sent
+        assert whole == 1 and as_changes >= engine.overlapped_draft_steps   # after the first: changes only
+
+
+def test_device_steps_go_as_changes_around_synchronous_steps(demo):
+    """A logprobs request makes the steps synchronous while it runs (their messages carry the rows); the device
+    steps before and after it still go as changes from the last device step, and the output stays exact."""
+    from specdec.sampling_params import SamplingParams
+    from test_overlapped_drafts import synchronous_verifies
+    loaded, requests, expected = demo
+    prompt = requests["r0"][0]
+    asking = SamplingParams(max_tokens=4, ignore_eos=True, logprobs=2)
+    alone = run(make_engine(loaded, overlap=False), {"lp": (prompt, asking)})
+    with linked_service(loaded) as remote:
+        engine = make_engine(loaded, remote, K)
+        synchronous = synchronous_verifies(engine)
+        out = run(engine, requests, add_later={6: ("lp", prompt, asking)})
+        assert out.pop("lp")[0] == alone["lp"][0] and out == expected
+        assert synchronous and engine.fallback_steps == 0 and engine.stats.accepted > 0
+        whole, as_changes = remote.device_steps_sent
+        assert whole == 1 and as_changes > 10
 
 
 def test_a_drafter_killed_and_replaced_mid_stream(demo, caplog):
@@ -222,7 +243,7 @@ def test_a_misbehaving_device_drafter_never_changes_the_output(tiny_model, fault
 
 
 def test_a_malformed_device_step_is_refused_whole():
-    from drafter_service.device_step import device_step_problem
+    from drafter_service.device_step import DeviceSteps
     from drafter_service.stream_buffers import StreamBuffers
     from specdec.rpc.v1 import drafter_pb2 as pb
     from specdec.drafting import DrafterInfo, ModelFacts
@@ -239,27 +260,76 @@ def test_a_malformed_device_step_is_refused_whole():
         return pb.StepInput(step=1, device=pb.DeviceStep(**fields), hidden=pb.TensorRef(
             transport=pb.SHM, shape=[rows, 256], dtype="float32", buffer="hidden"))
 
-    assert device_step_problem(step(), info, buffers) == ""
+    def problem(message, stream_buffers=buffers):
+        return DeviceSteps(stream_buffers).problem(message, info)
+
+    assert problem(step()) == ""
     for bad, words in [(dict(start_pos=[0]), "start_pos has 1 values"), (dict(seq_ids=[1, 1]), "appears twice"),
                        (dict(chunk_lens=[12, 8]), "do not fit"), (dict(num_drafts=[3, 4]), "more than"),
                        (dict(chunk_lens=[0, 4]), "at least one row"),
                        (dict(seq_ids=[1, 2, 3, 4, 5], start_pos=[0] * 5, max_shift=[0] * 5, chunk_lens=[1] * 5,
-                             num_drafts=[0] * 5), "do not fit")]:
-        assert words in device_step_problem(step(**bad), info, buffers), bad
+                             num_drafts=[0] * 5), "do not fit"),
+                       (dict(removed=[0]), "removed or placed is set in a step sent whole"),
+                       (dict(changes_only=True), "no device step came before it")]:
+        assert words in problem(step(**bad)), bad
     mismatched = step()
     mismatched.hidden.shape[:] = [7, 256]
-    assert "expected shape (8, 256)" in device_step_problem(mismatched, info, buffers)
+    assert "expected shape (8, 256)" in problem(mismatched)
     inline = step()
     inline.hidden.transport = pb.INLINE   # rows not behind the verifier's buffer (and, on a GPU, its event)
-    assert "registered hidden buffer" in device_step_problem(inline, info, buffers)
-    assert "registered no step buffers" in device_step_problem(step(), info, StreamBuffers())
+    assert "registered hidden buffer" in problem(inline)
+    assert "registered no step buffers" in problem(step(), StreamBuffers())
     narrow = StreamBuffers()
     narrow.shm = buffers.shm
     narrow.arrays = {**buffers.arrays, "drafts": torch.zeros(4, 2, dtype=torch.long)}   # 2 columns, k = 3
-    assert "drafts buffer's width" in device_step_problem(step(), info, narrow)
+    assert "drafts buffer's width" in problem(step(), narrow)
     narrow.arrays = {**buffers.arrays, "step_seqs": torch.zeros(1, 4, dtype=torch.long)}
-    assert "fewer than 2 rows" in device_step_problem(step(), info, narrow)
+    assert "fewer than 2 rows" in problem(step(), narrow)
     assert np.all(buffers.arrays["drafts"].numpy() == 0)   # nothing was applied
+
+
+def test_a_device_step_sent_as_changes_is_read_against_the_last_one_and_refused_whole():
+    """After a whole step, the next comes as changes only: nothing for a steady batch (its rows implied), the
+    staying sequences predicted; malformed changes are refused and leave the held schedule as it was."""
+    from drafter_service.device_step import DeviceSteps
+    from drafter_service.stream_buffers import StreamBuffers
+    from specdec.drafting import DrafterInfo, ModelFacts
+    from specdec.rpc.v1 import drafter_pb2 as pb
+    info = DrafterInfo("mtp", K, True, ModelFacts(256, 4096, "float32", "qwen3_5_text"))
+    buffers = StreamBuffers()
+    buffers.arrays = {"step_tokens": torch.zeros(2, 16, dtype=torch.long),
+                      "step_seqs": torch.zeros(2, 4, dtype=torch.long), "drafts": torch.zeros(4, K, dtype=torch.long)}
+    buffers.shm = {"hidden": type("B", (), {"size_bytes": 16 * 256 * 4})()}
+    steps = DeviceSteps(buffers)
+    whole = pb.StepInput(step=1, device=pb.DeviceStep(seq_ids=[1, 2], start_pos=[0, 5], max_shift=[0, 3],
+                                                      chunk_lens=[4, 4], num_drafts=[3, 3]),
+                         hidden=pb.TensorRef(transport=pb.SHM, shape=[8, 256], dtype="float32", buffer="hidden"))
+    assert steps.problem(whole, info) == ""
+    steps.held, steps.hidden = steps._checked[1:]          # as run() keeps them (without a drafter)
+    steady = pb.StepInput(step=2, device=pb.DeviceStep(changes_only=True))
+    assert steps.problem(steady, info) == ""
+    schedule, hidden = steps._checked[1:]
+    assert schedule.seq_ids.tolist() == [1, 2] and schedule.start_pos.tolist() == [4, 9]
+    assert schedule.chunk_lens.tolist() == [4, 4] and tuple(hidden.shape) == (8, 256) and hidden.buffer == "hidden"
+    joined = pb.StepInput(step=2, device=pb.DeviceStep(changes_only=True, removed=[0], seq_ids=[7, 2],
+                                                       start_pos=[0, 8], max_shift=[0, 2], chunk_lens=[5, 3],
+                                                       num_drafts=[0, 3], placed=[1]))
+    assert steps.problem(joined, info) == ""
+    schedule, hidden = steps._checked[1:]
+    assert schedule.seq_ids.tolist() == [2, 7] and schedule.start_pos.tolist() == [8, 0]
+    assert schedule.chunk_lens.tolist() == [3, 5] and tuple(hidden.shape) == (8, 256)
+    held = steps.held
+    for bad, words in [(dict(removed=[2]), "removed: indices"), (dict(removed=[1, 0]), "removed: indices"),
+                       (dict(seq_ids=[9, 9], start_pos=[0, 0], max_shift=[0, 0], chunk_lens=[1, 1],
+                             num_drafts=[0, 0]), "given twice"),
+                       (dict(seq_ids=[9], start_pos=[0], max_shift=[0], chunk_lens=[9], num_drafts=[0], placed=[2]),
+                        "do not fit"),
+                       (dict(seq_ids=[9], start_pos=[0], max_shift=[0], chunk_lens=[1], num_drafts=[0]), "placed"),
+                       (dict(seq_ids=[9], start_pos=[0], max_shift=[0], chunk_lens=[1], num_drafts=[0], placed=[3]),
+                        "placed")]:
+        message = pb.StepInput(step=3, device=pb.DeviceStep(changes_only=True, **bad))
+        assert words in steps.problem(message, info), bad
+        assert steps.held is held and steps._checked is None
 
 
 # ---- GPU: the drafter service in its own process, rows and drafts through CUDA IPC buffers and events ---------

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Callable
 
-from specdec.drafting import DeviceDrafts, DeviceDraftStep
+from specdec.drafting import DeviceDrafts, DeviceDraftStep, DeviceSchedule, ScheduleChanges, changes_between
 from specdec.rpc.v1 import drafter_pb2 as pb
 
 from .link_messages import link_message
@@ -46,16 +46,17 @@ class DeviceStepLink:
         self._step += 1
         number = self._step
         release, self._pending_release = self._pending_release, []
-        u32 = lambda values: [int(v) for v in values]   # noqa: E731
-        message = pb.StepInput(step=number, release_seq_ids=release, device=pb.DeviceStep(
-            seq_ids=step.seq_ids, start_pos=u32(step.start_pos), max_shift=u32(step.max_shift),
-            chunk_lens=u32(step.chunk_lens), num_drafts=u32(step.num_drafts)))
+        held = self._held[1] if self._held is not None and self._held[0] is connection else None
+        changes, holds = changes_between(held, step.schedule) if connection.changes_only else (None, step.schedule)
+        message = pb.StepInput(step=number, release_seq_ids=release, device=device_message(holds if changes is None else changes))
         self.trace.mark("link.message", number)
         with self._lock:   # a reconnect closes the replaced connection's buffers under this lock
             if connection is not self._connection:
                 return failed("the drafter connection was replaced")
             connection.exchange.write(step)
-            message.hidden.CopyFrom(link_message(pb.TensorRef, connection.sender.send(step.hidden[:step.num_tokens])))
+            ref = connection.sender.send(step.hidden[:step.num_tokens])
+            if changes is None:   # (a step sent as changes points at the same rows of the same buffer)
+                message.hidden.CopyFrom(link_message(pb.TensorRef, ref))
         start = time.perf_counter()
         self.trace.mark("link.sent", number)
         try:
@@ -63,6 +64,8 @@ class DeviceStepLink:
         except OSError as e:   # the local lane's drafter is gone
             self._stream_ended(connection, f"the local lane: {e}")
             return failed("the drafter is not connected")
+        self._held = (connection, holds)   # what the drafter holds once it read this step
+        self.device_steps_sent[changes is not None] += 1
         return lambda: self._device_answer(connection, number, start, step)
 
     def _device_answer(self, connection: _Connection, number: int, start: float,
@@ -76,3 +79,14 @@ class DeviceStepLink:
         self._known.difference_update(lost)
         missing = dict.fromkeys([i for i in step.seq_ids if i not in self._known] + lost)   # (in order, once)
         return DeviceDrafts(connection.exchange.drafts(b), list(response.draft_counts), list(missing))
+
+
+def device_message(schedule: DeviceSchedule | ScheduleChanges) -> pb.DeviceStep:
+    """A device step's schedule, whole or as the changes from the last one (drafter.proto, DeviceStep)."""
+    changes = schedule if isinstance(schedule, ScheduleChanges) else None
+    given = schedule if changes is None else changes.given     # (host numpy arrays: no device read)
+    return pb.DeviceStep(seq_ids=given.seq_ids.tolist(), start_pos=given.start_pos.tolist(),
+                         max_shift=given.max_shift.tolist(), chunk_lens=given.chunk_lens.tolist(),
+                         num_drafts=given.num_drafts.tolist(), changes_only=changes is not None,
+                         removed=[] if changes is None else changes.removed.tolist(),
+                         placed=[] if changes is None else changes.placed.tolist())

@@ -55,6 +55,7 @@ class _Connection:
     stream: GrpcStepStream | LocalStepStream
     sender: HiddenSender | None    # the hidden-state buffers this connection registered
     exchange: DeviceExchange | None = None   # the device steps' buffers, when the drafter takes device steps
+    changes_only: bool = False               # ... and reads them as changes (DeviceStep.changes_only)
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,8 @@ class RemoteDrafter(DeviceStepLink):
         self._wake = threading.Event()
         self._closed = False
         self._step = 0
+        self._held = None   # (connection, the schedule its drafter holds after the last device step sent on it)
+        self.device_steps_sent = [0, 0]   # device steps sent [whole, as changes]
         threading.Thread(target=self._connect_loop, name="drafter-link", daemon=True).start()
 
     @property
@@ -167,7 +170,8 @@ class RemoteDrafter(DeviceStepLink):
         if response.device_steps and sender is not None and transport in ("shm", "cuda_ipc"):
             exchange = DeviceExchange(transport, self.max_rows, self.max_seqs, info.max_drafts, self.device)
             buffers += [link_message(pb.SharedBuffer, b) for b in exchange.setup()]
-        connection = _Connection(self._open_stream(stub, response.local_lane, buffers), sender, exchange)
+        connection = _Connection(self._open_stream(stub, response.local_lane, buffers), sender, exchange,
+                                 exchange is not None and response.device_step_changes)
         with self._lock:
             if self._sender is not None:
                 self._sender.close()

@@ -23,6 +23,7 @@ from typing import Callable, Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from .device_schedule import DeviceSchedule
 
 
 @dataclass
@@ -30,6 +31,8 @@ class DeviceDraftStep:
     step: int
     seq_ids: list[int]             # [B]
     start_pos: np.ndarray          # [B] int64 host: each chunk's first position before the device moves it
+                                   # (through a drafter service: at most 64 above it, never below, exact where 0;
+                                   # device_schedule.py)
     max_shift: np.ndarray          # [B] int64 host: how far the device may move it (the unread step's drafts)
     chunk_lens: np.ndarray         # [B] int64 host: rows of each sequence in the batch
     num_drafts: np.ndarray         # [B] int64 host: proposals wanted (0: ingest only)
@@ -42,6 +45,10 @@ class DeviceDraftStep:
     @property
     def num_tokens(self) -> int:
         return int(self.chunk_lens.sum())
+
+    @property
+    def schedule(self) -> DeviceSchedule:
+        return DeviceSchedule.of(self.seq_ids, self.start_pos, self.max_shift, self.chunk_lens, self.num_drafts)
 
 
 @dataclass

@@ -41,7 +41,7 @@ class DrafterInfoRequest(_message.Message):
     def __init__(self, max_drafts: _Optional[int] = ..., hidden_size: _Optional[int] = ..., dtype: _Optional[str] = ..., vocab_size: _Optional[int] = ..., transports: _Optional[_Iterable[_Union[Transport, str]]] = ..., host_id: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., model_type: _Optional[str] = ..., vocab_fingerprint: _Optional[str] = ...) -> None: ...
 
 class DrafterInfoResponse(_message.Message):
-    __slots__ = ("kind", "max_drafts", "hidden_size", "dtype", "vocab_size", "needs_hidden_states", "needs_shared_weights", "transports", "host_id", "gpu_uuid", "model_type", "vocab_fingerprint", "local_lane", "device_steps")
+    __slots__ = ("kind", "max_drafts", "hidden_size", "dtype", "vocab_size", "needs_hidden_states", "needs_shared_weights", "transports", "host_id", "gpu_uuid", "model_type", "vocab_fingerprint", "local_lane", "device_steps", "device_step_changes")
     KIND_FIELD_NUMBER: _ClassVar[int]
     MAX_DRAFTS_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +56,7 @@ class DrafterInfoResponse(_message.Message):
     VOCAB_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     LOCAL_LANE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_STEPS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_STEP_CHANGES_FIELD_NUMBER: _ClassVar[int]
     kind: str
     max_drafts: int
     hidden_size: int
@@ -70,7 +71,8 @@ class DrafterInfoResponse(_message.Message):
     vocab_fingerprint: str
     local_lane: str
     device_steps: bool
-    def __init__(self, kind: _Optional[str] = ..., max_drafts: _Optional[int] = ..., hidden_size: _Optional[int] = ..., dtype: _Optional[str] = ..., vocab_size: _Optional[int] = ..., needs_hidden_states: _Optional[bool] = ..., needs_shared_weights: _Optional[bool] = ..., transports: _Optional[_Iterable[_Union[Transport, str]]] = ..., host_id: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., model_type: _Optional[str] = ..., vocab_fingerprint: _Optional[str] = ..., local_lane: _Optional[str] = ..., device_steps: _Optional[bool] = ...) -> None: ...
+    device_step_changes: bool
+    def __init__(self, kind: _Optional[str] = ..., max_drafts: _Optional[int] = ..., hidden_size: _Optional[int] = ..., dtype: _Optional[str] = ..., vocab_size: _Optional[int] = ..., needs_hidden_states: _Optional[bool] = ..., needs_shared_weights: _Optional[bool] = ..., transports: _Optional[_Iterable[_Union[Transport, str]]] = ..., host_id: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., model_type: _Optional[str] = ..., vocab_fingerprint: _Optional[str] = ..., local_lane: _Optional[str] = ..., device_steps: _Optional[bool] = ..., device_step_changes: _Optional[bool] = ...) -> None: ...
 
 class TensorRef(_message.Message):
     __slots__ = ("transport", "shape", "dtype", "data", "buffer", "offset_bytes")
@@ -151,18 +153,24 @@ class StepInput(_message.Message):
     def __init__(self, step: _Optional[int] = ..., seqs: _Optional[_Iterable[_Union[SeqInput, _Mapping]]] = ..., hidden: _Optional[_Union[TensorRef, _Mapping]] = ..., release_seq_ids: _Optional[_Iterable[int]] = ..., device: _Optional[_Union[DeviceStep, _Mapping]] = ...) -> None: ...
 
 class DeviceStep(_message.Message):
-    __slots__ = ("seq_ids", "start_pos", "max_shift", "chunk_lens", "num_drafts")
+    __slots__ = ("seq_ids", "start_pos", "max_shift", "chunk_lens", "num_drafts", "changes_only", "removed", "placed")
     SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
     START_POS_FIELD_NUMBER: _ClassVar[int]
     MAX_SHIFT_FIELD_NUMBER: _ClassVar[int]
     CHUNK_LENS_FIELD_NUMBER: _ClassVar[int]
     NUM_DRAFTS_FIELD_NUMBER: _ClassVar[int]
+    CHANGES_ONLY_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    PLACED_FIELD_NUMBER: _ClassVar[int]
     seq_ids: _containers.RepeatedScalarFieldContainer[int]
     start_pos: _containers.RepeatedScalarFieldContainer[int]
     max_shift: _containers.RepeatedScalarFieldContainer[int]
     chunk_lens: _containers.RepeatedScalarFieldContainer[int]
     num_drafts: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, seq_ids: _Optional[_Iterable[int]] = ..., start_pos: _Optional[_Iterable[int]] = ..., max_shift: _Optional[_Iterable[int]] = ..., chunk_lens: _Optional[_Iterable[int]] = ..., num_drafts: _Optional[_Iterable[int]] = ...) -> None: ...
+    changes_only: bool
+    removed: _containers.RepeatedScalarFieldContainer[int]
+    placed: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, seq_ids: _Optional[_Iterable[int]] = ..., start_pos: _Optional[_Iterable[int]] = ..., max_shift: _Optional[_Iterable[int]] = ..., chunk_lens: _Optional[_Iterable[int]] = ..., num_drafts: _Optional[_Iterable[int]] = ..., changes_only: _Optional[bool] = ..., removed: _Optional[_Iterable[int]] = ..., placed: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DraftStepRequest(_message.Message):
     __slots__ = ("setup", "step")
