@@ -53,9 +53,14 @@ def mean_acceptance_of_3_39(rng):
 
 
 def round_trip(held_by_verifier, held_by_drafter, current):
-    """One step over the wire; returns what both ends hold after it (asserted equal)."""
+    """One step over the wire (the verifier's message, serialized, read by the drafter); returns what both ends
+    hold after it (asserted equal)."""
+    from drafter_service.device_step import read_schedule
+    from specdec.rpc.v1 import drafter_pb2 as pb
+    from verifier_service.device_step_link import device_message
     changes, holds = changes_between(held_by_verifier, current)
-    decoded = current if changes is None else apply_changes(held_by_drafter, changes)
+    wire = device_message(holds if changes is None else changes).SerializeToString()
+    decoded = read_schedule(pb.DeviceStep.FromString(wire), held_by_drafter)
     for name in ("seq_ids", "max_shift", "chunk_lens", "num_drafts"):
         assert np.array_equal(getattr(decoded, name), getattr(current, name)), name
         assert np.array_equal(getattr(holds, name), getattr(current, name)), name
@@ -121,7 +126,9 @@ def test_joins_leaves_restarts_and_reorders_decode_to_what_the_verifier_holds(se
             verifier, drafter, _ = round_trip(verifier, drafter, model.step())
             model.order.insert(1, skipped)
         elif event == 4:
-            verifier = drafter = None                                                  # a step of the other kind
+            verifier = drafter = None                                                  # a reconnect: both afresh
+        elif event == 7:
+            model.step()                                                               # a step of the other kind
         current = model.step()
         verifier, drafter, changes = round_trip(verifier, drafter, current)
         kinds.add("whole" if changes is None else "changes")

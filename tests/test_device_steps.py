@@ -288,48 +288,72 @@ def test_a_malformed_device_step_is_refused_whole():
     assert np.all(buffers.arrays["drafts"].numpy() == 0)   # nothing was applied
 
 
+class RecordingDrafter:
+    """A DraftsOnDevice drafter that keeps the steps it gets and proposes nothing (zeros, counts of 0)."""
+    drafts_on_device = True
+
+    def __init__(self):
+        self.steps = []
+
+    def draft_on_device(self, step):
+        self.steps.append(step)
+        return DeviceDrafts(torch.zeros(len(step.seq_ids), K, dtype=torch.long), [0] * len(step.seq_ids))
+
+
 def test_a_device_step_sent_as_changes_is_read_against_the_last_one_and_refused_whole():
     """After a whole step, the next comes as changes only: nothing for a steady batch (its rows implied), the
-    staying sequences predicted; malformed changes are refused and leave the held schedule as it was."""
+    staying sequences predicted; malformed changes are refused and leave nothing to run."""
     from drafter_service.device_step import DeviceSteps
     from drafter_service.stream_buffers import StreamBuffers
     from specdec.drafting import DrafterInfo, ModelFacts
     from specdec.rpc.v1 import drafter_pb2 as pb
+    from specdec.transport.shm_buffer import ShmBuffer
     info = DrafterInfo("mtp", K, True, ModelFacts(256, 4096, "float32", "qwen3_5_text"))
+    shapes = {"step_tokens": [2, 16], "step_seqs": [2, 4], "drafts": [4, K]}
+    shm = {name: ShmBuffer.create(8 * r * c) for name, (r, c) in shapes.items()}
+    shm["hidden"] = ShmBuffer.create(16 * 256 * 4)
     buffers = StreamBuffers()
-    buffers.arrays = {"step_tokens": torch.zeros(2, 16, dtype=torch.long),
-                      "step_seqs": torch.zeros(2, 4, dtype=torch.long), "drafts": torch.zeros(4, K, dtype=torch.long)}
-    buffers.shm = {"hidden": type("B", (), {"size_bytes": 16 * 256 * 4})()}
-    steps = DeviceSteps(buffers)
-    whole = pb.StepInput(step=1, device=pb.DeviceStep(seq_ids=[1, 2], start_pos=[0, 5], max_shift=[0, 3],
-                                                      chunk_lens=[4, 4], num_drafts=[3, 3]),
-                         hidden=pb.TensorRef(transport=pb.SHM, shape=[8, 256], dtype="float32", buffer="hidden"))
-    assert steps.problem(whole, info) == ""
-    steps.held, steps.hidden = steps._checked[1:]          # as run() keeps them (without a drafter)
-    steady = pb.StepInput(step=2, device=pb.DeviceStep(changes_only=True))
-    assert steps.problem(steady, info) == ""
-    schedule, hidden = steps._checked[1:]
-    assert schedule.seq_ids.tolist() == [1, 2] and schedule.start_pos.tolist() == [4, 9]
-    assert schedule.chunk_lens.tolist() == [4, 4] and tuple(hidden.shape) == (8, 256) and hidden.buffer == "hidden"
-    joined = pb.StepInput(step=2, device=pb.DeviceStep(changes_only=True, removed=[0], seq_ids=[7, 2],
-                                                       start_pos=[0, 8], max_shift=[0, 2], chunk_lens=[5, 3],
-                                                       num_drafts=[0, 3], placed=[1]))
-    assert steps.problem(joined, info) == ""
-    schedule, hidden = steps._checked[1:]
-    assert schedule.seq_ids.tolist() == [2, 7] and schedule.start_pos.tolist() == [8, 0]
-    assert schedule.chunk_lens.tolist() == [3, 5] and tuple(hidden.shape) == (8, 256)
-    held = steps.held
-    for bad, words in [(dict(removed=[2]), "removed: indices"), (dict(removed=[1, 0]), "removed: indices"),
-                       (dict(seq_ids=[9, 9], start_pos=[0, 0], max_shift=[0, 0], chunk_lens=[1, 1],
-                             num_drafts=[0, 0]), "given twice"),
-                       (dict(seq_ids=[9], start_pos=[0], max_shift=[0], chunk_lens=[9], num_drafts=[0], placed=[2]),
-                        "do not fit"),
-                       (dict(seq_ids=[9], start_pos=[0], max_shift=[0], chunk_lens=[1], num_drafts=[0]), "placed"),
-                       (dict(seq_ids=[9], start_pos=[0], max_shift=[0], chunk_lens=[1], num_drafts=[0], placed=[3]),
-                        "placed")]:
-        message = pb.StepInput(step=3, device=pb.DeviceStep(changes_only=True, **bad))
-        assert words in steps.problem(message, info), bad
-        assert steps.held is held and steps._checked is None
+    buffers.register(pb.Setup(buffers=[
+        pb.SharedBuffer(name=name, transport=pb.SHM, shm_path=str(b.path), size_bytes=b.size_bytes,
+                        dtype="int64" if name in shapes else "", shape=shapes.get(name, []))
+        for name, b in shm.items()]))
+    steps, drafter = DeviceSteps(buffers), RecordingDrafter()
+
+    def take(message):
+        assert steps.problem(message, info) == ""
+        steps.run(drafter, message, torch.device("cpu"))
+        got = drafter.steps[-1]
+        return got.seq_ids, got.start_pos.tolist(), got.chunk_lens.tolist(), tuple(got.hidden.shape)
+    try:
+        whole = pb.StepInput(step=1, device=pb.DeviceStep(seq_ids=[1, 2], start_pos=[0, 5], max_shift=[0, 3],
+                                                          chunk_lens=[4, 4], num_drafts=[3, 3]),
+                             hidden=pb.TensorRef(transport=pb.SHM, shape=[8, 256], dtype="float32", buffer="hidden"))
+        assert take(whole) == ([1, 2], [0, 5], [4, 4], (8, 256))
+        assert take(pb.StepInput(step=2, device=pb.DeviceStep(changes_only=True))) == ([1, 2], [4, 9], [4, 4],
+                                                                                        (8, 256))
+        joined = pb.StepInput(step=3, device=pb.DeviceStep(changes_only=True, removed=[0], seq_ids=[7, 2],
+                                                           start_pos=[0, 12], max_shift=[0, 2], chunk_lens=[5, 3],
+                                                           num_drafts=[0, 3], placed=[1]))
+        assert take(joined) == ([2, 7], [12, 0], [3, 5], (8, 256))
+        for bad, words in [(dict(removed=[2]), "removed: indices"), (dict(removed=[1, 0]), "removed: indices"),
+                           (dict(placed=[0]), "placed"), (dict(start_pos=[7, 8]), "start_pos has 2 values"),
+                           (dict(seq_ids=[9, 9], start_pos=[0, 0], max_shift=[0, 0], chunk_lens=[1, 1],
+                                 num_drafts=[0, 0], placed=[2, 3]), "given twice"),
+                           (dict(seq_ids=[9], start_pos=[0], max_shift=[0], chunk_lens=[9], num_drafts=[0],
+                                 placed=[2]), "do not fit"),
+                           (dict(seq_ids=[9], start_pos=[0], max_shift=[0], chunk_lens=[1], num_drafts=[0]),
+                            "placed"),
+                           (dict(seq_ids=[1 << 63], start_pos=[0], max_shift=[0], chunk_lens=[1], num_drafts=[0],
+                                 placed=[2]), "2^63")]:
+            message = pb.StepInput(step=4, device=pb.DeviceStep(changes_only=True, **bad))
+            assert words in steps.problem(message, info), bad
+            assert steps._checked is None   # nothing for run() to take
+        # the refused messages changed nothing: the next steady step follows step 3
+        assert take(pb.StepInput(step=5, device=pb.DeviceStep(changes_only=True))) == ([2, 7], [15, 5], [3, 5],
+                                                                                        (8, 256))
+    finally:
+        for b in shm.values():
+            b.close()
 
 
 # ---- GPU: the drafter service in its own process, rows and drafts through CUDA IPC buffers and events ---------

@@ -122,7 +122,7 @@ def apply_changes(held: DeviceSchedule | None, changes: ScheduleChanges) -> Devi
     if held is None:
         raise ValueError("changes_only, but no device step came before it on this stream")
     removed, given, placed = changes.removed, changes.given, changes.placed
-    if not len(removed) and not len(given):
+    if not len(removed) and not len(given) and not len(placed):
         return held.predicted()                    # (the usual step)
     if len(removed) and (removed.min() < 0 or removed.max() >= len(held) or (np.diff(removed) <= 0).any()):
         raise ValueError(f"removed: indices must be ascending, once each, below {len(held)} (the last step's "
