@@ -9,6 +9,10 @@ Sections (rows: milliseconds per call, GB/s, fraction of the device-copy rooflin
                            1 + k tokens (final state only), vs the torch reference; --batches
   gdn-prefill              our recurrent kernel vs fla-core chunk vs the torch reference
   conv-verify / conv-prefill  our causal conv1d kernel vs the torch reference
+  attention-decode / -verify, write-kv, norm-rope, rms-norm+residual, gated-rms-norm, silu-mul, moe-experts
+                           the other kernels of a layer, decode and k+1 tokens, vs their torch references
+                           (layer_kernels.py; attention over --context cached positions, MoE at the Qwen3-Next
+                           shape: 512 experts, top 10)
   sampling                 the one-launch speculative sampler vs the torch path (greedy, coupled, q rows; CUDA
                            and --smoke: sampling_bench.py)
   step                     plain decode and k=3 verify of a random 4B-shaped model (--layers of it), eager vs
@@ -29,6 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import timing  # noqa: E402
+from layer_kernels import layer_rows  # noqa: E402
 from timing import copy_bandwidth, row, table, time_ms  # noqa: E402
 
 from kernels.causal_conv1d.reference import causal_conv1d_ref  # noqa: E402
@@ -203,6 +208,8 @@ def main() -> int:
         guarded(rows, "gdn-verify", lambda: gdn_rows(shape, batch, args.num_drafts, device, copy_bw, args.accepted))
         for n, section in ((1, "conv-decode"), (args.num_drafts + 1, "conv-verify")):
             guarded(rows, section, lambda: conv_rows(shape, batch, n, n - 1, device, copy_bw, section))
+        guarded(rows, "layer", lambda: layer_rows(batch, args.num_drafts, args.context, device, copy_bw,
+                                                  args.smoke))
         print(f"kernels at b{batch} done", flush=True)
     if not (args.skip_kernels or args.skip_sampling) and (device.type == "cuda" or args.smoke):
         from sampling_bench import VOCAB_4B, sampling_rows

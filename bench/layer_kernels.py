@@ -1,0 +1,110 @@
+"""bench/kernels.py sections for the kernels around the GDN rule: paged attention (decode and k + 1 verify tokens
+over `context` cached positions), the KV write, q/k norm + partial RoPE, the zero-centred RMSNorm with its
+residual add, the gated GDN output norm, silu · up, and the MoE experts (Qwen3-Next shape). Each is timed against
+its torch reference at batch B, with the bytes it must move and its fraction of the device-copy roofline.
+fla-core has none of these, so there is no fla row.
+"""
+from __future__ import annotations
+
+import torch
+from timing import row, time_ms
+
+from kernels.activation.reference import silu_mul_ref
+from kernels.moe.reference import moe_experts_ref
+from kernels.paged_attention.reference import paged_attention_ref, write_kv_ref
+from kernels.rms_norm.reference import gated_rms_norm_ref, rms_norm_ref
+from kernels.rotary.reference import norm_rope_ref
+
+LAYER_4B = dict(hidden=2560, inter=9216, heads=16, kv_heads=4, head_dim=256, rotary=64, hv=32, dv=128,
+                experts=512, top_k=10, moe_hidden=2048, moe_inter=512, block=16)
+LAYER_SMOKE = dict(hidden=64, inter=96, heads=4, kv_heads=2, head_dim=32, rotary=16, hv=4, dv=16,
+                   experts=8, top_k=2, moe_hidden=32, moe_inter=16, block=4)
+BF16 = torch.bfloat16
+
+
+def _pair(section: str, case: str, ours, ref, moved: int, device, copy_bw: float) -> list[dict]:
+    rows = []
+    for impl, fn, reps in (("ours", ours, 20), ("torch reference", ref, 3)):
+        ms, mode = time_ms(fn, device, reps=reps)
+        rows.append(row(section, case, impl, ms, mode, moved, copy_bw))
+    return rows
+
+
+def attention_rows(s: dict, batch: int, n: int, context: int, device, copy_bw: float) -> list[dict]:
+    """n query tokens per sequence (1: decode, k + 1: verify) at positions context .. context + n - 1."""
+    from kernels.paged_attention.triton_paged_attention import paged_attention_triton
+    from kernels.paged_attention.triton_write_kv import write_kv_triton
+    d, nkv, bs = s["head_dim"], s["kv_heads"], s["block"]
+    width = -(-(context + n) // bs)                                                     # blocks per sequence
+    k_cache = torch.randn(batch * width + 1, bs, nkv, d, device=device, dtype=BF16)
+    v_cache = torch.randn_like(k_cache)
+    tables = torch.arange(batch * width, device=device, dtype=torch.int32).view(batch, width)
+    t = batch * n
+    q = torch.randn(t, s["heads"], d, device=device, dtype=BF16)
+    positions = (context + torch.arange(n, device=device)).repeat(batch)               # [T]
+    cu = torch.arange(0, t + 1, n, device=device, dtype=torch.int32)
+    args = (q, k_cache, v_cache, positions, tables, cu, n, d ** -0.5)
+    kv_read = 2 * batch * (context + n) * nkv * d * 2
+    case = f"b{batch} n{n} ctx{context}"
+    section = "attention-verify" if n > 1 else "attention-decode"
+    rows = _pair(section, case, lambda: paged_attention_triton(*args), lambda: paged_attention_ref(*args),
+                 kv_read + 2 * q.numel() * 2, device, copy_bw)
+    k, v = torch.randn(t, nkv, d, device=device, dtype=BF16), torch.randn(t, nkv, d, device=device, dtype=BF16)
+    slots = (tables[:, context // bs].long().repeat_interleave(n) * bs + positions % bs)   # [T]
+    kv_args = (k, v, k_cache, v_cache, slots)
+    rows += _pair("write-kv", case, lambda: write_kv_triton(*kv_args), lambda: write_kv_ref(*kv_args),
+                  2 * 2 * k.numel() * 2, device, copy_bw)
+    return rows
+
+
+def token_rows(s: dict, batch: int, n: int, device, copy_bw: float) -> list[dict]:
+    """The token-parallel kernels of one layer over batch · n tokens."""
+    from kernels.activation.triton_silu_mul import silu_mul_triton
+    from kernels.rms_norm.triton_rms_norm import gated_rms_norm_triton, rms_norm_triton
+    from kernels.rotary.triton_norm_rope import norm_rope_triton
+    t, case = batch * n, f"b{batch} n{n}"
+    x = torch.randn(t, s["heads"], s["head_dim"], device=device, dtype=BF16)
+    w = torch.randn(s["head_dim"], device=device, dtype=BF16) * 0.1
+    positions = (100 + torch.arange(n, device=device)).repeat(batch)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, s["rotary"], 2, device=device, dtype=torch.float32) / s["rotary"]))
+    rope = (x, w, 1e-6, positions, inv_freq)
+    rows = _pair("norm-rope", case, lambda: norm_rope_triton(*rope), lambda: norm_rope_ref(*rope),
+                 2 * x.numel() * 2, device, copy_bw)
+    h = torch.randn(t, s["hidden"], device=device, dtype=BF16)
+    res, hw = torch.randn_like(h), torch.randn(s["hidden"], device=device, dtype=BF16) * 0.1
+    rows += _pair("rms-norm+residual", case, lambda: rms_norm_triton(h, hw, 1e-6, res),
+                  lambda: rms_norm_ref(h, hw, 1e-6, res), 4 * h.numel() * 2, device, copy_bw)
+    o = torch.randn(t, s["hv"], s["dv"], device=device, dtype=BF16)
+    z, ow = torch.randn_like(o), torch.randn(s["dv"], device=device, dtype=BF16) * 0.1
+    rows += _pair("gated-rms-norm", case, lambda: gated_rms_norm_triton(o, z, ow, 1e-6),
+                  lambda: gated_rms_norm_ref(o, z, ow, 1e-6), 3 * o.numel() * 2, device, copy_bw)
+    gate_up = torch.randn(t, 2 * s["inter"], device=device, dtype=BF16)
+    rows += _pair("silu-mul", case, lambda: silu_mul_triton(gate_up), lambda: silu_mul_ref(gate_up),
+                  3 * gate_up.numel() // 2 * 2, device, copy_bw)
+    return rows
+
+
+def moe_rows(s: dict, batch: int, n: int, device, copy_bw: float) -> list[dict]:
+    """Routed experts at the Qwen3-Next shape: bytes are the experts the tokens reach (weights read once)."""
+    from kernels.moe.triton_moe import moe_experts_triton
+    t, e, hdim, inter, top = batch * n, s["experts"], s["moe_hidden"], s["moe_inter"], s["top_k"]
+    x = torch.randn(t, hdim, device=device, dtype=BF16)
+    gate_up = torch.randn(e, 2 * inter, hdim, device=device, dtype=BF16) * 0.02
+    down = torch.randn(e, hdim, inter, device=device, dtype=BF16) * 0.02
+    ids = torch.stack([torch.randperm(e, device=device)[:top] for _ in range(t)])        # [T, K] distinct
+    weights = torch.softmax(torch.randn(t, top, device=device), -1)
+    reached = int(ids.unique().numel())
+    moved = reached * 3 * inter * hdim * 2 + 2 * x.numel() * 2
+    args = (x, gate_up, down, weights, ids)
+    return _pair("moe-experts", f"b{batch} n{n} E{e} top{top}", lambda: moe_experts_triton(*args),
+                 lambda: moe_experts_ref(*args), moved, device, copy_bw)
+
+
+def layer_rows(batch: int, k: int, context: int, device, copy_bw: float, smoke: bool) -> list[dict]:
+    s = LAYER_SMOKE if smoke else LAYER_4B
+    rows = []
+    for n in (1, k + 1):
+        rows += attention_rows(s, batch, n, context, device, copy_bw)
+        rows += token_rows(s, batch, n, device, copy_bw)
+        rows += moe_rows(s, batch, n, device, copy_bw)
+    return rows
