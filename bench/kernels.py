@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import timing  # noqa: E402
-from layer_kernels import layer_rows  # noqa: E402
+from layer_kernels import layer_rows, ours_and_reference  # noqa: E402
 from timing import copy_bandwidth, row, table, time_ms  # noqa: E402
 
 from kernels.causal_conv1d.reference import causal_conv1d_ref  # noqa: E402
@@ -139,12 +139,8 @@ def conv_rows(shape, batch, n, drafts, device, copy_bw, section) -> list[dict]:
     c = GDNCase(shape, batch, n, drafts, device)
     args = (c.x, c.conv_w, c.conv_state, c.cu, c.slots, c.offsets, c.num_drafts, n)
     moved = 2 * c.x.numel() * 2 + c.conv_w.numel() * 2 + batch * c.x.shape[1] * (2 * shape["width"] - 2 + drafts) * 2
-    rows = []
-    for impl, fn, reps in (("ours", lambda: causal_conv1d_triton(*args), 20),
-                           ("torch reference", lambda: causal_conv1d_ref(*args), 3)):
-        ms, mode = time_ms(fn, device, reps=reps)
-        rows.append(row(section, f"b{batch} n{n}", impl, ms, mode, moved, copy_bw))
-    return rows
+    return ours_and_reference(section, f"b{batch} n{n}", lambda: causal_conv1d_triton(*args),
+                              lambda: causal_conv1d_ref(*args), moved, device, copy_bw)
 
 
 def prefill_rows(shape, batch, tokens, device, copy_bw) -> list[dict]:

@@ -22,7 +22,8 @@ LAYER_SMOKE = dict(hidden=64, inter=96, heads=4, kv_heads=2, head_dim=32, rotary
 BF16 = torch.bfloat16
 
 
-def _pair(section: str, case: str, ours, ref, moved: int, device, copy_bw: float) -> list[dict]:
+def ours_and_reference(section: str, case: str, ours, ref, moved: int, device, copy_bw: float) -> list[dict]:
+    """Rows of our kernel (20 calls) and its torch reference (3) for the same inputs."""
     rows = []
     for impl, fn, reps in (("ours", ours, 20), ("torch reference", ref, 3)):
         ms, mode = time_ms(fn, device, reps=reps)
@@ -47,12 +48,12 @@ def attention_rows(s: dict, batch: int, n: int, context: int, device, copy_bw: f
     kv_read = 2 * batch * (context + n) * nkv * d * 2
     case = f"b{batch} n{n} ctx{context}"
     section = "attention-verify" if n > 1 else "attention-decode"
-    rows = _pair(section, case, lambda: paged_attention_triton(*args), lambda: paged_attention_ref(*args),
+    rows = ours_and_reference(section, case, lambda: paged_attention_triton(*args), lambda: paged_attention_ref(*args),
                  kv_read + 2 * q.numel() * 2, device, copy_bw)
     k, v = torch.randn(t, nkv, d, device=device, dtype=BF16), torch.randn(t, nkv, d, device=device, dtype=BF16)
     slots = (tables[:, context // bs].long().repeat_interleave(n) * bs + positions % bs)   # [T]
     kv_args = (k, v, k_cache, v_cache, slots)
-    rows += _pair("write-kv", case, lambda: write_kv_triton(*kv_args), lambda: write_kv_ref(*kv_args),
+    rows += ours_and_reference("write-kv", case, lambda: write_kv_triton(*kv_args), lambda: write_kv_ref(*kv_args),
                   2 * 2 * k.numel() * 2, device, copy_bw)
     return rows
 
@@ -68,18 +69,18 @@ def token_rows(s: dict, batch: int, n: int, device, copy_bw: float) -> list[dict
     positions = (100 + torch.arange(n, device=device)).repeat(batch)
     inv_freq = 1.0 / (10000 ** (torch.arange(0, s["rotary"], 2, device=device, dtype=torch.float32) / s["rotary"]))
     rope = (x, w, 1e-6, positions, inv_freq)
-    rows = _pair("norm-rope", case, lambda: norm_rope_triton(*rope), lambda: norm_rope_ref(*rope),
+    rows = ours_and_reference("norm-rope", case, lambda: norm_rope_triton(*rope), lambda: norm_rope_ref(*rope),
                  2 * x.numel() * 2, device, copy_bw)
     h = torch.randn(t, s["hidden"], device=device, dtype=BF16)
     res, hw = torch.randn_like(h), torch.randn(s["hidden"], device=device, dtype=BF16) * 0.1
-    rows += _pair("rms-norm+residual", case, lambda: rms_norm_triton(h, hw, 1e-6, res),
+    rows += ours_and_reference("rms-norm+residual", case, lambda: rms_norm_triton(h, hw, 1e-6, res),
                   lambda: rms_norm_ref(h, hw, 1e-6, res), 4 * h.numel() * 2, device, copy_bw)
     o = torch.randn(t, s["hv"], s["dv"], device=device, dtype=BF16)
     z, ow = torch.randn_like(o), torch.randn(s["dv"], device=device, dtype=BF16) * 0.1
-    rows += _pair("gated-rms-norm", case, lambda: gated_rms_norm_triton(o, z, ow, 1e-6),
+    rows += ours_and_reference("gated-rms-norm", case, lambda: gated_rms_norm_triton(o, z, ow, 1e-6),
                   lambda: gated_rms_norm_ref(o, z, ow, 1e-6), 3 * o.numel() * 2, device, copy_bw)
     gate_up = torch.randn(t, 2 * s["inter"], device=device, dtype=BF16)
-    rows += _pair("silu-mul", case, lambda: silu_mul_triton(gate_up), lambda: silu_mul_ref(gate_up),
+    rows += ours_and_reference("silu-mul", case, lambda: silu_mul_triton(gate_up), lambda: silu_mul_ref(gate_up),
                   3 * gate_up.numel() // 2 * 2, device, copy_bw)
     return rows
 
@@ -96,7 +97,7 @@ def moe_rows(s: dict, batch: int, n: int, device, copy_bw: float) -> list[dict]:
     reached = int(ids.unique().numel())
     moved = reached * 3 * inter * hdim * 2 + 2 * x.numel() * 2
     args = (x, gate_up, down, weights, ids)
-    return _pair("moe-experts", f"b{batch} n{n} E{e} top{top}", lambda: moe_experts_triton(*args),
+    return ours_and_reference("moe-experts", f"b{batch} n{n} E{e} top{top}", lambda: moe_experts_triton(*args),
                  lambda: moe_experts_ref(*args), moved, device, copy_bw)
 
 
