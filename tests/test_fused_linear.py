@@ -74,6 +74,25 @@ def test_fuse_projections_fuses_every_layer_of_a_loaded_model(tiny_dir):
     for layer in model.layers:
         mixer = layer.self_attn.qkv_proj if layer.is_attention else layer.linear_attn.in_proj
         for fused in (mixer, layer.mlp.gate_up):
-            assert fused._is_current()
+            assert fused.is_current()
             assert fused.linears[0].weight.data_ptr() == fused.weight.data_ptr()
     assert fuse_projections(model) == 2 * len(model.layers)
+
+
+def test_fusing_again_leaves_fused_weights_where_graphs_read_them(tiny_dir):
+    """A second ModelRunner over the same model fuses again: rows already fused keep their addresses (a first
+    runner's CUDA graphs read them there; re-fusing freed them and its replays read reused memory on the GPU)."""
+    from specdec.models.fused_linear import fuse_projections
+    from specdec.models.loader import load_model
+    from verifier_service.model_runner import ModelRunner
+    loaded = load_model(tiny_dir)
+    model = loaded.model
+    addresses = [p.data_ptr() for p in model.parameters()]
+    for _ in range(2):
+        ModelRunner(loaded, num_blocks=8, block_size=4, max_seqs=1)
+    assert [p.data_ptr() for p in model.parameters()] == addresses
+    layer = model.layers[0]
+    mixer = layer.self_attn.qkv_proj if layer.is_attention else layer.linear_attn.in_proj
+    mixer.linears[0].weight = nn.Parameter(mixer.linears[0].weight.detach().clone(), requires_grad=False)
+    fuse_projections(model)                       # a replaced weight is still fused again
+    assert mixer.is_current() and mixer.linears[0].weight.data_ptr() == mixer.weight.data_ptr()

@@ -26,7 +26,7 @@ class FusedLinear:
         return self.joined(x).split(self.sizes, dim=-1)
 
     def joined(self, x: torch.Tensor) -> torch.Tensor:  # x [T, in] → [T, sum(sizes)], the outputs side by side
-        if not self._is_current():
+        if not self.is_current():
             if x.is_cuda and torch.cuda.is_current_stream_capturing():
                 # a concatenation captured into a graph would run at every replay, into the graph's pool
                 raise RuntimeError("FusedLinear: weights not fused before CUDA graph capture; call "
@@ -34,7 +34,8 @@ class FusedLinear:
             self.fuse()
         return F.linear(x, self.weight)
 
-    def _is_current(self) -> bool:
+    def is_current(self) -> bool:
+        """Are the linears' weights still the rows of the fused tensor, in order, on its device and dtype?"""
         if self.weight is None:
             return False
         row_bytes = self.weight.shape[1] * self.weight.element_size()
@@ -58,8 +59,10 @@ class FusedLinear:
 
 def fuse_projections(model: nn.Module) -> int:
     """Fuse every FusedLinear inside `model` now (after loading, before any CUDA graph capture). Returns how
-    many there were."""
+    many there were. Rows already fused stay where they are: graphs captured over this model (by an earlier
+    ModelRunner, say) read the fused weights by address, and fusing again would free what they read."""
     fused = [value for module in model.modules() for value in vars(module).values() if isinstance(value, FusedLinear)]
     for f in fused:
-        f.fuse()
+        if not f.is_current():
+            f.fuse()
     return len(fused)
