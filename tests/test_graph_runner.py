@@ -41,6 +41,53 @@ def test_bucket_for_picks_smallest_fitting_bucket(tiny_model):
     assert graphs.bucket_for(plan_of([1] * 9)) is None                          # more than the largest bucket
 
 
+def prefill_plan(lens, logits=1):
+    plan = plan_of(lens)
+    plan.num_drafts[:] = 0
+    plan.logits_per_seq = np.full(len(lens), logits, np.int64)
+    return plan
+
+
+def test_a_prompt_chunk_alone_takes_the_smallest_prefill_bucket(tiny_model):
+    runner = ModelRunner(tiny_model, num_blocks=16, block_size=4, max_seqs=8, max_drafts=3)
+    runner.use_graphs(capture=False)
+    graphs = runner.graphs
+    assert graphs.bucket_for(prefill_plan([5])) == (1, 32)
+    assert graphs.bucket_for(prefill_plan([33])) == (1, 64)
+    assert graphs.bucket_for(prefill_plan([128], logits=0)) == (1, 128)         # a chunk that does not sample
+    assert graphs.bucket_for(prefill_plan([256])) == (1, 256)
+    assert graphs.bucket_for(prefill_plan([257])) is None                       # longer than the largest
+    assert graphs.bucket_for(prefill_plan([40, 1])) is None                     # beside another sequence
+    assert graphs.bucket_for(prefill_plan([40], logits=2)) is None              # more than one logit row
+
+
+@pytest.mark.parametrize("length", [1, 5, 32, 37, 130])
+def test_padded_prefill_bucket_equals_unpadded(tiny_model, length):
+    """A prompt chunk alone, padded to its prefill bucket: the same last-row logits, hidden rows and caches as the
+    unpadded chunk; then a decode step from those caches agrees too."""
+    prompt = random_prompts([length], tiny_model.config.vocab_size, seed=length)[0]
+    runners, seqs = [], []
+    for padded in (False, True):
+        runner = ModelRunner(tiny_model, num_blocks=64, block_size=4, max_seqs=2, max_drafts=3)
+        if padded:
+            runner.use_graphs(capture=False)
+        seq = Sequence(0, list(prompt), length)
+        hidden, logits = runner.forward([seq], [list(prompt)])
+        runners.append((runner, seq, hidden, logits))
+    (eager, seq_e, hidden_e, logits_e), (padded, seq_p, hidden_p, logits_p) = runners
+    bucket = padded.graphs.bucket_for(padded._plan([seq_p], [prompt], None, "last"))
+    assert padded.last_outputs[0].shape[0] == bucket[1] >= length        # it ran in its bucket, padded
+    assert padded.graphs.is_prefill(bucket) == (length > 4)
+    torch.testing.assert_close(hidden_p, hidden_e, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits_p, logits_e, atol=1e-4, rtol=1e-4)
+    assert_caches_equal(eager, padded, [seq_e.gdn_slot])
+    for runner, seq in ((eager, seq_e), (padded, seq_p)):
+        seq.num_cached = length
+    _, next_e = eager.forward([seq_e], [[7]])
+    _, next_p = padded.forward([seq_p], [[7]])
+    torch.testing.assert_close(next_p, next_e, atol=1e-4, rtol=1e-4)
+
+
 def prefilled_pair(loaded, max_drafts=3):
     """Two runners with the same prompts prefilled eagerly; the second runs decode steps in padded buckets."""
     runners, seqs = [], []
@@ -98,12 +145,16 @@ def test_padding_touches_only_scratch_rows(tiny_model):
         assert torch.equal(k[untouched], before[untouched])
 
 
-def test_greedy_with_padded_buckets_equals_eager(tiny_model):
-    prompts = random_prompts([3, 7, 1, 12, 5], tiny_model.config.vocab_size, seed=4)
-    eager = ModelRunner(tiny_model, num_blocks=64, block_size=4, max_seqs=5)
-    padded = ModelRunner(tiny_model, num_blocks=64, block_size=4, max_seqs=5)
+@pytest.mark.parametrize("max_seqs", [5, 1], ids=["batch", "one-at-a-time"])
+def test_greedy_with_padded_buckets_equals_eager(tiny_model, max_seqs):
+    """One at a time, every prompt is prefilled in a prefill bucket."""
+    prompts = random_prompts([3, 7, 1, 12, 5, 40], tiny_model.config.vocab_size, seed=4)
+    eager = ModelRunner(tiny_model, num_blocks=64, block_size=4, max_seqs=max_seqs)
+    padded = ModelRunner(tiny_model, num_blocks=64, block_size=4, max_seqs=max_seqs)
     padded.use_graphs(capture=False)
-    assert greedy_generate(padded, prompts, 12) == greedy_generate(eager, prompts, 12)
+    expected = [greedy_generate(eager, prompts[i:i + max_seqs], 12) for i in range(0, len(prompts), max_seqs)]
+    assert [greedy_generate(padded, prompts[i:i + max_seqs], 12) for i in range(0, len(prompts), max_seqs)] == \
+        expected
 
 
 @pytest.mark.parametrize("kind", ["mtp", "all-reject"])
@@ -137,6 +188,39 @@ def test_gpu_graphs_speculative_equals_eager_plain(tmp_path, kind):
     engine = make_engine(loaded, drafter, 3, max_running=16)
     assert engine.runner.graphs is not None and engine.runner.graphs.graphs
     assert engine.generate(prompts, params) == expected
+
+
+@pytest.mark.gpu
+def test_gpu_prompts_alone_replay_prefill_graphs_and_decode_as_eager(tmp_path):
+    """fp32 on CUDA, requests one at a time: each prompt chunk replays a prefill graph in the verifier (and, with
+    the MTP head, in its catch-up), and the output equals plain decoding with graphs off. Both engines are built
+    before either runs: a runner built after another must leave the first one's graphs valid (it once fused the
+    shared weights again, and the first runner's graphs read freed memory)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from specdec.models.loader import load_model
+    from specdec.tiny import make_tiny
+    loaded = load_model(make_tiny(tmp_path, seed=0, progress=False), device="cuda")
+    prompts = random_prompts([5, 40, 130, 200, 3], loaded.config.vocab_size, seed=7)
+    params = [SamplingParams(max_tokens=12, ignore_eos=True)] * len(prompts)
+    plain = make_engine(loaded, max_running=1, chunk=256, budget=512)
+    plain.runner.graphs = None                                  # eager reference
+    expected = plain.generate(prompts, params)
+    drafter = make_drafter("mtp", loaded, 3)
+    engines = (make_engine(loaded, max_running=1, chunk=256, budget=512),
+               make_engine(loaded, drafter, 3, max_running=1, chunk=256, budget=512))
+    for engine in engines:
+        replayed = []
+        for graphs in (engine.runner.graphs, drafter.loop.graphs if engine.drafter else None):
+            if graphs is not None:
+                run = graphs.run
+                graphs.run = lambda plan, bucket, before=None, g=graphs, run=run: (
+                    replayed.append((g is engine.runner.graphs, g.is_prefill(bucket))) or run(plan, bucket, before))
+        assert engine.generate(prompts, params) == expected
+        longer = sum(len(p) > engine.runner.graphs.tokens_per_seq[-1] for p in prompts)   # 3 tokens: a verify bucket
+        assert sum(verifier and prefill for verifier, prefill in replayed) == longer
+        if engine.drafter:
+            assert sum(not verifier and prefill for verifier, prefill in replayed) >= 3     # 40, 130, 200 at least
 
 
 @pytest.mark.gpu

@@ -53,6 +53,26 @@ def test_bucket_padded_steps_draft_what_unpadded_steps_draft(tiny_model):
     assert any(len(batch.seqs) in (3, 5) for batch, _ in calls)  # batches padded to buckets of 4 and 8
 
 
+def test_a_prompt_alone_drafts_the_same_from_its_prefill_bucket(tiny_model):
+    """Requests one at a time (as at batch 1): each prompt's catch-up runs in a prefill bucket (one sequence of up
+    to 32 / 64 / ... pairs, padded) and drafts what the unpadded catch-up drafts."""
+    drafter = Recorder(MTPDrafter(tiny_model, 3, num_blocks=128, block_size=BLOCK))
+    engine = make_engine(tiny_model, drafter, 3, max_running=1, chunk=64)
+    prompts = random_prompts([3, 9, 30, 40], tiny_model.config.vocab_size, seed=6)
+    engine.generate(prompts, SamplingParams(max_tokens=6, ignore_eos=True))
+    padded = MTPDrafter(tiny_model, 3, num_blocks=128, block_size=BLOCK, options=MTPOptions(max_seqs=1))
+    padded.loop.use_graphs(capture=False)
+    prefill_buckets, run = [], padded.loop.graphs.run
+
+    def spy(plan, bucket, before=None):
+        prefill_buckets.append(padded.loop.graphs.is_prefill(bucket))
+        return run(plan, bucket, before)
+    padded.loop.graphs.run = spy
+    for got, want in replay(padded, drafter.calls):
+        assert got == want
+    assert sum(prefill_buckets) == 3   # the prompts of 9, 30 and 40 tokens (3: a verify bucket)
+
+
 def test_reduced_vocabulary_drafts_the_argmax_over_its_ids(tiny_model):
     vocab = tiny_model.config.vocab_size
     hot = torch.randperm(vocab, generator=torch.Generator().manual_seed(0))[: vocab // 3].sort().values

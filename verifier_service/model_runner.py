@@ -17,7 +17,7 @@ import torch
 from specdec.id_pool import IdPool
 from specdec.models.batch_staging import BatchStaging, StepPlan, logit_rows_per_seq
 from specdec.models.caches import ModelCaches
-from specdec.models.cuda_graph_runner import BATCH_BUCKETS, CudaGraphRunner, buckets_for
+from specdec.models.cuda_graph_runner import BATCH_BUCKETS, PREFILL_TOKENS, CudaGraphRunner, buckets_for
 from specdec.models.forward_batch import ForwardBatch, as_array
 from specdec.models.fused_linear import fuse_projections
 from specdec.models.loader import LoadedModel
@@ -58,12 +58,14 @@ class ModelRunner:
                             scratch_block=self.caches.kv.scratch_block, scratch_gdn_slot=self.caches.gdn.scratch_slot)
 
     def use_graphs(self, capture: bool = True, batch_buckets: tuple[int, ...] = BATCH_BUCKETS) -> None:
-        """Run decode / verify steps in padded batch-size buckets: replayed CUDA graphs with `capture`, else
-        the same padded batches eagerly (CPU tests). Set `epilogue` before this: it is captured with the step."""
+        """Run decode / verify steps in padded batch-size buckets, and a prompt chunk alone in a prefill bucket:
+        replayed CUDA graphs with `capture`, else the same padded batches eagerly (CPU tests). Set `epilogue`
+        before this: it is captured with the step."""
         buckets = buckets_for(self.gdn_slots.size, batch_buckets)
         tokens_per_seq = (1,) if self.max_drafts == 0 else (1, 1 + self.max_drafts)
-        staging = self._new_staging(buckets[-1] * tokens_per_seq[-1], buckets[-1])
-        self.graphs = CudaGraphRunner(self._step, staging, buckets, tokens_per_seq, capture=capture)
+        staging = self._new_staging(max(buckets[-1] * tokens_per_seq[-1], PREFILL_TOKENS[-1]), buckets[-1])
+        self.graphs = CudaGraphRunner(self._step, staging, buckets, tokens_per_seq, capture=capture,
+                                      prefill_tokens=PREFILL_TOKENS)
         self.graphs.capture_all()
 
     # ---- cache ownership ---------------------------------------------------------------

@@ -11,7 +11,8 @@ The draft-step KV rows are written at pos + j, inside the blocks the drafter res
 overwrites whatever of them the verifier did not commit, before anything reads them.
 
 On CUDA the whole step is captured per batch-size bucket (specdec.models.cuda_graph_runner) with the catch-up
-padded to k + 1 tokens per sequence; longer catch-ups (prompts) run eagerly with the same code.
+padded to k + 1 tokens per sequence, and for one sequence's prompt chunk alone in prefill buckets; other longer
+catch-ups (prompts beside other sequences) run eagerly with the same code.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import torch
 
 from specdec.models.batch_staging import BatchStaging, StepPlan
 from specdec.models.caches import ModelCaches
-from specdec.models.cuda_graph_runner import BATCH_BUCKETS, CudaGraphRunner, buckets_for
+from specdec.models.cuda_graph_runner import BATCH_BUCKETS, PREFILL_TOKENS, CudaGraphRunner, buckets_for
 from specdec.models.forward_batch import ForwardBatch
 
 from .mtp_head import MTPHead
@@ -56,12 +57,13 @@ class MTPDraftLoop:
         """Run steps with short catch-ups padded to batch buckets x (k + 1) tokens: replayed CUDA graphs with
         `capture`, else the same padded batches eagerly (CPU tests of the padding)."""
         buckets = buckets_for(self.max_seqs, BATCH_BUCKETS)
-        staging = BatchStaging(buckets[-1] * (self.max_drafts + 1), buckets[-1], self.max_blocks, self.block_size,
-                               self.device, scratch_block=self.staging.scratch_block)
+        staging = BatchStaging(max(buckets[-1] * (self.max_drafts + 1), PREFILL_TOKENS[-1]), buckets[-1],
+                               self.max_blocks, self.block_size, self.device, scratch_block=self.staging.scratch_block)
         self.hidden_in = torch.zeros(staging.max_tokens, self.hidden_in.shape[1], dtype=self.hidden_in.dtype,
                                      device=self.device)                              # [bucket tokens, H]
         self._grow_unit(buckets[-1])
-        self.graphs = CudaGraphRunner(self._graph_step, staging, buckets, (self.max_drafts + 1,), capture=capture)
+        self.graphs = CudaGraphRunner(self._graph_step, staging, buckets, (self.max_drafts + 1,), capture=capture,
+                                      prefill_tokens=PREFILL_TOKENS)
         self.graphs.capture_all()
 
     def set_draft_vocab(self, ids: torch.Tensor) -> None:

@@ -133,15 +133,16 @@ class BatchStaging:
         views["block_tables"] = views["block_tables"].reshape(self.max_seqs, self.max_blocks)
         return views
 
-    def stage(self, plan: StepPlan, bucket: tuple[int, int] | None = None) -> ForwardBatch:
+    def stage(self, plan: StepPlan, bucket: tuple[int, int] | None = None, prefill: bool = False) -> ForwardBatch:
         """Fill a host buffer, copy it to the device (non-blocking) and return the batch as device views.
         `bucket` = (num_seqs, tokens_per_seq): pad to that many sequences (length 0, scratch GDN slot) and
         num_seqs * tokens_per_seq tokens (scratch KV row) and logit rows (row 0), with max_seqlen =
-        tokens_per_seq: the static shape of a CUDA-graph bucket."""
+        tokens_per_seq: the static shape of a CUDA-graph bucket. `prefill`: a prompt chunk's bucket, one logit
+        row per sequence and no drafts."""
         b, t = plan.num_seqs, plan.num_tokens
         bp, tp = (b, t) if bucket is None else (bucket[0], bucket[0] * bucket[1])
         n = int(plan.logits_per_seq.sum())
-        np_ = n if bucket is None else tp
+        np_ = n if bucket is None else bp if prefill else tp
         self._check_capacity(plan, bp, tp, np_)
         h = self._next_host()
         cu = h["cu_seqlens"][: bp + 1]
@@ -168,7 +169,7 @@ class BatchStaging:
         self._copy_to_device(self.offsets["block_tables"] + bp * self.max_blocks)
         d = self.device_views
         max_seqlen = int(plan.seq_lens.max(initial=0)) if bucket is None else bucket[1]
-        max_drafts = int(plan.num_drafts.max(initial=0)) if bucket is None else bucket[1] - 1
+        max_drafts = int(plan.num_drafts.max(initial=0)) if bucket is None else 0 if prefill else bucket[1] - 1
         return ForwardBatch(
             input_ids=d["input_ids"][:tp], positions=d["positions"][:tp], cu_seqlens=d["cu_seqlens"][: bp + 1],
             block_tables=d["block_tables"][:bp], slot_mapping=d["slot_mapping"][:tp],

@@ -1,9 +1,13 @@
-"""Decode / verify steps replayed from CUDA graphs, one per (batch-size bucket, tokens per sequence).
+"""Decode / verify steps replayed from CUDA graphs, one per (batch-size bucket, tokens per sequence), and prompt
+chunks of one sequence alone (prefill buckets: one sequence of up to q tokens, one logit row).
 
 A step of B sequences with at most q tokens each runs in the graph of the smallest bucket >= B captured for
 the smallest q' >= q: its batch is staged padded to that bucket (padding sequences of length 0 on the scratch
 GDN slot, padding tokens writing the scratch KV row, logit rows padded with row 0), so every tensor the graph
-reads sits at the address it was captured with. Larger batches and longer chunks (prefill) run eagerly.
+reads sits at the address it was captured with. A prompt chunk alone (one sequence, no drafts, at most one
+logit row: every request's first step at batch 1) runs in the smallest prefill bucket that holds it; an eager
+prefill is bound by launching ~900 kernels (24 ms for 128 tokens at the 4B shape on an H100, 7 ms of GPU work).
+Larger batches and longer chunks, and prompt chunks beside other sequences, run eagerly.
 
 The captured callable is `step(batch) -> tuple of tensors`; its outputs are static buffers, overwritten by the
 next replay of any graph (they share one memory pool). Whatever the caller appends to `step` before capture
@@ -26,6 +30,7 @@ from .forward_batch import ForwardBatch
 log = logging.getLogger(__name__)
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+PREFILL_TOKENS = (32, 64, 128, 256)   # prefill buckets: one sequence of up to this many tokens
 Step = Callable[[ForwardBatch], tuple[torch.Tensor, ...]]
 
 
@@ -38,32 +43,45 @@ def buckets_for(max_seqs: int, candidates: tuple[int, ...] = BATCH_BUCKETS) -> t
 
 class CudaGraphRunner:
     def __init__(self, step: Step, staging: BatchStaging, batch_buckets: tuple[int, ...],
-                 tokens_per_seq: tuple[int, ...], capture: bool = True):
+                 tokens_per_seq: tuple[int, ...], capture: bool = True, prefill_tokens: tuple[int, ...] = ()):
         self.step, self.staging, self.capture = step, staging, capture
         self.batch_buckets, self.tokens_per_seq = tuple(sorted(batch_buckets)), tuple(sorted(tokens_per_seq))
-        if self.batch_buckets[-1] > staging.max_seqs or \
-                self.batch_buckets[-1] * self.tokens_per_seq[-1] > staging.max_tokens:
+        self.prefill_tokens = tuple(q for q in sorted(prefill_tokens) if q > self.tokens_per_seq[-1])
+        if self.batch_buckets[-1] > staging.max_seqs or self.max_tokens > staging.max_tokens:
             raise ValueError(f"graph staging area ({staging.max_seqs} sequences, {staging.max_tokens} tokens) "
                              f"is smaller than the largest bucket")
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
         self.pool = None
 
+    @property
+    def max_tokens(self) -> int:
+        """Tokens of the largest bucket."""
+        return max(self.batch_buckets[-1] * self.tokens_per_seq[-1], max(self.prefill_tokens, default=0))
+
     def bucket_for(self, plan: StepPlan) -> tuple[int, int] | None:
         """(batch bucket, tokens per sequence) for this step, or None when it must run eagerly."""
-        if plan.num_seqs == 0 or plan.num_seqs > self.batch_buckets[-1]:
+        if plan.num_seqs == 0:
             return None
         longest = int(plan.seq_lens.max())
-        q = next((q for q in self.tokens_per_seq if q >= longest), None)
-        if q is None:
-            return None
-        return next(b for b in self.batch_buckets if b >= plan.num_seqs), q
+        if plan.num_seqs <= self.batch_buckets[-1]:
+            q = next((q for q in self.tokens_per_seq if q >= longest), None)
+            if q is not None:
+                return next(b for b in self.batch_buckets if b >= plan.num_seqs), q
+        if plan.num_seqs == 1 and plan.logits_per_seq[0] <= 1 and plan.num_drafts[0] == 0:
+            q = next((q for q in self.prefill_tokens if q >= longest), None)
+            if q is not None:
+                return 1, q
+        return None
+
+    def is_prefill(self, bucket: tuple[int, int]) -> bool:
+        return bucket[1] in self.prefill_tokens
 
     def run(self, plan: StepPlan, bucket: tuple[int, int], before: Callable[[ForwardBatch], object] | None = None
             ) -> tuple[ForwardBatch, tuple[torch.Tensor, ...]]:
         """Stage the padded batch and replay its graph (or run it eagerly without capture). Returns the padded
         batch and the step's padded outputs; rows past the real tokens / logit rows are padding. `before` gets
         the staged batch first (device work queued ahead of the replay, e.g. writing input ids in place)."""
-        batch = self.staging.stage(plan, bucket)
+        batch = self.staging.stage(plan, bucket, prefill=self.is_prefill(bucket))
         if before is not None:
             before(batch)
         if not self.capture:
@@ -78,18 +96,20 @@ class CudaGraphRunner:
         if not self.capture:
             return
         self.pool = torch.cuda.graph_pool_handle()
-        keys = [(b, q) for q in reversed(self.tokens_per_seq) for b in reversed(self.batch_buckets)]
+        keys = [(1, q) for q in reversed(self.prefill_tokens)]
+        keys += [(b, q) for q in reversed(self.tokens_per_seq) for b in reversed(self.batch_buckets)]
         for key in tqdm(keys, desc="capturing CUDA graphs", unit="graph", leave=False):
             try:
                 self.graphs[key] = self._capture(key)
             except Exception as e:
                 raise RuntimeError(f"capturing the CUDA graph of {key[0]} sequences x {key[1]} tokens failed "
                                    f"({type(e).__name__}: {e}); --enforce-eager runs without graphs") from e
-        log.info("captured %d CUDA graphs: batch buckets %s x tokens per sequence %s", len(self.graphs),
-                 self.batch_buckets, self.tokens_per_seq)
+        log.info("captured %d CUDA graphs: batch buckets %s x tokens per sequence %s, prefill buckets of one "
+                 "sequence %s", len(self.graphs), self.batch_buckets, self.tokens_per_seq, self.prefill_tokens)
 
     def _capture(self, bucket: tuple[int, int]) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]:
-        batch = self.staging.stage(padding_only_plan(self.staging.max_blocks), bucket)
+        batch = self.staging.stage(padding_only_plan(self.staging.max_blocks), bucket,
+                                   prefill=self.is_prefill(bucket))
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
