@@ -23,10 +23,12 @@ BF16 = torch.bfloat16
 
 
 def ours_and_reference(section: str, case: str, ours, ref, moved: int, device, copy_bw: float) -> list[dict]:
-    """Rows of our kernel (20 calls) and its torch reference (3) for the same inputs."""
+    """Rows of our kernel (20 calls, in a CUDA graph) and its torch reference (3, eager: some references read
+    lengths back to the host, and a capture that fails that way leaves the CUDA generator in capture mode, which
+    breaks every later torch.randn of the run)."""
     rows = []
-    for impl, fn, reps in (("ours", ours, 20), ("torch reference", ref, 3)):
-        ms, mode = time_ms(fn, device, reps=reps)
+    for impl, fn, reps, graph in (("ours", ours, 20, True), ("torch reference", ref, 3, False)):
+        ms, mode = time_ms(fn, device, reps=reps, graph=graph)
         rows.append(row(section, case, impl, ms, mode, moved, copy_bw))
     return rows
 
