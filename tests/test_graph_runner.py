@@ -88,6 +88,31 @@ def test_padded_prefill_bucket_equals_unpadded(tiny_model, length):
     torch.testing.assert_close(next_p, next_e, atol=1e-4, rtol=1e-4)
 
 
+def test_later_prompt_chunks_in_prefill_buckets_equal_unpadded(tiny_model):
+    """A prompt fed in chunks (40, 67, 43 tokens; the first two sample nothing): each later chunk starts from the
+    KV, GDN and conv state the earlier ones left and runs in its own prefill bucket, padded; the logits, the caches
+    and the next decode step equal the unpadded run."""
+    prompt = random_prompts([150], tiny_model.config.vocab_size, seed=11)[0]
+    chunks, results = [prompt[:40], prompt[40:107], prompt[107:]], []
+    for padded in (False, True):
+        runner = ModelRunner(tiny_model, num_blocks=64, block_size=4, max_seqs=2, max_drafts=3)
+        if padded:
+            runner.use_graphs(capture=False)
+        seq, buckets = Sequence(0, list(prompt), len(prompt)), []
+        for i, chunk in enumerate(chunks):
+            last = i == len(chunks) - 1
+            _, logits = runner.forward([seq], [chunk], logits="last" if last else [0])
+            buckets.append(runner.last_outputs[0].shape[0])
+            seq.num_cached += len(chunk)
+        _, decoded = runner.forward([seq], [[7]])
+        results.append((runner, seq, logits.clone(), decoded.clone(), buckets))
+    (eager, seq_e, logits_e, next_e, _), (padded, seq_p, logits_p, next_p, buckets) = results
+    assert buckets == [64, 128, 64]                                         # every chunk ran padded
+    torch.testing.assert_close(logits_p, logits_e, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(next_p, next_e, atol=1e-4, rtol=1e-4)
+    assert_caches_equal(eager, padded, [seq_e.gdn_slot])
+
+
 def prefilled_pair(loaded, max_drafts=3):
     """Two runners with the same prompts prefilled eagerly; the second runs decode steps in padded buckets."""
     runners, seqs = [], []

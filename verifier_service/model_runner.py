@@ -2,7 +2,8 @@
 
 Each step is described on the host with numpy (one entry per sequence; block tables live in a persistent host
 array with one row per GDN slot, updated when blocks are added), staged to the device with one copy, and run
-either eagerly or, for decode / verify steps on CUDA, by replaying a CUDA graph (specdec/models/cuda_graph_runner.py).
+either eagerly or, on CUDA, by replaying a CUDA graph: decode / verify steps, and a prompt chunk of up to 256
+tokens that runs alone (specdec/models/cuda_graph_runner.py).
 """
 from __future__ import annotations
 

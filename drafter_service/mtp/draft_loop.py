@@ -54,8 +54,9 @@ class MTPDraftLoop:
             self.use_graphs(capture=True)
 
     def use_graphs(self, capture: bool = True) -> None:
-        """Run steps with short catch-ups padded to batch buckets x (k + 1) tokens: replayed CUDA graphs with
-        `capture`, else the same padded batches eagerly (CPU tests of the padding)."""
+        """Run steps with short catch-ups padded to batch buckets x (k + 1) tokens, and one sequence's catch-up
+        of up to 256 tokens alone in a prefill bucket: replayed CUDA graphs with `capture`, else the same padded
+        batches eagerly (CPU tests of the padding)."""
         buckets = buckets_for(self.max_seqs, BATCH_BUCKETS)
         staging = BatchStaging(max(buckets[-1] * (self.max_drafts + 1), PREFILL_TOKENS[-1]), buckets[-1],
                                self.max_blocks, self.block_size, self.device, scratch_block=self.staging.scratch_block)

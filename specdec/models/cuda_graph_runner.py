@@ -5,7 +5,8 @@ A step of B sequences with at most q tokens each runs in the graph of the smalle
 the smallest q' >= q: its batch is staged padded to that bucket (padding sequences of length 0 on the scratch
 GDN slot, padding tokens writing the scratch KV row, logit rows padded with row 0), so every tensor the graph
 reads sits at the address it was captured with. A prompt chunk alone (one sequence, no drafts, at most one
-logit row: every request's first step at batch 1) runs in the smallest prefill bucket that holds it; an eager
+logit row: at batch 1 the chunks of every prompt longer than the largest q, up to 256 tokens each) runs in the
+smallest prefill bucket that holds it; an eager
 prefill is bound by launching ~900 kernels (24 ms for 128 tokens at the 4B shape on an H100, 7 ms of GPU work).
 Larger batches and longer chunks, and prompt chunks beside other sequences, run eagerly.
 
@@ -74,6 +75,7 @@ class CudaGraphRunner:
         return None
 
     def is_prefill(self, bucket: tuple[int, int]) -> bool:
+        """Is this a prefill bucket (one sequence, one logit row, no drafts)?"""
         return bucket[1] in self.prefill_tokens
 
     def run(self, plan: StepPlan, bucket: tuple[int, int], before: Callable[[ForwardBatch], object] | None = None
@@ -91,8 +93,9 @@ class CudaGraphRunner:
         return batch, outputs
 
     def capture_all(self) -> None:
-        """Capture every bucket, largest first (they share one memory pool). Each is warmed up eagerly first
-        (Triton compiles) on a batch of padding only, so no sequence's cache is touched."""
+        """Capture every bucket (they share one memory pool): the prefill buckets, then the batch buckets, each
+        group largest first. Each is warmed up eagerly first (Triton compiles) on a batch of padding only, so no
+        sequence's cache is touched."""
         if not self.capture:
             return
         self.pool = torch.cuda.graph_pool_handle()

@@ -5,7 +5,8 @@ capture) on the weights' device and dtype, and each linear's
 weight becomes a view of its rows of the fused [sum of outputs, in] tensor: parameter names, state_dict and
 memory stay as they were. The outputs come back as column slices of one [T, sum] result (row-strided views);
 the kernels that read them take row strides. A linear whose weight was replaced since (load_state_dict with
-assign, .to(dtype)) is seen on the next call and the rows are fused again.
+assign, .to(dtype)) is seen on the next call and the rows are fused again; after a CUDA graph was captured over
+the model that frees the rows the graph reads, so replace weights before capturing, never after.
 """
 from __future__ import annotations
 
