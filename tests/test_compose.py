@@ -17,7 +17,6 @@ import copy
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from specdec.local_stack import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 COMPOSE = REPO / "compose"
@@ -493,10 +494,6 @@ def test_readme_documents_the_commands():
 
 
 # ---- the compose commands as local processes -----------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def localize(command: list[str], ports: dict[int, int]) -> list[str]:
