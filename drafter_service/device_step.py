@@ -62,8 +62,6 @@ def read_schedule(d: pb.DeviceStep, held: DeviceSchedule | None) -> DeviceSchedu
     for name in ("start_pos", "max_shift", "chunk_lens", "num_drafts"):
         if len(getattr(d, name)) != b:
             raise ValueError(f"{name} has {len(getattr(d, name))} values for {b} sequences")
-    if d.changes_only and not b and not d.removed and not d.placed and held is not None:
-        return held.predicted()                    # (the usual step)
     if b and max(d.seq_ids) >= 1 << 63:
         raise ValueError("seq_ids: ids of 2^63 and above are not taken")
     given = DeviceSchedule.of(d.seq_ids, d.start_pos, d.max_shift, d.chunk_lens, d.num_drafts)

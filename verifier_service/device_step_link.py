@@ -48,7 +48,8 @@ class DeviceStepLink:
         release, self._pending_release = self._pending_release, []
         held = self._held[1] if self._held is not None and self._held[0] is connection else None
         changes, holds = changes_between(held, step.schedule) if connection.changes_only else (None, step.schedule)
-        message = pb.StepInput(step=number, release_seq_ids=release, device=device_message(holds if changes is None else changes))
+        message = pb.StepInput(step=number, release_seq_ids=release,
+                               device=device_message(holds if changes is None else changes))
         self.trace.mark("link.message", number)
         with self._lock:   # a reconnect closes the replaced connection's buffers under this lock
             if connection is not self._connection:

@@ -79,10 +79,6 @@ class ScheduleChanges:
     placed: np.ndarray        # [N] int64 ascending: each new sequence's index in this step's order
 
 
-_NONE = np.zeros(0, np.int64)
-NO_CHANGES = ScheduleChanges(_NONE, DeviceSchedule(np.zeros((5, 0), np.int64)), _NONE)
-
-
 def changes_between(held: DeviceSchedule | None, current: DeviceSchedule
                     ) -> tuple[ScheduleChanges | None, DeviceSchedule]:
     """(the changes that turn `held` into `current`, or None when they cannot: send `current` whole; the schedule
@@ -97,11 +93,6 @@ def changes_between(held: DeviceSchedule | None, current: DeviceSchedule
     guess = (held if same else held.take(stays)).predicted()
     now = current if same else current.take(known)
     off = _off(guess, now)                                                             # [S]
-    if same:
-        if not off.any():
-            return NO_CHANGES, guess
-        return ScheduleChanges(_NONE, DeviceSchedule(now.rows[:, off]), _NONE), \
-            DeviceSchedule(np.where(off, now.rows, guess.rows))
     placed = np.flatnonzero(~known)
     new = current.take(placed)
     given = DeviceSchedule(np.concatenate([now.rows[:, off], new.rows], axis=1))
