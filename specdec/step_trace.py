@@ -3,10 +3,13 @@ finding where a step's wall time goes between the two processes (`specdec trace-
 
 `time.perf_counter` is CLOCK_MONOTONIC on Linux: one clock for every process of a host, so the verifier's and
 the drafter's marks compare directly. Any thread may mark; the marks go to the file as JSON lines every
-`flush_every` marks and at close. Off (no path): mark does nothing.
+`flush_every` marks and at close. Off (no path): mark does nothing. On, the process's garbage collections are
+marked too ("gc.start" / "gc.stop", batch = the generation collected): a collection stops every thread of the
+process, so a long one shows as a long step.
 """
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 import os
@@ -25,6 +28,7 @@ class StepTrace:
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.path.write_text("")
+            gc.callbacks.append(self._collection)
 
     @property
     def enabled(self) -> bool:
@@ -40,6 +44,10 @@ class StepTrace:
         if full:
             self.flush()
 
+    def _collection(self, phase: str, info: dict) -> None:
+        # (no lock: a collection may start inside mark() while this thread holds it; one append is atomic)
+        self._marks.append((time.perf_counter(), f"gc.{phase}", -1, info["generation"]))
+
     def flush(self) -> None:
         if self.path is None:
             return
@@ -51,7 +59,10 @@ class StepTrace:
                     f.write(json.dumps({"t": t, "process": self.process, "event": event, "step": step,
                                         "batch": batch}) + "\n")
 
-    close = flush
+    def close(self) -> None:
+        if self._collection in gc.callbacks:
+            gc.callbacks.remove(self._collection)
+        self.flush()
 
 
 OFF = StepTrace()   # the default of every component that takes a trace

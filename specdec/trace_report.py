@@ -54,11 +54,17 @@ class Segment:
     count: int
 
 
-def by_engine_step(marks: list[dict]) -> tuple[dict[int, dict[str, float]], dict[int, int]]:
-    """Time-ordered marks → ({engine step: {event: first time}}, {engine step: batch size}). Marks before the
-    verifier's "serving" mark (the start-up warm-up's steps) are left out."""
+def served(marks: list[dict]) -> list[dict]:
+    """The marks after the verifier's "serving" mark: its start-up warm-up (and the drafter's graph captures it
+    causes) left out."""
     serving = [m["t"] for m in marks if m["event"] == "serving"]
-    marks = [m for m in marks if m["t"] > serving[0]] if serving else marks
+    return [m for m in marks if m["t"] > serving[0]] if serving else marks
+
+
+def by_engine_step(marks: list[dict]) -> tuple[dict[int, dict[str, float]], dict[int, int]]:
+    """Time-ordered marks → ({engine step: {event: first time}}, {engine step: batch size}), from the marks
+    `served` keeps."""
+    marks = served(marks)
     steps: dict[int, dict[str, float]] = defaultdict(dict)
     batch: dict[int, int] = {}
     link_to_engine: dict[int, int] = {}            # link step → the engine step that sent it
@@ -120,4 +126,20 @@ def report(marks: list[dict], min_steps: int = 20) -> str:
         lines.append(f"  {'segment':<48} {'median ms':>10} {'p90 ms':>8} {'steps':>6}")
         for s in segments(steps, numbers):
             lines.append(f"  {s.label:<48} {s.median_ms:>10.3f} {s.p90_ms:>8.3f} {s.count:>6}")
+    lines += collection_lines(marks)
     return "\n".join(lines) if lines else f"no batch size has {min_steps} traced steps"
+
+
+def collection_lines(marks: list[dict]) -> list[str]:
+    """Per process: its garbage collections while serving ("gc.start" / "gc.stop" marks after `served`), by
+    generation, with their pauses."""
+    started: dict[str, float] = {}
+    pauses: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for m in served(marks):
+        if m["event"] == "gc.start":
+            started[m["process"]] = m["t"]
+        elif m["event"] == "gc.stop" and m["process"] in started:
+            pauses[(m["process"], m.get("batch", 0))].append((m["t"] - started.pop(m["process"])) * 1e3)
+    lines = [f"  {process} gc gen {gen}: {len(d)} collections, {sum(d):.1f} ms in all, longest {max(d):.2f} ms"
+             for (process, gen), d in sorted(pauses.items())]
+    return ["garbage collections (every thread of the process waits):"] + lines if lines else []

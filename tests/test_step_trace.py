@@ -1,4 +1,5 @@
 """--trace-steps: the verifier's and the drafter's marks line up into each step's critical path."""
+import gc
 import time
 
 import pytest
@@ -55,13 +56,35 @@ def test_off_by_default_writes_nothing(tmp_path):
 
 
 def test_flushes_every_n_marks_and_at_close(tmp_path):
-    trace = StepTrace(tmp_path / "t.jsonl", "verifier", flush_every=3)
-    for i in range(4):
-        trace.mark("link.sent", i)
-    assert len(read_marks([tmp_path / "t.jsonl"])) == 3
-    trace.close()
+    gc.disable()   # (a collection would add its own marks)
+    try:
+        trace = StepTrace(tmp_path / "t.jsonl", "verifier", flush_every=3)
+        for i in range(4):
+            trace.mark("link.sent", i)
+        assert len(read_marks([tmp_path / "t.jsonl"])) == 3
+        trace.close()
+    finally:
+        gc.enable()
     marks = read_marks([tmp_path / "t.jsonl"])
     assert [m["step"] for m in marks] == [0, 1, 2, 3] and {m["process"] for m in marks} == {"verifier"}
+
+
+def test_garbage_collections_are_marked_and_reported_per_process(tmp_path):
+    gc.disable()   # (only the collection below: none started by allocations meanwhile)
+    try:
+        trace = StepTrace(tmp_path / "d.jsonl", "drafter")
+        gc.collect()
+        trace.close()
+    finally:
+        gc.enable()
+    assert trace._collection not in gc.callbacks          # closed: no callback left behind
+    gc.collect()                                          # (not marked)
+    marks = read_marks([tmp_path / "d.jsonl"])
+    assert [(m["event"], m["batch"]) for m in marks] == [("gc.start", 2), ("gc.stop", 2)]
+    assert marks[1]["t"] >= marks[0]["t"]
+    assert "drafter gc gen 2: 1 collections" in report(marks)
+    warm_up = _marks("verifier", [(marks[1]["t"] + 1.0, "serving", -1, 0)])
+    assert "garbage collections" not in report(marks + warm_up)   # collections before serving are start-up's
 
 
 def test_a_traced_engine_and_drafter_service_give_every_segment(tiny_model, tmp_path):

@@ -114,6 +114,7 @@ class GatewayBench:
                 raise RuntimeError(f"the stack for {w.drafter_label} did not start: {e}\n{tails}") from e
             raise
         self.last_start_s = time.perf_counter() - start
+        log.info("stack for %s started in %.1f s", w.drafter_label, self.last_start_s)
         return self.last_start_s
 
     def log_tails(self, lines: int = 8) -> str:
@@ -135,6 +136,7 @@ class GatewayBench:
         warm_start = time.perf_counter()
         self._streams(w, prompts, guard_s)
         warmup_s = round(time.perf_counter() - warm_start, 2)
+        log.info("%s: warm-up pass done in %.1f s; timing %d pass(es)", w.name, warmup_s, self.repeats)
         passes = self._timed_passes(w, prompts, guard_s)
         rates = [p["output_tokens_per_s"] or 0.0 for p in passes]
         median = passes[sorted(range(len(passes)), key=rates.__getitem__)[len(passes) // 2]]
