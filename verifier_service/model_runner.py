@@ -18,7 +18,13 @@ import torch
 from specdec.id_pool import IdPool
 from specdec.models.batch_staging import BatchStaging, StepPlan, logit_rows_per_seq
 from specdec.models.caches import ModelCaches
-from specdec.models.cuda_graph_runner import BATCH_BUCKETS, PREFILL_TOKENS, CudaGraphRunner, buckets_for
+from specdec.models.cuda_graph_runner import (
+    BATCH_BUCKETS,
+    PREFILL_TOKENS,
+    CudaGraphRunner,
+    buckets_for,
+    graph_tokens,
+)
 from specdec.models.forward_batch import ForwardBatch, as_array
 from specdec.models.fused_linear import fuse_projections
 from specdec.models.loader import LoadedModel
@@ -64,7 +70,7 @@ class ModelRunner:
         before this: it is captured with the step."""
         buckets = buckets_for(self.gdn_slots.size, batch_buckets)
         tokens_per_seq = (1,) if self.max_drafts == 0 else (1, 1 + self.max_drafts)
-        staging = self._new_staging(max(buckets[-1] * tokens_per_seq[-1], PREFILL_TOKENS[-1]), buckets[-1])
+        staging = self._new_staging(graph_tokens(buckets, tokens_per_seq, PREFILL_TOKENS), buckets[-1])
         self.graphs = CudaGraphRunner(self._step, staging, buckets, tokens_per_seq, capture=capture,
                                       prefill_tokens=PREFILL_TOKENS)
         self.graphs.capture_all()

@@ -25,7 +25,13 @@ import torch
 
 from specdec.models.batch_staging import BatchStaging, StepPlan
 from specdec.models.caches import ModelCaches
-from specdec.models.cuda_graph_runner import BATCH_BUCKETS, PREFILL_TOKENS, CudaGraphRunner, buckets_for
+from specdec.models.cuda_graph_runner import (
+    BATCH_BUCKETS,
+    PREFILL_TOKENS,
+    CudaGraphRunner,
+    buckets_for,
+    graph_tokens,
+)
 from specdec.models.forward_batch import ForwardBatch
 
 from .mtp_head import MTPHead
@@ -58,7 +64,7 @@ class MTPDraftLoop:
         of up to 256 tokens alone in a prefill bucket: replayed CUDA graphs with `capture`, else the same padded
         batches eagerly (CPU tests of the padding)."""
         buckets = buckets_for(self.max_seqs, BATCH_BUCKETS)
-        staging = BatchStaging(max(buckets[-1] * (self.max_drafts + 1), PREFILL_TOKENS[-1]), buckets[-1],
+        staging = BatchStaging(graph_tokens(buckets, (self.max_drafts + 1,), PREFILL_TOKENS), buckets[-1],
                                self.max_blocks, self.block_size, self.device, scratch_block=self.staging.scratch_block)
         self.hidden_in = torch.zeros(staging.max_tokens, self.hidden_in.shape[1], dtype=self.hidden_in.dtype,
                                      device=self.device)                              # [bucket tokens, H]

@@ -42,22 +42,24 @@ def buckets_for(max_seqs: int, candidates: tuple[int, ...] = BATCH_BUCKETS) -> t
     return below + tuple(above[:1])
 
 
+def graph_tokens(batch_buckets: tuple[int, ...], tokens_per_seq: tuple[int, ...],
+                 prefill_tokens: tuple[int, ...] = ()) -> int:
+    """Tokens of the largest bucket: what the graphs' staging area must hold."""
+    return max(max(batch_buckets) * max(tokens_per_seq), max(prefill_tokens, default=0))
+
+
 class CudaGraphRunner:
     def __init__(self, step: Step, staging: BatchStaging, batch_buckets: tuple[int, ...],
                  tokens_per_seq: tuple[int, ...], capture: bool = True, prefill_tokens: tuple[int, ...] = ()):
         self.step, self.staging, self.capture = step, staging, capture
         self.batch_buckets, self.tokens_per_seq = tuple(sorted(batch_buckets)), tuple(sorted(tokens_per_seq))
         self.prefill_tokens = tuple(q for q in sorted(prefill_tokens) if q > self.tokens_per_seq[-1])
-        if self.batch_buckets[-1] > staging.max_seqs or self.max_tokens > staging.max_tokens:
+        if self.batch_buckets[-1] > staging.max_seqs or \
+                graph_tokens(self.batch_buckets, self.tokens_per_seq, self.prefill_tokens) > staging.max_tokens:
             raise ValueError(f"graph staging area ({staging.max_seqs} sequences, {staging.max_tokens} tokens) "
                              f"is smaller than the largest bucket")
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
         self.pool = None
-
-    @property
-    def max_tokens(self) -> int:
-        """Tokens of the largest bucket."""
-        return max(self.batch_buckets[-1] * self.tokens_per_seq[-1], max(self.prefill_tokens, default=0))
 
     def bucket_for(self, plan: StepPlan) -> tuple[int, int] | None:
         """(batch bucket, tokens per sequence) for this step, or None when it must run eagerly."""
