@@ -1,7 +1,7 @@
 """`specdec serve`: gateway + verifier + drafter as separate local processes, until Ctrl-C."""
 import argparse
 import sys
-import threading
+import time
 
 from .cli_args import add_enforce_eager_arg, add_model_args, resolve
 
@@ -63,7 +63,15 @@ def run(args: argparse.Namespace) -> int:
         http = f", OpenAI API on {stack.http_url}" if stack.http_url else ""
         print(f"specdec serving {c.model} on {address}{http} (drafter {c.drafter}, k={c.num_drafts}, {c.device}); "
               f"Ctrl-C to stop", file=sys.stderr, flush=True)
-        threading.Event().wait()  # until a signal interrupts it
+        until_a_signal()
         return 0
     code = run_stack(stack, until_stopped)
     return 0 if code == 130 else code  # stopping on a signal is how `serve` is meant to end
+
+
+def until_a_signal(poll_s: float = 0.5) -> None:
+    """Block until a signal handler raises. In short sleeps, not one endless wait: the kernel may deliver a
+    process's signal to any of its threads, and then a main thread blocked on a lock is never woken to run
+    the Python handler (`serve` once missed a SIGTERM so for a minute); a sleep returns and lets it run."""
+    while True:
+        time.sleep(poll_s)
