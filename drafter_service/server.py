@@ -6,6 +6,7 @@ import logging
 from specdec.drafting.token_counts import TokenCounter
 from specdec.rpc import serving
 from specdec.rpc.v1 import drafter_pb2, drafter_pb2_grpc
+from specdec.startup_heap import freeze_startup_heap
 from specdec.step_trace import StepTrace
 
 from .factory import DrafterConfig, DrafterHolder
@@ -44,4 +45,6 @@ def start(config: DrafterConfig, host: str, port: int) -> serving.RunningServer:
 
 
 def serve(config: DrafterConfig, host: str, port: int) -> None:
-    serving.wait_for_termination(start(config, host, port), f"drafter {config.kind}")
+    running = start(config, host, port)
+    freeze_startup_heap(f"drafter {config.kind}")
+    serving.wait_for_termination(running, f"drafter {config.kind}")

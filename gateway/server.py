@@ -16,6 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from specdec.rpc import serving
 from specdec.rpc.security import ServerTls
 from specdec.rpc.v1 import gateway_pb2, verifier_pb2_grpc
+from specdec.startup_heap import freeze_startup_heap
 
 from .auth import ApiKey, ApiKeyInterceptor
 from .chat_template import ChatTemplate
@@ -133,6 +134,7 @@ def _log_failure(task: asyncio.Task) -> None:
 
 async def _serve(config: GatewayConfig, tokenizer: TextTokenizer | None, chat_template: ChatTemplate | None) -> None:
     running = await start(config, tokenizer, chat_template)
+    freeze_startup_heap("gateway")
     await serving.until_signal("gateway")
     await running.stop()
     log.info("gateway: stopped")

@@ -116,6 +116,8 @@ def test_swaps_mid_stream_keep_drafting(tiny_dir, workload, tmp_path):
         assert figures["ngram after swap 1"] > 0.5
         assert figures["mtp after swap 2"] >= 0.9 * figures["mtp before"]
         assert "the drafter lost its hidden states" in (tmp_path / "verifier.log").read_text()
+        for log in ("verifier.log", "gateway.log", "drafter.log", "drafter2.log"):   # every served process
+            assert "objects of the start-up heap frozen" in (tmp_path / log).read_text(), log
     finally:
         s.channel.close()
         stack.stop()

@@ -14,6 +14,7 @@ from specdec.drafting import Drafter, vocabulary_fingerprint
 from specdec.models.loader import LoadedModel, load_model
 from specdec.rpc import serving
 from specdec.rpc.v1 import gateway_pb2, verifier_pb2, verifier_pb2_grpc
+from specdec.startup_heap import freeze_startup_heap
 from specdec.step_trace import StepTrace
 
 from .drafter_client import DrafterLinkConfig, RemoteDrafter
@@ -151,5 +152,6 @@ def serve(config: VerifierConfig, host: str, port: int, make_drafter: DrafterFac
     engine = build_engine(config, make_drafter)  # before the event loop: Ctrl-C / SIGTERM while loading stop the process at once
     if config.warm_up:
         warm_up(engine)
+    freeze_startup_heap("verifier")
     engine.trace.mark("serving")   # trace-report leaves the warm-up's steps out
     asyncio.run(_serve(engine, config, host, port))

@@ -1,0 +1,29 @@
+"""A served process's start-up heap, out of the garbage collector's way.
+
+A full (generation 2) collection traverses every container object alive, and stops every thread of the process
+while it does: in a service that has loaded torch, Triton, a model and its CUDA graphs, that is millions of
+objects. Measured on an H100 (`specdec bench --trace-steps`, bench/README.md): a drafter service made 7 full
+collections in one run, 489 ms in all, the longest 74.7 ms, each one a step the verifier waited for.
+
+`gc.freeze()` moves every object alive into a permanent generation that collections skip, so a full collection
+while serving traverses only what serving created. It runs once the service is loaded and warmed up; garbage
+left by the start-up is collected first, so none of it is kept for the life of the process.
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import time
+
+log = logging.getLogger(__name__)
+
+
+def freeze_startup_heap(service: str) -> int:
+    """Collect the start-up's garbage, then freeze what is alive; returns the number of objects frozen."""
+    start = time.perf_counter()
+    gc.collect()
+    gc.freeze()
+    frozen = gc.get_freeze_count()
+    log.info("%s: %d objects of the start-up heap frozen in %.0f ms: garbage collections while serving skip them",
+             service, frozen, (time.perf_counter() - start) * 1e3)
+    return frozen
