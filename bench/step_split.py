@@ -1,10 +1,11 @@
 """The service split per engine step, from `specdec bench --trace-steps DIR` files: for each gateway / colocated
 pair of the same drafter, the verifier's step times (forward.begin to the next) at one batch size after serving
 began, their median, mean and tail, the time in long steps (over --long-ms: steps with prompt chunks, stalls),
-and the gateway's excess over the colocated drafter. tok/s at batch 16 moves by several percent from pass to
-pass (a 256-token pass lasts under a second); the median step is the steady-state cost of the split.
+and the gateway's excess over the colocated drafter; then the passes' starts (--start-steps steps from the first
+after an idle gap, in passes that reach the batch): the new prompts' steps, which run eagerly. tok/s at batch 16
+moves by several percent from pass to pass; the median step is the steady-state cost of the split.
 
-    python3 bench/step_split.py DIR [--batch 16] [--long-ms 10]
+    python3 bench/step_split.py DIR [--batch 16] [--long-ms 10] [--start-steps 6]
 """
 from __future__ import annotations
 
@@ -24,6 +25,24 @@ def step_times(path: str, batch: int) -> list[float]:
     return [(b["t"] - a["t"]) * 1e3 for a, b in pairwise(begins) if a["batch"] == batch and b["t"] - a["t"] < 0.05]
 
 
+def pass_starts(path: str, batch: int, num_steps: int, idle_s: float = 0.02) -> list[float]:
+    """ms of the first `num_steps` engine steps of each pass that reaches `batch` sequences (a pass starts at a
+    step that begins over idle_s after the last step ended)."""
+    marks = [m for m in served(read_marks([path])) if m["process"] == "verifier"]
+    begins = [m for m in marks if m["event"] == "step.begin"]
+    ends = [m["t"] for m in marks if m["event"] == "step.end"]
+    starts = [i for i, (a, b) in enumerate(pairwise(begins), 1) if b["t"] - max((t for t in ends if t < b["t"]),
+                                                                                    default=a["t"]) > idle_s]
+    batches = [m for m in marks if m["event"] == "forward.begin"]
+    out = []
+    for i in starts:
+        if i + num_steps < len(begins):
+            t0, t1 = begins[i]["t"], begins[i + num_steps]["t"]
+            if any(m["batch"] == batch for m in batches if t0 <= m["t"] < t1):
+                out.append((t1 - t0) * 1e3)
+    return out
+
+
 def summary(times: list[float], long_ms: float) -> dict:
     ordered = sorted(times)
     return {"steps": len(times), "median": statistics.median(times), "mean": statistics.fmean(times),
@@ -36,6 +55,7 @@ def main() -> None:
     p.add_argument("dir")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--long-ms", type=float, default=10.0)
+    p.add_argument("--start-steps", type=int, default=6, help="steps counted from each pass's start")
     args = p.parse_args()
     for gateway in sorted(glob.glob(os.path.join(args.dir, "gateway-*-verifier.jsonl"))):
         colocated = gateway.replace("gateway-", "colocated-", 1)
@@ -49,6 +69,11 @@ def main() -> None:
                   f"p99 {s['p99']:.2f} ms  over {args.long_ms:g} ms: {s['long_steps']} steps, {s['long_ms_total']:.0f} ms")
         print(f"  split: median step {100 * (g['median'] / c['median'] - 1):+.1f}%, "
               f"mean step {100 * (g['mean'] / c['mean'] - 1):+.1f}%")
+        starts = [pass_starts(f, args.batch, args.start_steps) for f in (gateway, colocated)]
+        if all(starts):
+            (gs, cs) = (statistics.median(x) for x in starts)
+            print(f"  pass starts ({args.start_steps} steps, median of {len(starts[0])} / {len(starts[1])}): "
+                  f"gateway {gs:.1f} ms, colocated {cs:.1f} ms, {gs - cs:+.1f} ms a pass")
 
 
 if __name__ == "__main__":

@@ -236,6 +236,24 @@ def test_colocated_rows_compare_with_the_gateways_plain_row():
     assert [r[7] for r in rows] == ["1.00", "1.80", "2.00"]
 
 
+def test_the_service_split_compares_each_gateway_row_with_its_colocated_twin():
+    """The split line: gateway against the colocated row of the same drafter, concurrency, prompt and temperature
+    (not another concurrency's, not the drafter-less row), with each path's range of timed passes."""
+    from specdec.bench.report import split_lines
+
+    def result(path, drafter, concurrency, tps, passes=None):
+        w = wl.Workload(path, drafter, concurrency, 16, 8, forced_length=None if drafter == "none" else 3.39)
+        return {"workload": w.to_json(), "metrics": {"output_tokens_per_s": tps, "passes_tokens_per_s": passes}}
+    lines = split_lines([result("gateway", "none", 16, 100.0), result("gateway", "mtp", 1, 50.0),
+                         result("gateway", "mtp", 16, 194.0, [190.0, 194.0, 199.5]),
+                         result("colocated", "mtp", 16, 200.0, [196.0, 200.0, 203.0]),
+                         result("colocated", "mtp", 1, 49.0)])
+    assert lines == ["service split, mtp@3.39 c1 T=0: gateway 50.0 against colocated 49.0 tok/s, +2.0% "
+                     "(passes 50-50 against 49-49)",
+                     "service split, mtp@3.39 c16 T=0: gateway 194.0 against colocated 200.0 tok/s, -3.0% "
+                     "(passes 190-200 against 196-203)"]
+
+
 def test_timed_passes_share_one_workload_guard(monkeypatch):
     """--repeats N: all N passes fit in one --workload-timeout (what the time budget reserves per workload), the
     first always runs, and the passes are not cut when they fit."""

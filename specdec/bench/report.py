@@ -59,6 +59,28 @@ def table_rows(results: list[dict]) -> list[list[str]]:
     return rows
 
 
+def split_lines(results: list[dict]) -> list[str]:
+    """What the service split costs: each gateway row against the colocated row of the same drafter and
+    workload (tokens/s of the median pass each), with the range of each path's timed passes."""
+    colocated = {_key(r, path="gateway"): r["metrics"] for r in results if r["workload"]["path"] == "colocated"}
+    lines = []
+    for r in results:
+        w, m = r["workload"], r["metrics"]
+        twin = colocated.get(_key(r)) if w["path"] == "gateway" else None
+        if twin is None or not m["output_tokens_per_s"] or not twin["output_tokens_per_s"]:
+            continue
+        change = 100 * (m["output_tokens_per_s"] / twin["output_tokens_per_s"] - 1)
+        lines.append(f"service split, {w['drafter_label']} c{w['concurrency']} T={w['temperature']:g}: gateway "
+                     f"{m['output_tokens_per_s']:.1f} against colocated {twin['output_tokens_per_s']:.1f} tok/s, "
+                     f"{change:+.1f}% (passes {_range(m)} against {_range(twin)})")
+    return lines
+
+
+def _range(metrics: dict) -> str:
+    passes = metrics.get("passes_tokens_per_s") or [metrics["output_tokens_per_s"]]
+    return f"{min(passes):.0f}-{max(passes):.0f}"
+
+
 def _percent(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
@@ -78,7 +100,8 @@ def render_table(record: dict, markdown: bool = False) -> str:
         widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(COLUMNS)]
         lines = ["  ".join(c.rjust(wd) for c, wd in zip(COLUMNS, widths))]
         lines += ["  ".join(v.rjust(wd) for v, wd in zip(r, widths)) for r in rows]
-    tail = [f"skipped {s['name']}: {s['reason']}" for s in record.get("skipped", [])]
+    tail = split_lines(record["results"])
+    tail += [f"skipped {s['name']}: {s['reason']}" for s in record.get("skipped", [])]
     tail += [f"PROBLEM {p}" for p in record.get("problems", [])]
     return "\n".join([head, *lines, *tail])
 
