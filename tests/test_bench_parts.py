@@ -248,10 +248,10 @@ def test_the_service_split_compares_each_gateway_row_with_its_colocated_twin():
                          result("gateway", "mtp", 16, 194.0, [190.0, 194.0, 199.5]),
                          result("colocated", "mtp", 16, 200.0, [196.0, 200.0, 203.0]),
                          result("colocated", "mtp", 1, 49.0)])
-    assert lines == ["service split, mtp@3.39 c1 T=0: gateway 50.0 against colocated 49.0 tok/s, +2.0% "
-                     "(passes 50-50 against 49-49)",
-                     "service split, mtp@3.39 c16 T=0: gateway 194.0 against colocated 200.0 tok/s, -3.0% "
-                     "(passes 190-200 against 196-203)"]
+    assert lines == [("service split, mtp@3.39 c1 T=0: gateway 50.0 against colocated 49.0 tok/s, +2.0% "
+                      "(passes 50-50 against 49-49)"),
+                     ("service split, mtp@3.39 c16 T=0: gateway 194.0 against colocated 200.0 tok/s, -3.0% "
+                      "(passes 190-200 against 196-203)")]
 
 
 def test_timed_passes_share_one_workload_guard(monkeypatch):
