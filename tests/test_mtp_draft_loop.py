@@ -111,3 +111,46 @@ def test_sequences_past_max_context_get_no_drafts_and_nothing_fails(tiny_model, 
     assert engine.generate(prompts, params) == plain.generate(prompts, params)
     assert engine.stats.drafted > 0
     assert "exceed max_context" in caplog.text
+
+
+class DeviceRecorder(MTPDrafter):
+    """An in-process MTP drafter that keeps what every device step asked and answered."""
+
+    def draft_on_device(self, step):
+        out = super().draft_on_device(step)
+        self.calls.append((list(step.seq_ids), step.chunk_lens.copy(), list(out.counts), out.tokens.clone()))
+        return out
+
+
+def device_steps(loaded, padded: bool, options=None):
+    """Overlapped steps through an in-process MTP drafter (device steps): 8 prompts of 5 to 30 tokens on 5
+    places, prefill chunks of 8 beside decoding sequences. `padded`: batch buckets 1..8 x 4 rows and prefill
+    buckets, padded and run eagerly (a CPU's stand-in for the CUDA graphs a drafter on CUDA captures). Returns
+    the outputs, the drafter's calls and how many of them ingested prompt rows first."""
+    drafter = DeviceRecorder(loaded, 3, num_blocks=256, block_size=BLOCK, options=options or MTPOptions(max_seqs=5))
+    drafter.calls, split = [], []
+    if padded:
+        drafter.loop.use_graphs(capture=False)
+    skip = drafter.loop.prompt_skip
+    drafter.loop.prompt_skip = lambda lens, held: split.append(skip(lens, held)) or split[-1]
+    engine = make_engine(loaded, drafter, 3, max_running=5, chunk=8, budget=24)
+    prompts = random_prompts([5, 30, 9, 14, 22, 6, 17, 11], loaded.config.vocab_size, seed=8)
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (12, 7, 20, 9, 15, 11, 6, 13)]
+    outputs = engine.generate(prompts, params)
+    assert engine.overlapped_draft_steps > 10
+    return outputs, drafter.calls, sum(s is not None for s in split)
+
+
+def test_prompt_chunks_beside_decoding_sequences_replay_a_batch_bucket_and_draft_the_same(tiny_model):
+    """A device step that admits prompt chunks beside decoding sequences ingests the chunks' front rows first and
+    replays a batch bucket with one row of each chunk: every call drafts what the unpadded, eager catch-up of
+    whole chunks drafts."""
+    want_out, want, _ = device_steps(tiny_model, padded=False)
+    got_out, got, split = device_steps(tiny_model, padded=True)
+    assert got_out == want_out and len(got) == len(want)
+    for (seqs, lens, counts, tokens), (seqs2, lens2, counts2, tokens2) in zip(got, want):
+        assert (seqs, lens.tolist(), counts) == (seqs2, lens2.tolist(), counts2)
+        for row, n in enumerate(counts):
+            assert tokens[row, :n].tolist() == tokens2[row, :n].tolist()
+    mixed = sum(1 for _, lens, _, _ in want if (lens > 4).any() and len(lens) > 1)
+    assert split == mixed >= 5

@@ -15,6 +15,11 @@ Rows past last[b] carry rejected drafts: their KV rows sit past the sequence's c
 draft step writes before it reads, so nothing reads them. The host stages everything else (cu_seqlens, block
 tables, the positions before the move, which fit the blocks reserved for the largest move). Sequences the
 drafter does not hold are left out: the catch-up then takes the other sequences' rows (`rows`, `seqs`).
+
+A catch-up may also take part of each sequence's rows (`skip`: rows left out at its front, which an earlier
+`PromptRows` ingest wrote into the KV cache on the same stream): a prompt chunk of n rows then brings only its
+last row, so that it fits a batch bucket's k + 1 rows beside the decoding sequences. Its pair is the same, and
+its attention reads the n - 1 rows before it from the cache, as the whole chunk's would.
 """
 from __future__ import annotations
 
@@ -29,27 +34,31 @@ from specdec.models.pinned_upload import PinnedUpload
 
 
 class ChainedCatchUp:
-    """The catch-up of `step` for the sequences `held` (a host mask): its host plan, and as `before` for the
-    draft loop the device-only parts of the staged batch."""
+    """The catch-up of `step` for the sequences `held` (a host mask), less `skip` rows at the front of each
+    sequence (host, [B], zeros if None): its host plan, and as `before` for the draft loop the device-only parts
+    of the staged batch."""
 
-    def __init__(self, step: DeviceDraftStep, held: np.ndarray, block_size: int, upload: PinnedUpload):
+    def __init__(self, step: DeviceDraftStep, held: np.ndarray, block_size: int, upload: PinnedUpload,
+                 skip: np.ndarray | None = None):
         self.step, self.block_size = step, block_size
-        lens = step.chunk_lens
-        self.all_held = bool(held.all())
+        skip = np.zeros_like(step.chunk_lens) if skip is None else skip
+        self.skip, self.lens = skip[held], (step.chunk_lens - skip)[held]          # [B'] host
+        self.all_held = bool(held.all()) and not skip.any()
         self.num_seqs = int(held.sum())
-        self.num_tokens = int(lens[held].sum())
-        self.seqs = self.rows = None
+        self.num_tokens = int(self.lens.sum())
+        self.seqs = self.rows = self.skipped = None
         if not self.all_held:
-            starts = np.cumsum(lens) - lens
-            flat = upload(np.concatenate([np.flatnonzero(held), concat_ranges(starts[held], lens[held])]))
-            self.seqs, self.rows = flat[:self.num_seqs], flat[self.num_seqs:]                 # [B'], [T']
+            starts = (np.cumsum(step.chunk_lens) - step.chunk_lens)[held] + self.skip
+            flat = upload(np.concatenate([np.flatnonzero(held), self.skip, concat_ranges(starts, self.lens)]))
+            b = self.num_seqs
+            self.seqs, self.skipped, self.rows = flat[:b], flat[b:2 * b], flat[2 * b:]       # [B'], [B'], [T']
 
     def plan(self, tables: np.ndarray, table_lens: np.ndarray, held: np.ndarray) -> StepPlan:
         """The host part: the held sequences' layout with the drafter's block tables (token ids written later)."""
         zeros = np.zeros(self.num_seqs, np.int32)
-        return StepPlan(token_ids=np.zeros(self.num_tokens, np.int64), seq_lens=self.step.chunk_lens[held],
-                        start_positions=self.step.start_pos[held], block_tables=tables, table_lens=table_lens,
-                        gdn_slots=zeros, gdn_read_offsets=zeros, num_drafts=zeros,
+        return StepPlan(token_ids=np.zeros(self.num_tokens, np.int64), seq_lens=self.lens,
+                        start_positions=self.step.start_pos[held] + self.skip, block_tables=tables,
+                        table_lens=table_lens, gdn_slots=zeros, gdn_read_offsets=zeros, num_drafts=zeros,
                         logits_per_seq=np.ones(self.num_seqs, np.int64))
 
     def hidden(self) -> torch.Tensor:
@@ -67,7 +76,7 @@ class ChainedCatchUp:
             # each row's next token (the last row of each sequence is written below)
             batch.input_ids[:t] = ids[(self.rows + 1).clamp_(max=ids.shape[0] - 1)]
             batch.positions[:t] = pos[self.rows]
-            committed, next_token = committed[self.seqs], next_token[self.seqs]
+            committed, next_token = committed[self.seqs] - self.skipped, next_token[self.seqs]
         last = batch.cu_seqlens[:b].to(torch.int64) + committed - 1                       # [B']
         batch.input_ids.index_copy_(0, last, next_token)
         place_slots(batch, t, self.block_size)

@@ -11,8 +11,9 @@ The draft-step KV rows are written at pos + j, inside the blocks the drafter res
 overwrites whatever of them the verifier did not commit, before anything reads them.
 
 On CUDA the whole step is captured per batch-size bucket (specdec.models.cuda_graph_runner) with the catch-up
-padded to k + 1 tokens per sequence, and for one sequence's prompt chunk alone in prefill buckets; other longer
-catch-ups (prompts beside other sequences) run eagerly with the same code.
+padded to k + 1 tokens per sequence, and for one sequence's prompt chunk alone in prefill buckets. Prompt chunks
+beside other sequences on the device path leave all but their last rows to an eager ingest first (prompt_skip),
+and the rest replays a batch bucket; other catch-ups run eagerly with the same code.
 """
 from __future__ import annotations
 
@@ -72,6 +73,18 @@ class MTPDraftLoop:
         self.graphs = CudaGraphRunner(self._graph_step, staging, buckets, (self.max_drafts + 1,), capture=capture,
                                       prefill_tokens=PREFILL_TOKENS)
         self.graphs.capture_all()
+
+    def prompt_skip(self, chunk_lens: np.ndarray, held: np.ndarray) -> np.ndarray | None:
+        """Rows of each held chunk to ingest ahead of the catch-up (PromptRows) so that the rest fits a batch
+        bucket: all but the last row of every chunk longer than k + 1 rows (a prompt chunk: no drafts in it).
+        None where the catch-up fits a bucket as it is (decoding sequences only, or one chunk alone in a prefill
+        bucket) or runs eagerly anyway (no graphs)."""
+        long = held & (chunk_lens > self.max_drafts + 1)
+        if self.graphs is None or not long.any():
+            return None
+        if held.sum() == 1 and chunk_lens[held][0] <= max(self.graphs.prefill_tokens, default=0):
+            return None
+        return np.where(long, chunk_lens - 1, 0)
 
     def set_draft_vocab(self, ids: torch.Tensor) -> None:
         """Draft over these target ids only: lm_head rows gathered once ([V', H], a copy of V'/V of lm_head)."""

@@ -23,6 +23,7 @@ from .chained_catch_up import ChainedCatchUp
 from .draft_loop import MTPDraftLoop, catch_up_plan
 from .mtp_head import MTPHead
 from .options import MTPOptions
+from .prompt_rows import PromptRows
 from .sequence_tables import SequenceTables
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ class MTPDrafter:
         self.loop = MTPDraftLoop(self.head, caches, max_drafts, options.max_seqs, self.tables.width, self.device,
                                  graphs=not options.enforce_eager, draft_vocab=draft_vocab)
         self.dropped: set[int] = set()  # sequences given up for lack of blocks, until released
-        self._upload = PinnedUpload(self.device)
+        self._upload = PinnedUpload(self.device, buffers=4)   # two uploads a step with PromptRows
 
     def propose(self, batch: DraftBatch) -> DraftOutput:
         """Sequences this drafter cannot hold (its KV blocks ran out, or longer than max_context) are dropped:
@@ -133,7 +134,8 @@ class MTPDrafter:
     def draft_on_device(self, step: DeviceDraftStep) -> DeviceDrafts:
         """Catch up on a step the verifier has not read (its rows, on the device) and draft, with no sync. As in
         propose(), a sequence this drafter cannot hold gets no drafts, and one first seen past position 0 is
-        reported missing; both are left out of the catch-up."""
+        reported missing; both are left out of the catch-up. Prompt chunks beside decoding sequences are ingested
+        but for their last rows first (PromptRows), so that the catch-up replays a batch bucket's graph."""
         held, missing = np.zeros(len(step.seq_ids), bool), []
         for i, (seq_id, start, shift, n) in enumerate(zip(step.seq_ids, step.start_pos, step.max_shift,
                                                          step.chunk_lens)):
@@ -145,7 +147,12 @@ class MTPDrafter:
         if not held.any():
             return DeviceDrafts(torch.zeros(len(counts), self.max_drafts, dtype=torch.long, device=self.device),
                                 counts, missing)
-        catch_up = ChainedCatchUp(step, held, self.block_size, self._upload)
+        skip = self.loop.prompt_skip(step.chunk_lens, held)
+        if skip is not None:   # prompt chunks beside decoding sequences: their front rows first, eagerly
+            front = PromptRows(step, skip, self.block_size, self._upload)
+            tables, table_lens = self.tables.rows([i for i, ok in zip(step.seq_ids, front.held) if ok])
+            self.loop.run(front.plan(tables, table_lens), front.hidden(), 0, front)
+        catch_up = ChainedCatchUp(step, held, self.block_size, self._upload, skip)
         tables, table_lens = self.tables.rows([i for i, ok in zip(step.seq_ids, held) if ok])
         drafts = self.loop.run(catch_up.plan(tables, table_lens, held), catch_up.hidden(), self.max_drafts,
                                catch_up)
