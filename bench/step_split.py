@@ -10,6 +10,7 @@ moves by several percent from pass to pass; the median step is the steady-state 
 from __future__ import annotations
 
 import argparse
+import bisect
 import glob
 import os
 import statistics
@@ -27,12 +28,13 @@ def step_times(path: str, batch: int) -> list[float]:
 
 def pass_starts(path: str, batch: int, num_steps: int, idle_s: float = 0.02) -> list[float]:
     """ms of the first `num_steps` engine steps of each pass that reaches `batch` sequences (a pass starts at a
-    step that begins over idle_s after the last step ended)."""
+    step that begins over idle_s after the last step ended; the first pass after serving began, the bench's
+    warm-up pass, has no step before it and is left out)."""
     marks = [m for m in served(read_marks([path])) if m["process"] == "verifier"]
     begins = [m for m in marks if m["event"] == "step.begin"]
-    ends = [m["t"] for m in marks if m["event"] == "step.end"]
-    starts = [i for i, (a, b) in enumerate(pairwise(begins), 1) if b["t"] - max((t for t in ends if t < b["t"]),
-                                                                                    default=a["t"]) > idle_s]
+    ends = [m["t"] for m in marks if m["event"] == "step.end"]                           # in time order
+    starts = [i for i, b in enumerate(begins) if i > 0 and bisect.bisect_left(ends, b["t"]) > 0
+              and b["t"] - ends[bisect.bisect_left(ends, b["t"]) - 1] > idle_s]
     batches = [m for m in marks if m["event"] == "forward.begin"]
     out = []
     for i in starts:

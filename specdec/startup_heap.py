@@ -8,6 +8,12 @@ collections in one run, 489 ms in all, the longest 74.7 ms, each one a step the 
 `gc.freeze()` moves every object alive into a permanent generation that collections skip, so a full collection
 while serving traverses only what serving created. It runs once the service is loaded and warmed up; garbage
 left by the start-up is collected first, so none of it is kept for the life of the process.
+
+What it does not cover, on purpose: an MTP drafter service builds its head, KV cache and graphs when a verifier
+attaches, after the freeze, and those stay collectable, so a verifier that re-attaches frees the old ones. A
+frozen object in a reference cycle is never freed: the one such object known is the verifier's first link to a
+drafter, when it connected before the freeze, which a reconnect then leaves behind once (a bounded cost; the
+link keeps its replaced CUDA buffers for the last 8 reconnects anyway).
 """
 from __future__ import annotations
 

@@ -101,17 +101,15 @@ def test_mtp_draft_loop_in_cuda_graphs_drafts_what_it_drafts_eagerly(model_dir, 
 def test_mtp_device_steps_in_cuda_graphs_draft_what_they_draft_eagerly(model_dir):
     """Device steps (overlapped) whose prompt chunks sit beside decoding sequences: the captured drafter ingests
     the chunks' front rows and replays a batch bucket's graph, and drafts what the eager drafter drafts."""
-    from test_mtp_draft_loop import device_steps
+    from test_mtp_draft_loop import assert_same_drafts, device_steps
 
     from drafter_service.mtp.options import MTPOptions
     from specdec.models.loader import load_model
     loaded = load_model(model_dir, dtype="float32", device="cuda")
     want_out, want, eager_split = device_steps(loaded, False, MTPOptions(max_seqs=5, enforce_eager=True))
     got_out, got, split = device_steps(loaded, False, MTPOptions(max_seqs=5))
-    assert got_out == want_out and len(got) == len(want) and eager_split == 0 and split >= 5
-    for (seqs, _, counts, tokens), (seqs2, _, counts2, tokens2) in zip(got, want):
-        assert (seqs, counts) == (seqs2, counts2)
-        assert all(tokens[i, :n].tolist() == tokens2[i, :n].tolist() for i, n in enumerate(counts))
+    assert got_out == want_out and eager_split == 0 and split >= 5
+    assert_same_drafts(got, want)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])

@@ -122,23 +122,31 @@ class DeviceRecorder(MTPDrafter):
         return out
 
 
-def device_steps(loaded, padded: bool, options=None):
+def device_steps(loaded, padded: bool, options=None, num_blocks: int = 256, splits: list | None = None):
     """Overlapped steps through an in-process MTP drafter (device steps): 8 prompts of 5 to 30 tokens on 5
     places, prefill chunks of 8 beside decoding sequences. `padded`: batch buckets 1..8 x 4 rows and prefill
-    buckets, padded and run eagerly (a CPU's stand-in for the CUDA graphs a drafter on CUDA captures). Returns
-    the outputs, the drafter's calls and how many of them ingested prompt rows first."""
-    drafter = DeviceRecorder(loaded, 3, num_blocks=256, block_size=BLOCK, options=options or MTPOptions(max_seqs=5))
-    drafter.calls, split = [], []
+    buckets, padded and run eagerly (a CPU's stand-in for the CUDA graphs a drafter on CUDA captures);
+    `num_blocks`: the drafter's KV blocks (few: it drops sequences). Returns the outputs, the drafter's calls and
+    how many of them ingested prompt rows first; `splits` gets the held mask of each of those."""
+    drafter = DeviceRecorder(loaded, 3, num_blocks=num_blocks, block_size=BLOCK,
+                             options=options or MTPOptions(max_seqs=5))
+    drafter.calls, splits = [], [] if splits is None else splits
     if padded:
         drafter.loop.use_graphs(capture=False)
     skip = drafter.loop.prompt_skip
-    drafter.loop.prompt_skip = lambda lens, held: split.append(skip(lens, held)) or split[-1]
+
+    def spy(lens, held):
+        rows = skip(lens, held)
+        if rows is not None:
+            splits.append(held.copy())
+        return rows
+    drafter.loop.prompt_skip = spy
     engine = make_engine(loaded, drafter, 3, max_running=5, chunk=8, budget=24)
     prompts = random_prompts([5, 30, 9, 14, 22, 6, 17, 11], loaded.config.vocab_size, seed=8)
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (12, 7, 20, 9, 15, 11, 6, 13)]
     outputs = engine.generate(prompts, params)
     assert engine.overlapped_draft_steps > 10
-    return outputs, drafter.calls, sum(s is not None for s in split)
+    return outputs, drafter.calls, len(splits)
 
 
 def test_prompt_chunks_beside_decoding_sequences_replay_a_batch_bucket_and_draft_the_same(tiny_model):
@@ -147,10 +155,29 @@ def test_prompt_chunks_beside_decoding_sequences_replay_a_batch_bucket_and_draft
     whole chunks drafts."""
     want_out, want, _ = device_steps(tiny_model, padded=False)
     got_out, got, split = device_steps(tiny_model, padded=True)
-    assert got_out == want_out and len(got) == len(want)
+    assert got_out == want_out
+    assert_same_drafts(got, want)
+    mixed = sum(1 for _, lens, _, _ in want if (lens > 4).any() and len(lens) > 1)
+    assert split == mixed >= 5
+
+
+def assert_same_drafts(got, want):
+    """Two recordings of device steps: the same calls, counts and drafts (the proposed ones)."""
+    assert len(got) == len(want)
     for (seqs, lens, counts, tokens), (seqs2, lens2, counts2, tokens2) in zip(got, want):
         assert (seqs, lens.tolist(), counts) == (seqs2, lens2.tolist(), counts2)
         for row, n in enumerate(counts):
             assert tokens[row, :n].tolist() == tokens2[row, :n].tolist()
-    mixed = sum(1 for _, lens, _, _ in want if (lens > 4).any() and len(lens) > 1)
-    assert split == mixed >= 5
+
+
+def test_prompt_rows_beside_sequences_the_drafter_dropped_draft_the_same(tiny_model, caplog):
+    """With too few KV blocks the drafter drops sequences (they decode without drafts): a step that ingests
+    prompt rows first then leaves some of its sequences out of both parts, and still drafts what the eager
+    catch-up drafts for the others."""
+    want_out, want, _ = device_steps(tiny_model, padded=False, num_blocks=24)
+    splits = []
+    got_out, got, _ = device_steps(tiny_model, padded=True, num_blocks=24, splits=splits)
+    assert got_out == want_out
+    assert_same_drafts(got, want)
+    assert "dropped by the mtp drafter" in caplog.text
+    assert any(not held.all() for held in splits) and any(held.all() for held in splits)

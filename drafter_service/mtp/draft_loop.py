@@ -76,9 +76,11 @@ class MTPDraftLoop:
 
     def prompt_skip(self, chunk_lens: np.ndarray, held: np.ndarray) -> np.ndarray | None:
         """Rows of each held chunk to ingest ahead of the catch-up (PromptRows) so that the rest fits a batch
-        bucket: all but the last row of every chunk longer than k + 1 rows (a prompt chunk: no drafts in it).
-        None where the catch-up fits a bucket as it is (decoding sequences only, or one chunk alone in a prefill
-        bucket) or runs eagerly anyway (no graphs)."""
+        bucket: all but the last row of every chunk longer than k + 1 rows. None where the catch-up fits a bucket
+        as it is (decoding sequences only, or one chunk alone in a prefill bucket) or runs eagerly anyway (no
+        graphs). Invariant: such a chunk has no drafts in it, so every row is committed (a prompt chunk, or a
+        preempted sequence's tokens again). The drafts a held sequence verifies are this drafter's, at most k
+        (k + 1 rows with the bonus row); one whose context another drafter built is reported missing, not held."""
         long = held & (chunk_lens > self.max_drafts + 1)
         if self.graphs is None or not long.any():
             return None
