@@ -1,8 +1,8 @@
 """A served process's start-up heap, out of the garbage collector's way.
 
 A full (generation 2) collection traverses every container object alive, and stops every thread of the process
-while it does: in a service that has loaded torch, Triton, a model and its CUDA graphs, that is millions of
-objects. Measured on an H100 (`specdec bench --trace-steps`, bench/README.md): a drafter service made 7 full
+while it does: in a service that has loaded torch, Triton and a model, hundreds of thousands of objects (306714
+in a verifier on a CPU). Measured on an H100 (`specdec bench --trace-steps`, bench/README.md): a drafter service made 7 full
 collections in one run, 489 ms in all, the longest 74.7 ms, each one a step the verifier waited for.
 
 `gc.freeze()` moves every object alive into a permanent generation that collections skip, so a full collection
@@ -11,7 +11,7 @@ left by the start-up is collected first, so none of it is kept for the life of t
 
 What it does not cover, on purpose: an MTP drafter service builds its head, KV cache and graphs when a verifier
 attaches, after the freeze, and those stay collectable, so a verifier that re-attaches frees the old ones. A
-frozen object in a reference cycle is never freed: the one such object known is the verifier's first link to a
+frozen object in a reference cycle is never freed: the one such case known is the verifier's first link to a
 drafter, when it connected before the freeze, which a reconnect then leaves behind once (a bounded cost; the
 link keeps its replaced CUDA buffers for the last 8 reconnects anyway).
 """
