@@ -85,7 +85,9 @@ def test_profile_table_and_plot(quick):
     assert p["steps"] == 2 and p["top"] and p["workload"].startswith("inproc/mtp")
     table = (out / "bench_quick_cpu.txt").read_text()
     assert table.strip() in stdout.strip()
-    assert len(table.strip().splitlines()) == 2 + len(record["results"])   # heading, columns, one row each
+    lines = table.strip().splitlines()
+    splits = [line for line in lines if line.startswith("service split, ")]   # gateway rows with a colocated twin
+    assert len(lines) == 2 + len(record["results"]) + len(splits) and len(splits) == 1   # heading, columns, rows
     png = (out / "bench_quick_cpu.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 

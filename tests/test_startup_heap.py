@@ -19,7 +19,7 @@ def test_the_start_up_heap_is_frozen_after_its_garbage_is_collected():
     try:
         frozen = freeze_startup_heap("test")
         assert collected() is None                                   # collected, not frozen
-        assert frozen == gc.get_freeze_count() >= len(alive)
+        assert frozen >= len(alive) and gc.get_freeze_count() >= len(alive)   # (frozen objects freed leave it)
         assert not any(o is alive[0] for o in gc.get_objects())      # no generation holds it any more
         later = Node()
         assert any(o is later for o in gc.get_objects())             # what serving creates is still collected
