@@ -61,6 +61,17 @@ cli_generate() {  # what the README tells a user to run; stdout is the prompt an
     specdec generate --address "127.0.0.1:$GATEWAY_PORT" "$PROMPT" --max-tokens "$MAX_TOKENS" --ignore-eos
 }
 
+replaced=""   # ids of this script's images before its builds
+drop_replaced() {   # the images a rebuild untagged (about 5 GB a run: runs on one machine would fill its disk)
+  local id
+  for id in $replaced; do
+    if [ -z "$(docker image inspect --format '{{join .RepoTags ""}}' "$id" 2>/dev/null)" ]; then
+      docker image rm "$id" > /dev/null 2>&1 && echo "smoke: removed the replaced image ${id:7:12}" >&2
+    fi
+  done
+  return 0
+}
+
 on_exit() {
   local rc=$?
   set +e
@@ -70,6 +81,7 @@ on_exit() {
     dc logs --no-color --timestamps --tail 200 >&2
   fi
   docker info > /dev/null 2>&1 && dc down -v --remove-orphans > /dev/null 2>&1
+  docker info > /dev/null 2>&1 && drop_replaced
   [ -n "$linked_wheel" ] && rm -f "$linked_wheel"
   if [ "$keep_engine" = 0 ] && [ -f "$STATE/dockerd.pid" ]; then
     local pid; pid=$(cat "$STATE/dockerd.pid")
@@ -107,6 +119,7 @@ else
   echo "smoke: no torch-${TORCH_VERSION} cp311 wheel in $WHEELS_DIR: torch from download.pytorch.org (TORCH_FROM=index)"
 fi
 
+replaced=$(docker image inspect --format '{{.Id}}' "${IMAGES[@]}" 2>/dev/null || true)
 say "build: docker compose ... build --build-arg BASE_IMAGE=$BASE_IMAGE --build-arg TORCH_FROM=$TORCH_FROM"
 timed build dc --progress plain build --build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "TORCH_FROM=$TORCH_FROM" \
   > "$STATE/build.log" 2>&1 || { tail -n 60 "$STATE/build.log" >&2; die "docker compose build failed (log: $STATE/build.log)"; }
