@@ -33,8 +33,8 @@ def pass_starts(path: str, batch: int, num_steps: int, idle_s: float = 0.02) -> 
     marks = [m for m in served(read_marks([path])) if m["process"] == "verifier"]
     begins = [m for m in marks if m["event"] == "step.begin"]
     ends = [m["t"] for m in marks if m["event"] == "step.end"]                           # in time order
-    starts = [i for i, b in enumerate(begins) if i > 0 and bisect.bisect_left(ends, b["t"]) > 0
-              and b["t"] - ends[bisect.bisect_left(ends, b["t"]) - 1] > idle_s]
+    last_end = [bisect.bisect_left(ends, b["t"]) - 1 for b in begins]                   # -1: none before it
+    starts = [i for i, (b, e) in enumerate(zip(begins, last_end)) if i > 0 and e >= 0 and b["t"] - ends[e] > idle_s]
     batches = [m for m in marks if m["event"] == "forward.begin"]
     out = []
     for i in starts:

@@ -32,6 +32,17 @@ from specdec.models.batch_staging import StepPlan, concat_ranges
 from specdec.models.forward_batch import ForwardBatch
 from specdec.models.pinned_upload import PinnedUpload
 
+from .draft_loop import pairs_plan
+
+
+def place_rows(batch: ForwardBatch, step: DeviceDraftStep, rows: torch.Tensor, block_size: int) -> None:
+    """The step's rows `rows` [T'] as the batch's pairs: each row's next token (the batch's last row keeps its
+    own), its position, and its KV slot from the drafter's block tables."""
+    t, ids = rows.shape[0], step.input_ids
+    batch.input_ids[:t] = ids[(rows + 1).clamp_(max=ids.shape[0] - 1)]
+    batch.positions[:t] = step.positions[rows]
+    place_slots(batch, t, block_size)
+
 
 class ChainedCatchUp:
     """The catch-up of `step` for the sequences `held` (a host mask), less `skip` rows at the front of each
@@ -55,11 +66,8 @@ class ChainedCatchUp:
 
     def plan(self, tables: np.ndarray, table_lens: np.ndarray, held: np.ndarray) -> StepPlan:
         """The host part: the held sequences' layout with the drafter's block tables (token ids written later)."""
-        zeros = np.zeros(self.num_seqs, np.int32)
-        return StepPlan(token_ids=np.zeros(self.num_tokens, np.int64), seq_lens=self.lens,
-                        start_positions=self.step.start_pos[held] + self.skip, block_tables=tables,
-                        table_lens=table_lens, gdn_slots=zeros, gdn_read_offsets=zeros, num_drafts=zeros,
-                        logits_per_seq=np.ones(self.num_seqs, np.int64))
+        return pairs_plan(np.zeros(self.num_tokens, np.int64), self.lens, self.step.start_pos[held] + self.skip,
+                          tables, table_lens)
 
     def hidden(self) -> torch.Tensor:
         """[T', H] the held sequences' hidden rows."""
@@ -72,14 +80,12 @@ class ChainedCatchUp:
         if self.all_held:
             batch.input_ids[: t - 1] = ids[1:t]
             batch.positions[:t] = pos[:t]
-        else:
-            # each row's next token (the last row of each sequence is written below)
-            batch.input_ids[:t] = ids[(self.rows + 1).clamp_(max=ids.shape[0] - 1)]
-            batch.positions[:t] = pos[self.rows]
+            place_slots(batch, t, self.block_size)
+        else:   # (the last row of each sequence takes its next token below)
+            place_rows(batch, step, self.rows, self.block_size)
             committed, next_token = committed[self.seqs] - self.skipped, next_token[self.seqs]
         last = batch.cu_seqlens[:b].to(torch.int64) + committed - 1                       # [B']
         batch.input_ids.index_copy_(0, last, next_token)
-        place_slots(batch, t, self.block_size)
         batch.logits_indices[:b] = last
 
     def scatter(self, drafts: torch.Tensor) -> torch.Tensor:

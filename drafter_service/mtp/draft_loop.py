@@ -174,7 +174,14 @@ def catch_up_plan(token_chunks: list[list[int]], start_positions: np.ndarray, ta
     b = len(token_chunks)
     lens = np.fromiter((len(c) - 1 for c in token_chunks), np.int64, count=b)
     ids = np.fromiter(chain.from_iterable(c[1:] for c in token_chunks), np.int64, count=int(lens.sum()))
-    zeros = np.zeros(b, np.int32)
-    return StepPlan(token_ids=ids, seq_lens=lens, start_positions=start_positions, block_tables=tables,
+    return pairs_plan(ids, lens, start_positions, tables, table_lens)
+
+
+def pairs_plan(token_ids: np.ndarray, seq_lens: np.ndarray, start_positions: np.ndarray, tables: np.ndarray,
+               table_lens: np.ndarray) -> StepPlan:
+    """A draft-loop batch of these pairs' layout: one logit row per sequence, no drafts, no GDN state (token ids
+    zeros where the device writes them)."""
+    zeros = np.zeros(len(seq_lens), np.int32)
+    return StepPlan(token_ids=token_ids, seq_lens=seq_lens, start_positions=start_positions, block_tables=tables,
                     table_lens=table_lens, gdn_slots=zeros, gdn_read_offsets=zeros, num_drafts=zeros,
-                    logits_per_seq=np.ones(b, np.int64))
+                    logits_per_seq=np.ones(len(seq_lens), np.int64))

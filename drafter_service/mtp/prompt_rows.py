@@ -17,10 +17,12 @@ import numpy as np
 import torch
 
 from specdec.drafting import DeviceDraftStep
-from specdec.models.batch_shift import place_slots
 from specdec.models.batch_staging import StepPlan, concat_ranges
 from specdec.models.forward_batch import ForwardBatch
 from specdec.models.pinned_upload import PinnedUpload
+
+from .chained_catch_up import place_rows
+from .draft_loop import pairs_plan
 
 
 class PromptRows:
@@ -36,18 +38,12 @@ class PromptRows:
         self.rows = upload(concat_ranges(starts, self.lens))                              # [T'] device
 
     def plan(self, tables: np.ndarray, table_lens: np.ndarray) -> StepPlan:
-        zeros = np.zeros(len(self.lens), np.int32)
-        return StepPlan(token_ids=np.zeros(self.num_tokens, np.int64), seq_lens=self.lens,
-                        start_positions=self.step.start_pos[self.held], block_tables=tables, table_lens=table_lens,
-                        gdn_slots=zeros, gdn_read_offsets=zeros, num_drafts=zeros,
-                        logits_per_seq=np.ones(len(self.lens), np.int64))
+        return pairs_plan(np.zeros(self.num_tokens, np.int64), self.lens, self.step.start_pos[self.held], tables,
+                          table_lens)
 
     def hidden(self) -> torch.Tensor:
         """[T', H] the target's hidden rows of these rows."""
         return self.step.hidden[self.rows]
 
     def __call__(self, batch: ForwardBatch) -> None:
-        t = self.num_tokens
-        batch.input_ids[:t] = self.step.input_ids[self.rows + 1]
-        batch.positions[:t] = self.step.positions[self.rows]
-        place_slots(batch, t, self.block_size)
+        place_rows(batch, self.step, self.rows, self.block_size)
