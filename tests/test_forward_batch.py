@@ -6,6 +6,7 @@ import torch
 
 from specdec.models.batch_staging import BatchStaging, StepPlan
 from specdec.models.forward_batch import ForwardBatch
+from specdec.models.graph_bucket import Bucket
 
 BLOCK = 4
 
@@ -69,7 +70,7 @@ def test_bucket_padding_and_fixed_addresses():
                            scratch_gdn_slot=7)
     chunks, starts, tables = [[5, 6], [7], [8, 9, 10]], [3, 0, 9], [[4, 5], [6], [1, 2, 3]]
     plan = StepPlan.from_lists(chunks, starts, tables, [0, 1, 2], [1, 0, 2], [1, 0, 2], [2, 1, 3])
-    batch = staging.stage(plan, bucket=(4, 4))
+    batch = staging.stage(plan, bucket=Bucket.uniform(4, 4))
     assert (batch.num_seqs, batch.num_tokens, batch.max_seqlen, batch.max_num_drafts) == (4, 16, 4, 3)
     assert batch.cu_seqlens.tolist() == [0, 2, 3, 6, 6]                       # padding sequence: length 0
     assert batch.gdn_slots.tolist() == [0, 1, 2, 7] and batch.num_drafts.tolist()[3] == 0
@@ -77,10 +78,27 @@ def test_bucket_padding_and_fixed_addresses():
     assert batch.input_ids.tolist()[6:] == [0] * 10 and batch.positions.tolist()[6:] == [0] * 10
     assert batch.logits_indices.tolist() == [0, 1, 2, 3, 4, 5] + [0] * 10
     assert batch.block_tables.tolist()[3] == [99] * 6
-    again = staging.stage(StepPlan.from_lists([[1]], [0], [[3]], [5]), bucket=(4, 4))
+    again = staging.stage(StepPlan.from_lists([[1]], [0], [[3]], [5]), bucket=Bucket.uniform(4, 4))
     for name in ("input_ids", "cu_seqlens", "slot_mapping", "block_tables", "gdn_slots", "logits_indices"):
         assert getattr(again, name).data_ptr() == getattr(batch, name).data_ptr(), name
     assert again.cu_seqlens.tolist() == [0, 1, 1, 1, 1] and again.gdn_slots.tolist() == [5, 7, 7, 7]
+
+
+def test_a_mixed_bucket_pads_tokens_and_logit_rows_apart():
+    """A prompt chunk beside a verify step in a mixed bucket: tokens padded to the bucket's total, logit rows to
+    k + 1 per sequence, max_seqlen the bucket's chunk limit; a step past any of its bounds is refused."""
+    staging = BatchStaging(max_tokens=64, max_seqs=8, max_blocks=6, block_size=BLOCK, scratch_block=99)
+    chunks, starts, tables = [[5, 6, 7, 8, 9, 10], [7, 1]], [0, 9], [[0, 1], [2, 3, 4]]
+    plan = StepPlan.from_lists(chunks, starts, tables, [0, 1], None, [0, 1], [1, 2])
+    bucket = Bucket.mixed(4, 32, 16, 3)
+    batch = staging.stage(plan, bucket=bucket)
+    assert (batch.num_seqs, batch.num_tokens, batch.max_seqlen, batch.max_num_drafts) == (4, 32, 16, 3)
+    assert batch.logits_indices.tolist() == [5, 6, 7] + [0] * 13
+    assert batch.cu_seqlens.tolist() == [0, 6, 8, 8, 8] and batch.slot_mapping.tolist()[8:] == [99 * BLOCK] * 24
+    for chunk, drafts, logits in (([1] * 17, 0, 1), ([1] * 5, 4, 5)):        # a chunk past 16, 4 drafts past 3
+        with pytest.raises(ValueError, match="does not fit"):
+            staging.stage(StepPlan.from_lists([chunk, [2]], [0, 0], tables, [0, 1], None, [drafts, 0], [logits, 1]),
+                          bucket=bucket)
 
 
 @pytest.mark.parametrize("bad, message", [

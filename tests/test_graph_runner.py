@@ -7,6 +7,7 @@ import torch
 from engine_factory import make_drafter, make_engine, random_prompts
 
 from specdec.models.batch_staging import StepPlan
+from specdec.models.graph_bucket import Bucket
 from specdec.sampling_params import SamplingParams
 from specdec.models.cuda_graph_runner import buckets_for
 from verifier_service.model_runner import ModelRunner
@@ -34,11 +35,36 @@ def test_bucket_for_picks_smallest_fitting_bucket(tiny_model):
     runner = ModelRunner(tiny_model, num_blocks=16, block_size=4, max_seqs=8, max_drafts=3)
     runner.use_graphs(capture=False)
     graphs = runner.graphs
-    assert graphs.bucket_for(plan_of([1, 1, 1])) == (4, 1)                      # plain decode
-    assert graphs.bucket_for(plan_of([4, 1, 3])) == (4, 4)                      # ragged verify, k = 3
-    assert graphs.bucket_for(plan_of([1] * 8)) == (8, 1)
-    assert graphs.bucket_for(plan_of([5, 1])) is None                           # a prefill chunk: eager
+    assert graphs.bucket_for(plan_of([1, 1, 1])) == Bucket.uniform(4, 1)        # plain decode
+    assert graphs.bucket_for(plan_of([4, 1, 3])) == Bucket.uniform(4, 4)        # ragged verify, k = 3
+    assert graphs.bucket_for(plan_of([1] * 8)) == Bucket.uniform(8, 1)
     assert graphs.bucket_for(plan_of([1] * 9)) is None                          # more than the largest bucket
+
+
+def test_steps_mixing_prompt_chunks_take_the_smallest_mixed_bucket(tiny_model):
+    """Mixed buckets: 4 or 8 sequences (MIXED_SEQS capped by the largest batch bucket) x 256 or 512 tokens (the
+    runner's token budget, 512), chunks of up to 256 tokens (the largest prefill bucket), k + 1 logit rows a
+    sequence; anything past them runs eagerly."""
+    runner = ModelRunner(tiny_model, num_blocks=16, block_size=4, max_seqs=8, max_drafts=3)
+    runner.use_graphs(capture=False)
+    graphs = runner.graphs
+    assert (graphs.mixed_seqs, graphs.mixed_tokens) == ((4, 8), (256, 512))
+    mixed = prefill_plan([5, 1])                                                # a prompt chunk beside a decoder
+    assert graphs.bucket_for(mixed) == Bucket(seqs=4, max_seqlen=256, tokens=256, logit_rows=16, max_drafts=3)
+    assert graphs.is_mixed(graphs.bucket_for(mixed)) and not graphs.is_prefill(graphs.bucket_for(mixed))
+    assert graphs.bucket_for(prefill_plan([200, 100, 4, 4, 1])) == Bucket.mixed(8, 512, 256, 3)
+    assert graphs.bucket_for(prefill_plan([40], logits=2)) == Bucket.mixed(4, 256, 256, 3)   # 2 logit rows
+    assert graphs.bucket_for(prefill_plan([257, 1])) is None                    # a chunk past the prefill buckets
+    assert graphs.bucket_for(prefill_plan([256, 256, 1])) is None               # past the largest mixed bucket
+    assert graphs.bucket_for(plan_of([100, 1])) is None                         # every row's logits: 101 of 16
+    assert graphs.bucket_for(prefill_plan([9] * 9)) is None                     # more sequences than any bucket
+
+
+def test_prefill_and_mixed_buckets_stop_at_the_token_budget(tiny_model):
+    runner = ModelRunner(tiny_model, num_blocks=16, block_size=4, max_seqs=8, max_drafts=3, max_batched_tokens=100)
+    runner.use_graphs(capture=False)
+    assert runner.graphs.prefill_tokens == (32, 64, 128) and runner.graphs.mixed_tokens == (256,)
+    assert Bucket.prefill(256) not in runner.graphs.buckets()
 
 
 def prefill_plan(lens, logits=1):
@@ -52,13 +78,12 @@ def test_a_prompt_chunk_alone_takes_the_smallest_prefill_bucket(tiny_model):
     runner = ModelRunner(tiny_model, num_blocks=16, block_size=4, max_seqs=8, max_drafts=3)
     runner.use_graphs(capture=False)
     graphs = runner.graphs
-    assert graphs.bucket_for(prefill_plan([5])) == (1, 32)
-    assert graphs.bucket_for(prefill_plan([33])) == (1, 64)
-    assert graphs.bucket_for(prefill_plan([128], logits=0)) == (1, 128)         # a chunk that does not sample
-    assert graphs.bucket_for(prefill_plan([256])) == (1, 256)
+    assert graphs.bucket_for(prefill_plan([5])) == Bucket.prefill(32)
+    assert graphs.bucket_for(prefill_plan([33])) == Bucket.prefill(64)
+    assert graphs.bucket_for(prefill_plan([128], logits=0)) == Bucket.prefill(128)   # a chunk that does not sample
+    assert graphs.bucket_for(prefill_plan([256])) == Bucket.prefill(256)
     assert graphs.bucket_for(prefill_plan([257])) is None                       # longer than the largest
-    assert graphs.bucket_for(prefill_plan([40, 1])) is None                     # beside another sequence
-    assert graphs.bucket_for(prefill_plan([40], logits=2)) is None              # more than one logit row
+    assert not graphs.is_prefill(graphs.bucket_for(prefill_plan([40, 1])))      # beside another sequence: mixed
 
 
 @pytest.mark.parametrize("length", [1, 5, 32, 37, 130])
@@ -76,7 +101,7 @@ def test_padded_prefill_bucket_equals_unpadded(tiny_model, length):
         runners.append((runner, seq, hidden, logits))
     (eager, seq_e, hidden_e, logits_e), (padded, seq_p, hidden_p, logits_p) = runners
     bucket = padded.graphs.bucket_for(padded._plan([seq_p], [prompt], None, "last"))
-    assert padded.last_outputs[0].shape[0] == bucket[1] >= length        # it ran in its bucket, padded
+    assert padded.last_outputs[0].shape[0] == bucket.tokens >= length    # it ran in its bucket, padded
     assert padded.graphs.is_prefill(bucket) == (length > 4)
     torch.testing.assert_close(hidden_p, hidden_e, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(logits_p, logits_e, atol=1e-4, rtol=1e-4)
@@ -156,6 +181,36 @@ def test_padded_bucket_equals_unpadded(tiny_model, drafts):
     assert_caches_equal(eager, padded, [s.gdn_slot for s in seqs_e])
 
 
+def test_mixed_steps_in_a_padded_bucket_equal_unpadded(tiny_model):
+    """Two new prompts beside decoding sequences, the second prompt in two chunks (the first samples nothing):
+    both mixed steps run padded to a mixed bucket and give the logits, hidden rows and caches of the unpadded
+    steps; so does the decode step after them."""
+    (eager, padded), (seqs_e, seqs_p) = prefilled_pair(tiny_model)
+    prompts = random_prompts([13, 30], tiny_model.config.vocab_size, seed=12)
+    steps = [([[40, 61, 62, 63], [41], prompts[0], prompts[1][:18]], [3, 0, 0, 0], [4, 1, 1, 0]),
+             ([[42, 64], [43], [44], prompts[1][18:]], [1, 0, 0, 0], [2, 1, 1, 1]),
+             ([[45], [46], [47], [48]], [0, 0, 0, 0], [1, 1, 1, 1])]
+    outputs = []
+    for runner, seqs in ((eager, seqs_e), (padded, seqs_p)):
+        group = seqs[:2] + [Sequence(10, list(prompts[0]), 13), Sequence(11, list(prompts[1]), 30)]
+        results = []
+        for chunks, drafts, want in steps:
+            hidden, logits = runner.forward(group, chunks, drafts, logits=want)
+            bucket = runner.graphs.bucket_for(runner._plan(group, chunks, drafts, want)) if runner.graphs else None
+            results.append((hidden.clone(), logits.clone(), bucket, runner.last_outputs[0].shape[0]))
+            for seq, chunk, d in zip(group, chunks, drafts):
+                seq.num_cached += len(chunk) - d                    # every draft rejected: the caches roll back
+                seq.gdn_read_offset = 0
+        outputs.append((results, [s.gdn_slot for s in group]))
+    (results_e, slots), (results_p, _) = outputs
+    assert all(padded.graphs.is_mixed(bucket) for _, _, bucket, _ in results_p[:2])
+    assert [rows for *_, rows in results_p] == [256, 256, 4]              # it really ran padded
+    for (h_e, l_e, _, _), (h_p, l_p, _, _) in zip(results_e, results_p):
+        torch.testing.assert_close(l_p, l_e, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(h_p, h_e, atol=1e-5, rtol=1e-5)
+    assert_caches_equal(eager, padded, slots)
+
+
 def test_padding_touches_only_scratch_rows(tiny_model):
     (_, padded), (_, seqs) = prefilled_pair(tiny_model)
     idle = seqs[3].gdn_slot
@@ -192,6 +247,21 @@ def test_speculative_with_padded_buckets_equals_plain(tiny_model, kind):
     engine.runner.use_graphs(capture=False)
     assert engine.generate(prompts, params) == expected
     assert engine.stats.drafted > 0
+
+
+def test_prompts_entering_beside_decoding_sequences_run_in_mixed_buckets(tiny_model):
+    """More requests than running slots: later prompts enter in chunks of 8 beside sequences that verify MTP
+    drafts, in mixed buckets (padded, no capture), and the output equals plain decoding."""
+    prompts = random_prompts([3, 7, 12, 5, 9, 20, 4, 15], tiny_model.config.vocab_size, seed=9)
+    params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in (14, 9, 17, 11, 6, 10, 8, 12)]
+    expected = make_engine(tiny_model).generate(prompts, params)
+    engine = make_engine(tiny_model, make_drafter("mtp", tiny_model, 3), 3, max_running=3)
+    engine.runner.use_graphs(capture=False)
+    graphs, buckets = engine.runner.graphs, []
+    run = graphs.run
+    graphs.run = lambda plan, bucket, before=None: buckets.append(bucket) or run(plan, bucket, before)
+    assert engine.generate(prompts, params) == expected
+    assert sum(map(graphs.is_mixed, buckets)) >= 5 and engine.stats.drafted > 0
 
 
 # ---- GPU: captured graphs replayed ---------------------------------------------------------------------------
@@ -246,6 +316,34 @@ def test_gpu_prompts_alone_replay_prefill_graphs_and_decode_as_eager(tmp_path):
         assert sum(verifier and prefill for verifier, prefill in replayed) == longer
         if engine.drafter:
             assert sum(not verifier and prefill for verifier, prefill in replayed) >= 3     # 40, 130, 200 at least
+
+
+@pytest.mark.gpu
+def test_gpu_prompts_beside_decoding_sequences_replay_mixed_graphs(tmp_path):
+    """fp32 on CUDA, more requests than running slots: prompts enter several at once and beside sequences that
+    decode or verify MTP drafts, each such step replays a mixed graph, and the output equals plain decoding with
+    graphs off. Both engines are built before either runs (a later runner must leave the first one's graphs
+    valid)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from specdec.models.loader import load_model
+    from specdec.tiny import make_tiny
+    loaded = load_model(make_tiny(tmp_path, seed=0, progress=False), device="cuda")
+    prompts = random_prompts([5, 40, 130, 200, 3, 70, 90, 17, 250, 33], loaded.config.vocab_size, seed=8)
+    params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in (12, 20, 8, 16, 24, 10, 14, 9, 11, 18)]
+    plain = make_engine(loaded, max_running=4, chunk=256, budget=512)
+    plain.runner.graphs = None                                  # eager reference
+    expected = plain.generate(prompts, params)
+    engines = (make_engine(loaded, max_running=4, chunk=256, budget=512),
+               make_engine(loaded, make_drafter("mtp", loaded, 3), 3, max_running=4, chunk=256, budget=512))
+    for engine in engines:
+        graphs, mixed = engine.runner.graphs, []
+        assert graphs is not None and any(map(graphs.is_mixed, graphs.graphs))
+        run = graphs.run
+        graphs.run = lambda plan, bucket, before=None, g=graphs, run=run: (
+            mixed.append(g.is_mixed(bucket)) or run(plan, bucket, before))
+        assert engine.generate(prompts, params) == expected
+        assert sum(mixed) >= 4
 
 
 @pytest.mark.gpu

@@ -2,8 +2,9 @@
 
 Each step is described on the host with numpy (one entry per sequence; block tables live in a persistent host
 array with one row per GDN slot, updated when blocks are added), staged to the device with one copy, and run
-either eagerly or, on CUDA, by replaying a CUDA graph: decode / verify steps, and a prompt chunk of up to 256
-tokens that runs alone (specdec/models/cuda_graph_runner.py).
+either eagerly or, on CUDA, by replaying a CUDA graph: decode / verify steps, a prompt chunk of up to 256 tokens
+that runs alone, and steps that mix prompt chunks with other sequences in up to 1024 tokens
+(specdec/models/cuda_graph_runner.py).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from specdec.models.batch_staging import BatchStaging, StepPlan, logit_rows_per_
 from specdec.models.caches import ModelCaches
 from specdec.models.cuda_graph_runner import (
     BATCH_BUCKETS,
+    MIXED_TOKENS,
     PREFILL_TOKENS,
     CudaGraphRunner,
     buckets_for,
@@ -52,6 +54,7 @@ class ModelRunner:
         max_len = max_model_len or min(num_blocks * block_size, self.config.max_position_embeddings)
         self.max_blocks_per_seq = math.ceil(max_len / block_size)
         self.block_rows = np.zeros((max_seqs + 1, self.max_blocks_per_seq), np.int32)  # [slot, W] host tables
+        self.max_batched_tokens = max_batched_tokens
         self.staging = self._new_staging(max_batched_tokens, max_seqs)
         self.epilogue: Callable[[ForwardBatch, torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]] | None = None
         self.graphs: CudaGraphRunner | None = None
@@ -65,14 +68,17 @@ class ModelRunner:
                             scratch_block=self.caches.kv.scratch_block, scratch_gdn_slot=self.caches.gdn.scratch_slot)
 
     def use_graphs(self, capture: bool = True, batch_buckets: tuple[int, ...] = BATCH_BUCKETS) -> None:
-        """Run decode / verify steps in padded batch-size buckets, and a prompt chunk alone in a prefill bucket:
-        replayed CUDA graphs with `capture`, else the same padded batches eagerly (CPU tests). Set `epilogue`
-        before this: it is captured with the step."""
+        """Run decode / verify steps in padded batch-size buckets, a prompt chunk alone in a prefill bucket and
+        a step mixing prompt chunks with other sequences in a mixed bucket (prefill and mixed buckets only as
+        large as the token budget needs): replayed CUDA graphs with `capture`, else the same padded batches
+        eagerly (CPU tests). Set `epilogue` before this: it is captured with the step."""
         buckets = buckets_for(self.gdn_slots.size, batch_buckets)
         tokens_per_seq = (1,) if self.max_drafts == 0 else (1, 1 + self.max_drafts)
-        staging = self._new_staging(graph_tokens(buckets, tokens_per_seq, PREFILL_TOKENS), buckets[-1])
+        prefill = buckets_for(self.max_batched_tokens, PREFILL_TOKENS)
+        mixed = buckets_for(self.max_batched_tokens, MIXED_TOKENS)
+        staging = self._new_staging(graph_tokens(buckets, tokens_per_seq, prefill, mixed), buckets[-1])
         self.graphs = CudaGraphRunner(self._step, staging, buckets, tokens_per_seq, capture=capture,
-                                      prefill_tokens=PREFILL_TOKENS)
+                                      prefill_tokens=prefill, mixed_tokens=mixed)
         self.graphs.capture_all()
 
     # ---- cache ownership ---------------------------------------------------------------

@@ -1,9 +1,10 @@
 """Start-up warm-up: the step shapes a server will meet, run before it reports SERVING, so that no client
 request waits for a kernel to compile. Triton compiles a variant per shape class the first time it sees it
 (paged attention picks its query tile and split count from the step's batch, the norms their rows per program);
-the CUDA graphs compile what decode and verify steps need while they are captured, but steps that mix prefill
-chunks with decodes run eagerly, and on a cold cache their first compile stalled every running request for up to
-1.4 s at batch 64 on an H100.
+the CUDA graphs compile what their steps need while they are captured (decode, verify, a prompt chunk alone, and
+prompt chunks mixed with decodes up to the mixed buckets' 1024 tokens and 256-token chunks), but larger steps run
+eagerly, and on a cold cache the first compile of an eager mixed step stalled every running request for up to
+1.4 s at batch 64 on an H100. The mixed steps below replay their graphs where one holds them.
 
 What runs (every sequence is gone afterwards, the counters start afresh):
   - short generations: prefills of several lengths; greedy and sampled rows (the sampler kernel's greedy and

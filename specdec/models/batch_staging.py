@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from .forward_batch import ForwardBatch, as_array
+from .graph_bucket import Bucket
 
 INT64_FIELDS = ("input_ids", "positions", "slot_mapping", "logits_indices", "seq_of_token")
 INT32_FIELDS = ("cu_seqlens", "gdn_slots", "gdn_read_offsets", "num_drafts", "block_tables")
@@ -133,16 +134,16 @@ class BatchStaging:
         views["block_tables"] = views["block_tables"].reshape(self.max_seqs, self.max_blocks)
         return views
 
-    def stage(self, plan: StepPlan, bucket: tuple[int, int] | None = None, prefill: bool = False) -> ForwardBatch:
+    def stage(self, plan: StepPlan, bucket: Bucket | None = None) -> ForwardBatch:
         """Fill a host buffer, copy it to the device (non-blocking) and return the batch as device views.
-        `bucket` = (num_seqs, tokens_per_seq): pad to that many sequences (length 0, scratch GDN slot) and
-        num_seqs * tokens_per_seq tokens (scratch KV row) and logit rows (row 0), with max_seqlen =
-        tokens_per_seq: the static shape of a CUDA-graph bucket. `prefill`: a prompt chunk's bucket, one logit
-        row per sequence and no drafts."""
+        `bucket`: pad to its sequences (length 0, scratch GDN slot), tokens (scratch KV row) and logit rows (row
+        0), with its max_seqlen and max drafts: the static shape of a CUDA-graph bucket."""
         b, t = plan.num_seqs, plan.num_tokens
-        bp, tp = (b, t) if bucket is None else (bucket[0], bucket[0] * bucket[1])
         n = int(plan.logits_per_seq.sum())
-        np_ = n if bucket is None else bp if prefill else tp
+        bp, tp, np_ = (b, t, n) if bucket is None else (bucket.seqs, bucket.tokens, bucket.logit_rows)
+        if bucket is not None and not bucket.holds(b, t, int(plan.seq_lens.max(initial=0)), n,
+                                                   int(plan.num_drafts.max(initial=0))):
+            raise ValueError(f"a step of {b} sequences, {t} tokens, {n} logit rows does not fit {bucket}")
         self._check_capacity(plan, bp, tp, np_)
         h = self._next_host()
         cu = h["cu_seqlens"][: bp + 1]
@@ -168,8 +169,8 @@ class BatchStaging:
             h[name][:b], h[name][b:bp] = getattr(plan, name), pad
         self._copy_to_device(self.offsets["block_tables"] + bp * self.max_blocks)
         d = self.device_views
-        max_seqlen = int(plan.seq_lens.max(initial=0)) if bucket is None else bucket[1]
-        max_drafts = int(plan.num_drafts.max(initial=0)) if bucket is None else 0 if prefill else bucket[1] - 1
+        max_seqlen = int(plan.seq_lens.max(initial=0)) if bucket is None else bucket.max_seqlen
+        max_drafts = int(plan.num_drafts.max(initial=0)) if bucket is None else bucket.max_drafts
         return ForwardBatch(
             input_ids=d["input_ids"][:tp], positions=d["positions"][:tp], cu_seqlens=d["cu_seqlens"][: bp + 1],
             block_tables=d["block_tables"][:bp], slot_mapping=d["slot_mapping"][:tp],
@@ -198,8 +199,6 @@ class BatchStaging:
                                  ("block table width", plan.block_tables.shape[1], self.max_blocks)):
             if need > have:
                 raise ValueError(f"batch has {need} {name}, the staging area holds {have}")
-        if num_logits < int(plan.logits_per_seq.sum()) or num_tokens < plan.num_tokens:
-            raise ValueError(f"bucket {num_seqs} sequences / {num_tokens} tokens is smaller than the batch")
 
     def _check_blocks(self, plan: StepPlan, positions: np.ndarray, seq_of_token: np.ndarray) -> None:
         if positions.shape[0] == 0:

@@ -1,14 +1,18 @@
-"""Decode / verify steps replayed from CUDA graphs, one per (batch-size bucket, tokens per sequence), and prompt
-chunks of one sequence alone (prefill buckets: one sequence of up to q tokens, one logit row).
+"""Steps replayed from CUDA graphs, one per bucket (`graph_bucket.py`): decode / verify steps (batch-size bucket x
+tokens per sequence), a prompt chunk of one sequence alone (prefill buckets: up to q tokens, one logit row), and
+steps that mix prompt chunks with other sequences (mixed buckets: sequences x tokens in all, chunks up to the
+largest prefill bucket).
 
-A step of B sequences with at most q tokens each runs in the graph of the smallest bucket >= B captured for
-the smallest q' >= q: its batch is staged padded to that bucket (padding sequences of length 0 on the scratch
-GDN slot, padding tokens writing the scratch KV row, logit rows padded with row 0), so every tensor the graph
-reads sits at the address it was captured with. A prompt chunk alone (one sequence, no drafts, at most one
-logit row: at batch 1 the chunks of every prompt longer than the largest q, up to 256 tokens each) runs in the
-smallest prefill bucket that holds it; an eager
-prefill is bound by launching ~900 kernels (24 ms for 128 tokens at the 4B shape on an H100, 7 ms of GPU work).
-Larger batches and longer chunks, and prompt chunks beside other sequences, run eagerly.
+A step runs in the graph of the smallest bucket that holds it: its batch is staged padded to that bucket (padding
+sequences of length 0 on the scratch GDN slot, padding tokens writing the scratch KV row, logit rows padded with
+row 0), so every tensor the graph reads sits at the address it was captured with. The kernels take their grids
+from the bucket's host ints only and walk each sequence by its cu_seqlens on the device, so a sequence shorter
+than the bucket's max_seqlen, or a padding one, costs programs that exit early. A decode or verify step takes a
+uniform bucket; a prompt chunk alone (at batch 1 the chunks of every prompt longer than the largest q) the
+smallest prefill bucket; a mixed step (new prompts arriving beside decoding sequences) the smallest mixed bucket
+of at least its sequences and its tokens. An eager step is bound by launching ~900 kernels (24 ms for 128 tokens at
+the 4B shape on an H100, 7 ms of GPU work). Steps past every bucket (chunks longer than the largest prefill
+bucket, more tokens than the largest mixed bucket, more logit rows than k + 1 per sequence) run eagerly.
 
 The captured callable is `step(batch) -> tuple of tensors`; its outputs are static buffers, overwritten by the
 next replay of any graph (they share one memory pool). Whatever the caller appends to `step` before capture
@@ -27,11 +31,14 @@ from tqdm import tqdm
 
 from .batch_staging import BatchStaging, StepPlan
 from .forward_batch import ForwardBatch
+from .graph_bucket import Bucket
 
 log = logging.getLogger(__name__)
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 PREFILL_TOKENS = (32, 64, 128, 256)   # prefill buckets: one sequence of up to this many tokens
+MIXED_SEQS = (4, 16, 64)              # mixed buckets: sequences (padding ones cost an early exit per program)
+MIXED_TOKENS = (256, 512, 1024)       # mixed buckets: tokens in all (the GEMMs run on every one of them)
 Step = Callable[[ForwardBatch], tuple[torch.Tensor, ...]]
 
 
@@ -43,49 +50,78 @@ def buckets_for(max_seqs: int, candidates: tuple[int, ...] = BATCH_BUCKETS) -> t
 
 
 def graph_tokens(batch_buckets: tuple[int, ...], tokens_per_seq: tuple[int, ...],
-                 prefill_tokens: tuple[int, ...] = ()) -> int:
+                 prefill_tokens: tuple[int, ...] = (), mixed_tokens: tuple[int, ...] = ()) -> int:
     """Tokens of the largest bucket: what the graphs' staging area must hold."""
-    return max(max(batch_buckets) * max(tokens_per_seq), max(prefill_tokens, default=0))
+    return max(max(batch_buckets) * max(tokens_per_seq), max(prefill_tokens, default=0),
+               max(mixed_tokens, default=0))
 
 
 class CudaGraphRunner:
     def __init__(self, step: Step, staging: BatchStaging, batch_buckets: tuple[int, ...],
-                 tokens_per_seq: tuple[int, ...], capture: bool = True, prefill_tokens: tuple[int, ...] = ()):
+                 tokens_per_seq: tuple[int, ...], capture: bool = True, prefill_tokens: tuple[int, ...] = (),
+                 mixed_tokens: tuple[int, ...] = ()):
+        """`mixed_tokens`: capture mixed buckets of these many tokens (none: mixed steps run eagerly), for
+        MIXED_SEQS sequences up to the largest batch bucket, chunks up to the largest prefill bucket."""
         self.step, self.staging, self.capture = step, staging, capture
         self.batch_buckets, self.tokens_per_seq = tuple(sorted(batch_buckets)), tuple(sorted(tokens_per_seq))
         self.prefill_tokens = tuple(q for q in sorted(prefill_tokens) if q > self.tokens_per_seq[-1])
-        if self.batch_buckets[-1] > staging.max_seqs or \
-                graph_tokens(self.batch_buckets, self.tokens_per_seq, self.prefill_tokens) > staging.max_tokens:
+        self.mixed_tokens = tuple(sorted(mixed_tokens)) if self.prefill_tokens else ()
+        largest = self.batch_buckets[-1]
+        self.mixed_seqs = tuple(sorted({min(b, largest) for b in buckets_for(largest, MIXED_SEQS)})) \
+            if self.mixed_tokens else ()
+        if largest > staging.max_seqs or graph_tokens(
+                self.batch_buckets, self.tokens_per_seq, self.prefill_tokens, self.mixed_tokens) > staging.max_tokens:
             raise ValueError(f"graph staging area ({staging.max_seqs} sequences, {staging.max_tokens} tokens) "
                              f"is smaller than the largest bucket")
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
+        self.graphs: dict[Bucket, tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]] = {}
         self.pool = None
 
-    def bucket_for(self, plan: StepPlan) -> tuple[int, int] | None:
-        """(batch bucket, tokens per sequence) for this step, or None when it must run eagerly."""
+    def bucket_for(self, plan: StepPlan) -> Bucket | None:
+        """The smallest bucket that holds this step, or None when it must run eagerly."""
         if plan.num_seqs == 0:
             return None
         longest = int(plan.seq_lens.max())
         if plan.num_seqs <= self.batch_buckets[-1]:
             q = next((q for q in self.tokens_per_seq if q >= longest), None)
             if q is not None:
-                return next(b for b in self.batch_buckets if b >= plan.num_seqs), q
+                return Bucket.uniform(next(b for b in self.batch_buckets if b >= plan.num_seqs), q)
         if plan.num_seqs == 1 and plan.logits_per_seq[0] <= 1 and plan.num_drafts[0] == 0:
             q = next((q for q in self.prefill_tokens if q >= longest), None)
             if q is not None:
-                return 1, q
-        return None
+                return Bucket.prefill(q)
+        return self._mixed_bucket(plan, longest)
 
-    def is_prefill(self, bucket: tuple[int, int]) -> bool:
+    def _mixed_bucket(self, plan: StepPlan, longest: int) -> Bucket | None:
+        b = next((b for b in self.mixed_seqs if b >= plan.num_seqs), None)
+        t = next((t for t in self.mixed_tokens if t >= plan.num_tokens), None)
+        if b is None or t is None or longest > self.prefill_tokens[-1]:
+            return None
+        bucket = self._mixed(b, t)
+        return bucket if int(plan.logits_per_seq.sum()) <= bucket.logit_rows else None
+
+    def _mixed(self, seqs: int, tokens: int) -> Bucket:
+        return Bucket.mixed(seqs, tokens, self.prefill_tokens[-1], self.tokens_per_seq[-1] - 1)
+
+    def buckets(self) -> list[Bucket]:
+        """Every bucket, in capture order: mixed, prefill, then batch buckets, each group largest first."""
+        keys = [self._mixed(b, t) for t in reversed(self.mixed_tokens) for b in reversed(self.mixed_seqs)]
+        keys += [Bucket.prefill(q) for q in reversed(self.prefill_tokens)]
+        keys += [Bucket.uniform(b, q) for q in reversed(self.tokens_per_seq) for b in reversed(self.batch_buckets)]
+        return list(dict.fromkeys(keys))   # k = 0 and one sequence: the mixed bucket is the largest prefill one
+
+    def is_prefill(self, bucket: Bucket) -> bool:
         """Is this a prefill bucket (one sequence, one logit row, no drafts)?"""
-        return bucket[1] in self.prefill_tokens
+        return bucket == Bucket.prefill(bucket.max_seqlen) and bucket.max_seqlen in self.prefill_tokens
 
-    def run(self, plan: StepPlan, bucket: tuple[int, int], before: Callable[[ForwardBatch], object] | None = None
+    def is_mixed(self, bucket: Bucket) -> bool:
+        return bucket.tokens in self.mixed_tokens and bucket == self._mixed(bucket.seqs, bucket.tokens)
+
+    def run(self, plan: StepPlan, bucket: Bucket, before: Callable[[ForwardBatch], object] | None = None
             ) -> tuple[ForwardBatch, tuple[torch.Tensor, ...]]:
         """Stage the padded batch and replay its graph (or run it eagerly without capture). Returns the padded
         batch and the step's padded outputs; rows past the real tokens / logit rows are padding. `before` gets
         the staged batch first (device work queued ahead of the replay, e.g. writing input ids in place)."""
-        batch = self.staging.stage(plan, bucket, prefill=self.is_prefill(bucket))
+        batch = self.staging.stage(plan, bucket)
         if before is not None:
             before(batch)
         if not self.capture:
@@ -95,26 +131,23 @@ class CudaGraphRunner:
         return batch, outputs
 
     def capture_all(self) -> None:
-        """Capture every bucket (they share one memory pool): the prefill buckets, then the batch buckets, each
-        group largest first. Each is warmed up eagerly first (Triton compiles) on a batch of padding only, so no
-        sequence's cache is touched."""
+        """Capture every bucket (they share one memory pool) in `buckets()` order. Each is warmed up eagerly first
+        (Triton compiles) on a batch of padding only, so no sequence's cache is touched."""
         if not self.capture:
             return
         self.pool = torch.cuda.graph_pool_handle()
-        keys = [(1, q) for q in reversed(self.prefill_tokens)]
-        keys += [(b, q) for q in reversed(self.tokens_per_seq) for b in reversed(self.batch_buckets)]
-        for key in tqdm(keys, desc="capturing CUDA graphs", unit="graph", leave=False):
+        for key in tqdm(self.buckets(), desc="capturing CUDA graphs", unit="graph", leave=False):
             try:
                 self.graphs[key] = self._capture(key)
             except Exception as e:
-                raise RuntimeError(f"capturing the CUDA graph of {key[0]} sequences x {key[1]} tokens failed "
-                                   f"({type(e).__name__}: {e}); --enforce-eager runs without graphs") from e
+                raise RuntimeError(f"capturing the CUDA graph of {key} failed ({type(e).__name__}: {e}); "
+                                   f"--enforce-eager runs without graphs") from e
         log.info("captured %d CUDA graphs: batch buckets %s x tokens per sequence %s, prefill buckets of one "
-                 "sequence %s", len(self.graphs), self.batch_buckets, self.tokens_per_seq, self.prefill_tokens)
+                 "sequence %s, mixed buckets of %s sequences x %s tokens", len(self.graphs), self.batch_buckets,
+                 self.tokens_per_seq, self.prefill_tokens, self.mixed_seqs, self.mixed_tokens)
 
-    def _capture(self, bucket: tuple[int, int]) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]:
-        batch = self.staging.stage(padding_only_plan(self.staging.max_blocks), bucket,
-                                   prefill=self.is_prefill(bucket))
+    def _capture(self, bucket: Bucket) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]:
+        batch = self.staging.stage(padding_only_plan(self.staging.max_blocks), bucket)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
