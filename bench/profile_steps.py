@@ -54,7 +54,8 @@ def prefill_once(runner: ModelRunner, prompts: int, length: int) -> float:
 def prefill_table(loaded, device, cases=PREFILL_CASES) -> list[dict]:
     """Each case with the GDN prefill always chunked (fla-core when installed) and always our fused recurrent
     kernel: where the two cross is what gated_deltanet.CHUNKED_PREFILL_MIN_TOKENS is set from."""
-    runner = ModelRunner(loaded, 64 * 140, 16, 64, 0, device, max_batched_tokens=4096)
+    runner = ModelRunner(loaded, 64 * 140, 16, 64, 0, device, max_batched_tokens=4096,
+                         enforce_eager=True)   # graphs captured on one GDN path would hide the other
     rows, chunked_from = [], gated_deltanet.CHUNKED_PREFILL_MIN_TOKENS
     for gdn, threshold in (("chunk", 1), ("recurrent", 1 << 30)):
         gated_deltanet.CHUNKED_PREFILL_MIN_TOKENS = threshold

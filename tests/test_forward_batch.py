@@ -95,10 +95,16 @@ def test_a_mixed_bucket_pads_tokens_and_logit_rows_apart():
     assert (batch.num_seqs, batch.num_tokens, batch.max_seqlen, batch.max_num_drafts) == (4, 32, 16, 3)
     assert batch.logits_indices.tolist() == [5, 6, 7] + [0] * 13
     assert batch.cu_seqlens.tolist() == [0, 6, 8, 8, 8] and batch.slot_mapping.tolist()[8:] == [99 * BLOCK] * 24
-    for chunk, drafts, logits in (([1] * 17, 0, 1), ([1] * 5, 4, 5)):        # a chunk past 16, 4 drafts past 3
+    too_big = [([[1] * 17, [2]], [0, 0], [1, 1]),                        # a chunk past 16 tokens
+               ([[1] * 5, [2]], [4, 0], [5, 1]),                          # 4 drafts past 3
+               ([[1] * 16, [2] * 16, [3]], [0, 0, 0], [1, 1, 1]),         # 33 tokens past 32
+               ([[1]] * 5, [0] * 5, [1] * 5),                             # 5 sequences past 4
+               ([[1] * 16, [2] * 4], [0, 3], [14, 4])]                    # 18 logit rows past 16
+    for chunks_, drafts, logits in too_big:
+        n = len(chunks_)
         with pytest.raises(ValueError, match="does not fit"):
-            staging.stage(StepPlan.from_lists([chunk, [2]], [0, 0], tables, [0, 1], None, [drafts, 0], [logits, 1]),
-                          bucket=bucket)
+            staging.stage(StepPlan.from_lists(chunks_, [0] * n, [[0, 1, 2, 3, 4]] * n, list(range(n)), None, drafts,
+                                              logits), bucket=bucket)
 
 
 @pytest.mark.parametrize("bad, message", [

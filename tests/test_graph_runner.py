@@ -67,6 +67,30 @@ def test_prefill_and_mixed_buckets_stop_at_the_token_budget(tiny_model):
     assert Bucket.prefill(256) not in runner.graphs.buckets()
 
 
+@pytest.mark.parametrize("max_seqs, k, pairs", [(1, 3, ((1, 256),)), (2, 0, ((2, 256), (2, 512))),
+                                                (8, 3, ((4, 256), (4, 512), (4, 1024), (8, 256), (8, 512), (8, 1024)))])
+def test_only_reachable_mixed_buckets_are_captured(tiny_model, max_seqs, k, pairs):
+    """b sequences of up to 256 tokens never fill more than b * 256 tokens; at k = 0 one sequence's mixed bucket
+    is the prefill bucket of 256, which is_mixed does not claim."""
+    runner = ModelRunner(tiny_model, num_blocks=16, block_size=4, max_seqs=max_seqs, max_drafts=k,
+                         max_batched_tokens=2048)
+    runner.use_graphs(capture=False)
+    graphs = runner.graphs
+    assert graphs.mixed_pairs == pairs
+    mixed = [b for b in graphs.buckets() if graphs.is_mixed(b)]
+    assert [(b.seqs, b.tokens) for b in mixed] == sorted(pairs, key=lambda p: (p[1], p[0]), reverse=True)
+    assert not any(graphs.is_mixed(b) for b in graphs.buckets() if graphs.is_prefill(b))
+
+
+def test_a_mixed_step_takes_more_sequences_when_its_logit_rows_need_them(tiny_model):
+    runner = ModelRunner(tiny_model, num_blocks=16, block_size=4, max_seqs=16, max_drafts=3)
+    runner.use_graphs(capture=False)
+    plan = prefill_plan([20, 4, 4], logits=4)                        # 12 logit rows fit 4 sequences' 16
+    assert runner.graphs.bucket_for(plan).seqs == 4
+    plan = prefill_plan([30, 20, 20], logits=14)                      # 42 logit rows: 16 sequences' 64
+    assert runner.graphs.bucket_for(plan) == Bucket.mixed(16, 256, 256, 3)
+
+
 def prefill_plan(lens, logits=1):
     plan = plan_of(lens)
     plan.num_drafts[:] = 0
@@ -184,23 +208,24 @@ def test_padded_bucket_equals_unpadded(tiny_model, drafts):
 def test_mixed_steps_in_a_padded_bucket_equal_unpadded(tiny_model):
     """Two new prompts beside decoding sequences, the second prompt in two chunks (the first samples nothing):
     both mixed steps run padded to a mixed bucket and give the logits, hidden rows and caches of the unpadded
-    steps; so does the decode step after them."""
+    steps; so does the decode step after them. Two drafts of the first step are accepted: the second step replays
+    them (GDN read offset 2) beside a prompt chunk."""
     (eager, padded), (seqs_e, seqs_p) = prefilled_pair(tiny_model)
     prompts = random_prompts([13, 30], tiny_model.config.vocab_size, seed=12)
-    steps = [([[40, 61, 62, 63], [41], prompts[0], prompts[1][:18]], [3, 0, 0, 0], [4, 1, 1, 0]),
-             ([[42, 64], [43], [44], prompts[1][18:]], [1, 0, 0, 0], [2, 1, 1, 1]),
-             ([[45], [46], [47], [48]], [0, 0, 0, 0], [1, 1, 1, 1])]
+    steps = [([[40, 61, 62, 63], [41], prompts[0], prompts[1][:18]], [3, 0, 0, 0], [4, 1, 1, 0], [2, 0, 0, 0]),
+             ([[42, 64], [43], [44], prompts[1][18:]], [1, 0, 0, 0], [2, 1, 1, 1], [0, 0, 0, 0]),
+             ([[45], [46], [47], [48]], [0, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0])]
     outputs = []
     for runner, seqs in ((eager, seqs_e), (padded, seqs_p)):
         group = seqs[:2] + [Sequence(10, list(prompts[0]), 13), Sequence(11, list(prompts[1]), 30)]
         results = []
-        for chunks, drafts, want in steps:
+        for chunks, drafts, want, accepted in steps:
             hidden, logits = runner.forward(group, chunks, drafts, logits=want)
             bucket = runner.graphs.bucket_for(runner._plan(group, chunks, drafts, want)) if runner.graphs else None
             results.append((hidden.clone(), logits.clone(), bucket, runner.last_outputs[0].shape[0]))
-            for seq, chunk, d in zip(group, chunks, drafts):
-                seq.num_cached += len(chunk) - d                    # every draft rejected: the caches roll back
-                seq.gdn_read_offset = 0
+            for seq, chunk, d, a in zip(group, chunks, drafts, accepted):
+                seq.num_cached += len(chunk) - d + a                # the rejected drafts' rows roll back
+                seq.gdn_read_offset = a                             # the next step replays the accepted ones
         outputs.append((results, [s.gdn_slot for s in group]))
     (results_e, slots), (results_p, _) = outputs
     assert all(padded.graphs.is_mixed(bucket) for _, _, bucket, _ in results_p[:2])

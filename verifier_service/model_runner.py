@@ -29,6 +29,7 @@ from specdec.models.cuda_graph_runner import (
 )
 from specdec.models.forward_batch import ForwardBatch, as_array
 from specdec.models.fused_linear import fuse_projections
+from specdec.models.gated_deltanet import CHUNKED_PREFILL_MIN_TOKENS
 from specdec.models.loader import LoadedModel
 
 from .sequence import Sequence
@@ -76,6 +77,9 @@ class ModelRunner:
         tokens_per_seq = (1,) if self.max_drafts == 0 else (1, 1 + self.max_drafts)
         prefill = buckets_for(self.max_batched_tokens, PREFILL_TOKENS)
         mixed = buckets_for(self.max_batched_tokens, MIXED_TOKENS)
+        if max(prefill) >= CHUNKED_PREFILL_MIN_TOKENS:   # a graph holds one GDN path: the recurrent one
+            raise ValueError(f"prefill buckets up to {max(prefill)} tokens reach the chunked GDN prefill "
+                             f"({CHUNKED_PREFILL_MIN_TOKENS} tokens), which graphs do not capture")
         staging = self._new_staging(graph_tokens(buckets, tokens_per_seq, prefill, mixed), buckets[-1])
         self.graphs = CudaGraphRunner(self._step, staging, buckets, tokens_per_seq, capture=capture,
                                       prefill_tokens=prefill, mixed_tokens=mixed)

@@ -90,8 +90,9 @@ class InprocBench:
         self.loaded, self.device, self.overlap = loaded, device, overlap
 
     def build_engine(self, w: Workload) -> SpecEngine:
-        k, blocks = w.num_drafts, blocks_for(w)
-        runner = ModelRunner(self.loaded, blocks, BLOCK, w.concurrency, k, self.device)
+        k, blocks, scheduler = w.num_drafts, blocks_for(w), scheduler_for(w)
+        runner = ModelRunner(self.loaded, blocks, BLOCK, w.concurrency, k, self.device,
+                             max_batched_tokens=scheduler.max_batched_tokens)
         drafter = None
         if w.drafter == "mtp":
             vocab = load_draft_vocab(w.draft_vocab, self.loaded.config.vocab_size) if w.draft_vocab else None
@@ -102,7 +103,7 @@ class InprocBench:
         elif w.drafter == "ngram":
             drafter = NgramDrafter(k)
         forced = ForcedAcceptance(w.forced_length, k, seed=0, enabled=True) if w.forced_length else None
-        engine = SpecEngine(runner, drafter, EngineConfig(k, scheduler_for(w), forced, overlap=self.overlap))
+        engine = SpecEngine(runner, drafter, EngineConfig(k, scheduler, forced, overlap=self.overlap))
         warm = [SamplingParams(max_tokens=k + 2, ignore_eos=True),
                 SamplingParams(max_tokens=k + 2, temperature=0.8, seed=1, ignore_eos=True)]
         engine.generate([[1, 2, 3, 4], [5, 6, 7]], warm)  # every path once: prefill, verify, sampling, drafter

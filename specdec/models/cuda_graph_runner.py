@@ -69,6 +69,7 @@ class CudaGraphRunner:
         largest = self.batch_buckets[-1]
         self.mixed_seqs = tuple(sorted({min(b, largest) for b in buckets_for(largest, MIXED_SEQS)})) \
             if self.mixed_tokens else ()
+        self.mixed_pairs = self._reachable_mixed_pairs()
         if largest > staging.max_seqs or graph_tokens(
                 self.batch_buckets, self.tokens_per_seq, self.prefill_tokens, self.mixed_tokens) > staging.max_tokens:
             raise ValueError(f"graph staging area ({staging.max_seqs} sequences, {staging.max_tokens} tokens) "
@@ -91,20 +92,32 @@ class CudaGraphRunner:
                 return Bucket.prefill(q)
         return self._mixed_bucket(plan, longest)
 
+    def _reachable_mixed_pairs(self) -> tuple[tuple[int, int], ...]:
+        """(sequences, tokens) of the mixed buckets a step can reach: b sequences of up to P tokens each never
+        need more tokens than b * P, so a token size past the one that first holds b * P is left out."""
+        pairs = []
+        for b in self.mixed_seqs:
+            needed = b * self.prefill_tokens[-1]
+            below = [t for t in self.mixed_tokens if t < needed]
+            pairs += [(b, t) for t in below + [t for t in self.mixed_tokens if t >= needed][:1]]
+        return tuple(pairs)
+
     def _mixed_bucket(self, plan: StepPlan, longest: int) -> Bucket | None:
-        b = next((b for b in self.mixed_seqs if b >= plan.num_seqs), None)
+        """The smallest mixed bucket of at least the step's tokens and sequences whose logit rows hold the step's."""
         t = next((t for t in self.mixed_tokens if t >= plan.num_tokens), None)
-        if b is None or t is None or longest > self.prefill_tokens[-1]:
+        if t is None or longest > self.prefill_tokens[-1]:
             return None
-        bucket = self._mixed(b, t)
-        return bucket if int(plan.logits_per_seq.sum()) <= bucket.logit_rows else None
+        rows = int(plan.logits_per_seq.sum())
+        return next((self._mixed(b, t) for b in self.mixed_seqs
+                     if b >= plan.num_seqs and self._mixed(b, t).logit_rows >= rows and (b, t) in self.mixed_pairs),
+                    None)
 
     def _mixed(self, seqs: int, tokens: int) -> Bucket:
         return Bucket.mixed(seqs, tokens, self.prefill_tokens[-1], self.tokens_per_seq[-1] - 1)
 
     def buckets(self) -> list[Bucket]:
         """Every bucket, in capture order: mixed, prefill, then batch buckets, each group largest first."""
-        keys = [self._mixed(b, t) for t in reversed(self.mixed_tokens) for b in reversed(self.mixed_seqs)]
+        keys = [self._mixed(b, t) for b, t in sorted(self.mixed_pairs, key=lambda p: (p[1], p[0]), reverse=True)]
         keys += [Bucket.prefill(q) for q in reversed(self.prefill_tokens)]
         keys += [Bucket.uniform(b, q) for q in reversed(self.tokens_per_seq) for b in reversed(self.batch_buckets)]
         return list(dict.fromkeys(keys))   # k = 0 and one sequence: the mixed bucket is the largest prefill one
@@ -114,7 +127,9 @@ class CudaGraphRunner:
         return bucket == Bucket.prefill(bucket.max_seqlen) and bucket.max_seqlen in self.prefill_tokens
 
     def is_mixed(self, bucket: Bucket) -> bool:
-        return bucket.tokens in self.mixed_tokens and bucket == self._mixed(bucket.seqs, bucket.tokens)
+        """Is this a mixed bucket (and not also the largest prefill bucket, as one sequence at k = 0 is)?"""
+        return (bucket.seqs, bucket.tokens) in self.mixed_pairs and bucket == self._mixed(bucket.seqs, bucket.tokens) \
+            and not self.is_prefill(bucket)
 
     def run(self, plan: StepPlan, bucket: Bucket, before: Callable[[ForwardBatch], object] | None = None
             ) -> tuple[ForwardBatch, tuple[torch.Tensor, ...]]:
