@@ -30,8 +30,12 @@ def add_parser(sub) -> None:
     p.add_argument("--max-running", type=int, default=16, help="sequences decoded together")
     p.add_argument("--max-queued", type=int, default=256,
                    help="requests waiting beyond --max-running; more get RESOURCE_EXHAUSTED at once")
-    p.add_argument("--max-batched-tokens", type=int, default=512, help="tokens per target forward")
-    p.add_argument("--prefill-chunk", type=int, default=256)
+    p.add_argument("--max-batched-tokens", type=int, default=512,
+                   help="tokens per target forward (default 512); on a GPU, steps that mix prompt chunks with "
+                        "decoding replay CUDA graphs of up to this many tokens (at most 1024; larger steps run "
+                        "eagerly)")
+    p.add_argument("--prefill-chunk", type=int, default=256,
+                   help="prompt tokens per sequence per step (default 256); on a GPU, longer chunks run eagerly")
     p.add_argument("--kv-blocks", type=int, default=0, help="KV blocks of 16 tokens (0: max-running × max-context)")
     add_enforce_eager_arg(p)
     add_no_overlap_arg(p)
