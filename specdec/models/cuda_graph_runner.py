@@ -69,7 +69,8 @@ class CudaGraphRunner:
         largest = self.batch_buckets[-1]
         self.mixed_seqs = tuple(sorted({min(b, largest) for b in buckets_for(largest, MIXED_SEQS)})) \
             if self.mixed_tokens else ()
-        self.mixed_pairs = self._reachable_mixed_pairs()
+        self.mixed_buckets = {(b, t): Bucket.mixed(b, t, self.prefill_tokens[-1], self.tokens_per_seq[-1] - 1)
+                              for b, t in self._reachable_mixed_pairs()}   # (sequences, tokens) -> bucket
         if largest > staging.max_seqs or graph_tokens(
                 self.batch_buckets, self.tokens_per_seq, self.prefill_tokens, self.mixed_tokens) > staging.max_tokens:
             raise ValueError(f"graph staging area ({staging.max_seqs} sequences, {staging.max_tokens} tokens) "
@@ -102,22 +103,22 @@ class CudaGraphRunner:
             pairs += [(b, t) for t in below + [t for t in self.mixed_tokens if t >= needed][:1]]
         return tuple(pairs)
 
+    @property
+    def mixed_pairs(self) -> tuple[tuple[int, int], ...]:
+        return tuple(self.mixed_buckets)
+
     def _mixed_bucket(self, plan: StepPlan, longest: int) -> Bucket | None:
         """The smallest mixed bucket of at least the step's tokens and sequences whose logit rows hold the step's."""
         t = next((t for t in self.mixed_tokens if t >= plan.num_tokens), None)
         if t is None or longest > self.prefill_tokens[-1]:
             return None
         rows = int(plan.logits_per_seq.sum())
-        return next((self._mixed(b, t) for b in self.mixed_seqs
-                     if b >= plan.num_seqs and self._mixed(b, t).logit_rows >= rows and (b, t) in self.mixed_pairs),
-                    None)
-
-    def _mixed(self, seqs: int, tokens: int) -> Bucket:
-        return Bucket.mixed(seqs, tokens, self.prefill_tokens[-1], self.tokens_per_seq[-1] - 1)
+        fits = (self.mixed_buckets.get((b, t)) for b in self.mixed_seqs if b >= plan.num_seqs)
+        return next((bucket for bucket in fits if bucket is not None and bucket.logit_rows >= rows), None)
 
     def buckets(self) -> list[Bucket]:
         """Every bucket, in capture order: mixed, prefill, then batch buckets, each group largest first."""
-        keys = [self._mixed(b, t) for b, t in sorted(self.mixed_pairs, key=lambda p: (p[1], p[0]), reverse=True)]
+        keys = sorted(self.mixed_buckets.values(), key=lambda b: (b.tokens, b.seqs), reverse=True)
         keys += [Bucket.prefill(q) for q in reversed(self.prefill_tokens)]
         keys += [Bucket.uniform(b, q) for q in reversed(self.tokens_per_seq) for b in reversed(self.batch_buckets)]
         return list(dict.fromkeys(keys))   # k = 0 and one sequence: the mixed bucket is the largest prefill one
@@ -128,8 +129,7 @@ class CudaGraphRunner:
 
     def is_mixed(self, bucket: Bucket) -> bool:
         """Is this a mixed bucket (and not also the largest prefill bucket, as one sequence at k = 0 is)?"""
-        return (bucket.seqs, bucket.tokens) in self.mixed_pairs and bucket == self._mixed(bucket.seqs, bucket.tokens) \
-            and not self.is_prefill(bucket)
+        return self.mixed_buckets.get((bucket.seqs, bucket.tokens)) == bucket and not self.is_prefill(bucket)
 
     def run(self, plan: StepPlan, bucket: Bucket, before: Callable[[ForwardBatch], object] | None = None
             ) -> tuple[ForwardBatch, tuple[torch.Tensor, ...]]:
