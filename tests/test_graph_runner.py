@@ -76,7 +76,7 @@ def test_only_reachable_mixed_buckets_are_captured(tiny_model, max_seqs, k, pair
                          max_batched_tokens=2048)
     runner.use_graphs(capture=False)
     graphs = runner.graphs
-    assert graphs.mixed_pairs == pairs
+    assert tuple(graphs.mixed_buckets) == pairs
     mixed = [b for b in graphs.buckets() if graphs.is_mixed(b)]
     assert [(b.seqs, b.tokens) for b in mixed] == sorted(pairs, key=lambda p: (p[1], p[0]), reverse=True)
     assert not any(graphs.is_mixed(b) for b in graphs.buckets() if graphs.is_prefill(b))

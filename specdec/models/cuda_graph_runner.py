@@ -21,6 +21,7 @@ the CPU tests check the padding that way, and it separates graph bugs from paddi
 """
 from __future__ import annotations
 
+import bisect
 import gc
 import logging
 from typing import Callable
@@ -69,8 +70,9 @@ class CudaGraphRunner:
         largest = self.batch_buckets[-1]
         self.mixed_seqs = tuple(sorted({min(b, largest) for b in buckets_for(largest, MIXED_SEQS)})) \
             if self.mixed_tokens else ()
+        # (sequences, tokens) -> the mixed bucket of that many
         self.mixed_buckets = {(b, t): Bucket.mixed(b, t, self.prefill_tokens[-1], self.tokens_per_seq[-1] - 1)
-                              for b, t in self._reachable_mixed_pairs()}   # (sequences, tokens) -> bucket
+                              for b in self.mixed_seqs for t in self._reachable_tokens(b)}
         if largest > staging.max_seqs or graph_tokens(
                 self.batch_buckets, self.tokens_per_seq, self.prefill_tokens, self.mixed_tokens) > staging.max_tokens:
             raise ValueError(f"graph staging area ({staging.max_seqs} sequences, {staging.max_tokens} tokens) "
@@ -93,19 +95,10 @@ class CudaGraphRunner:
                 return Bucket.prefill(q)
         return self._mixed_bucket(plan, longest)
 
-    def _reachable_mixed_pairs(self) -> tuple[tuple[int, int], ...]:
-        """(sequences, tokens) of the mixed buckets a step can reach: b sequences of up to P tokens each never
-        need more tokens than b * P, so a token size past the one that first holds b * P is left out."""
-        pairs = []
-        for b in self.mixed_seqs:
-            needed = b * self.prefill_tokens[-1]
-            below = [t for t in self.mixed_tokens if t < needed]
-            pairs += [(b, t) for t in below + [t for t in self.mixed_tokens if t >= needed][:1]]
-        return tuple(pairs)
-
-    @property
-    def mixed_pairs(self) -> tuple[tuple[int, int], ...]:
-        return tuple(self.mixed_buckets)
+    def _reachable_tokens(self, seqs: int) -> tuple[int, ...]:
+        """The mixed buckets' token sizes a step of `seqs` sequences can reach: chunks of up to P tokens never need
+        more than seqs * P in all, so sizes past the first that holds seqs * P are left out."""
+        return self.mixed_tokens[:bisect.bisect_left(self.mixed_tokens, seqs * self.prefill_tokens[-1]) + 1]
 
     def _mixed_bucket(self, plan: StepPlan, longest: int) -> Bucket | None:
         """The smallest mixed bucket of at least the step's tokens and sequences whose logit rows hold the step's."""
