@@ -1,6 +1,7 @@
 """API-key check on the public APIs: gRPC calls to specdec.rpc.v1.Gateway, and HTTP requests under /v1, without
-``authorization: Bearer <key>`` are refused (UNAUTHENTICATED / 401). Health and reflection stay open (probes and
-service discovery carry no key)."""
+``authorization: Bearer <key>`` are refused (UNAUTHENTICATED / 401). The scheme name is case-insensitive and may be
+followed by several spaces (RFC 7235); the key is compared exactly, in constant time. Health and reflection stay
+open (probes and service discovery carry no key)."""
 from __future__ import annotations
 
 import hmac
@@ -9,7 +10,7 @@ from typing import Callable
 
 import grpc
 
-from specdec.rpc.security import API_KEY_HEADER, API_KEY_SCHEME
+from specdec.rpc.security import API_KEY_HEADER, API_KEY_SCHEME, bearer_credentials
 
 log = logging.getLogger(__name__)
 REFUSAL = f"missing or wrong API key: send the metadata '{API_KEY_HEADER}: {API_KEY_SCHEME}<key>'"
@@ -19,13 +20,13 @@ class ApiKey:
     """The one comparison both APIs make."""
 
     def __init__(self, api_key: str):
-        self._expected = (API_KEY_SCHEME + api_key).encode()
+        self._expected = api_key.encode()
 
     def matches(self, header_value: str | bytes | None) -> bool:
-        """Is `header_value` (the authorization header or metadata) 'Bearer <the key>'?"""
-        if header_value is None:
+        """Is `header_value` (the authorization header or metadata) 'Bearer <the key>' (scheme in any case)?"""
+        given = bearer_credentials(header_value)
+        if given is None:
             return False
-        given = header_value.encode() if isinstance(header_value, str) else bytes(header_value)
         return hmac.compare_digest(given, self._expected)  # constant time: no key guessing by timing
 
 

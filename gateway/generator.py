@@ -1,8 +1,10 @@
 """The one path of a Generate request, whichever API it came by (gRPC or HTTP). No torch here.
 
 ``prepare`` checks the request (the same validation for both APIs), renders ``messages`` with the model's chat
-template, tokenizes, and checks the context; ``stream`` relays the verifier's token stream as
-``GenerateResponse`` messages (text deltas, stop strings applied, a last message with finish_reason and usage).
+template, tokenizes, settles max_tokens (``MaxTokens``: the server's default for a request that gives none, capped
+by what the context leaves, and the most one may ask for), and checks the context; ``stream`` relays the
+verifier's token stream as ``GenerateResponse`` messages (text deltas, stop strings applied, a last message with
+finish_reason and usage).
 Problems are raised as ``Refused`` carrying the gRPC status code; the HTTP face maps that code to its status.
 Closing the ``stream`` generator early (the client went away) cancels the verifier call, which frees the
 request's KV blocks and GDN slot at once. Every request is counted in GatewayMetrics once.
@@ -32,6 +34,26 @@ NOT_READY = "the verifier has not answered yet (starting, or unreachable); retry
 NO_TEMPLATE = ("messages: this model folder has no chat template (chat_template.jinja, or chat_template in "
                "tokenizer_config.json): send a prompt instead")
 PASSED_THROUGH = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INTERNAL}
+DEFAULT_MAX_TOKENS_DEFAULT = 1024
+
+
+@dataclass(frozen=True)
+class MaxTokens:
+    """The server's bounds on completion length (``--max-tokens-default``, ``--max-tokens-limit``). Without them a
+    chat request that gives no max_tokens would decode to the end of the context and hold its slot that long."""
+    default: int = DEFAULT_MAX_TOKENS_DEFAULT  # a request that gives none (at most `limit` and what the context leaves)
+    limit: int | None = None                   # the most a request may ask for (more: INVALID_ARGUMENT); None: none
+
+    def __post_init__(self):
+        for name, value in (("default", self.default), ("limit", self.limit)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"max tokens {name}: a positive integer is required, got {value!r}")
+
+    def for_unset(self, api_default: int | None, context_left: int) -> int:
+        """max_tokens of a request that gave none: the server's default, at most its limit, the API's own default
+        (OpenAI completions: 16) and what the context leaves (at least 1: the context check then refuses it)."""
+        caps = [c for c in (self.limit, api_default) if c is not None]
+        return max(1, min(self.default, *caps, context_left))
 
 
 class Refused(Exception):
@@ -51,7 +73,8 @@ class PromptRequest:
     messages: list[dict] | None = None             # [{"role": str, "content": str, ...}], rendered by the template
     sampling: SamplingParams = field(default_factory=SamplingParams)
     chat_template_kwargs: dict = field(default_factory=dict)
-    max_tokens_to_context: bool = False            # ignore sampling.max_tokens: all the context leaves (OpenAI chat)
+    max_tokens_set: bool = True                    # False: the client gave none; sampling.max_tokens is ignored and
+    api_default_max_tokens: int | None = None      # ... MaxTokens.for_unset decides, with this API's own default
 
 
 @dataclass
@@ -63,9 +86,11 @@ class Prepared:
 
 class Generator:
     def __init__(self, verifier: verifier_pb2_grpc.VerifierStub, tokenizer: TextTokenizer | None,
-                 chat_template: ChatTemplate | None = None, metrics: GatewayMetrics | None = None):
+                 chat_template: ChatTemplate | None = None, metrics: GatewayMetrics | None = None,
+                 max_tokens: MaxTokens | None = None):
         self.verifier, self.tokenizer, self.chat_template = verifier, tokenizer, chat_template
         self.metrics = metrics or GatewayMetrics()
+        self.max_tokens = max_tokens or MaxTokens()
         self.info: gateway_pb2.InfoResponse | None = None  # the verifier's answer; None until it gave one
         self.serving = False                               # the verifier reports SERVING (the gateway's health)
 
@@ -96,18 +121,20 @@ class Generator:
         info = self.info
         if info is None:
             raise Refused(grpc.StatusCode.UNAVAILABLE, NOT_READY)
-        sampling = replace(request.sampling, max_tokens=1) if request.max_tokens_to_context else request.sampling
+        sampling = request.sampling if request.max_tokens_set else replace(request.sampling, max_tokens=1)
         try:
             params = validate_request(request.prompt, list(request.prompt_token_ids), sampling,
                                       self.tokenizer is not None, info.vocab_size, info.max_context,
-                                      messages=request.messages)
+                                      messages=request.messages, chat_template_kwargs=request.chat_template_kwargs,
+                                      max_tokens_limit=self.max_tokens.limit)
             ids = list(request.prompt_token_ids)
             if not ids:  # text or messages: render and encode off the event loop (long prompts take a while)
                 ids = await asyncio.to_thread(self._encode, request)
             if not ids:
                 raise InvalidRequest(f"{'messages' if request.messages else 'prompt'}: encodes to no tokens")
-            if request.max_tokens_to_context:
-                params = replace(params, max_tokens=max(1, info.max_context - len(ids)))
+            if not request.max_tokens_set:
+                params = replace(params, max_tokens=self.max_tokens.for_unset(request.api_default_max_tokens,
+                                                                              info.max_context - len(ids)))
             check_context(len(ids), params.max_tokens, info.max_context)
         except TooLong as e:
             raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e), too_long=True) from None

@@ -63,7 +63,8 @@ class GatewayServicer:
 def prompt_request(request: gateway_pb2.GenerateRequest) -> PromptRequest:
     messages = [{"role": m.role, "content": m.content} for m in request.messages]
     return PromptRequest(prompt=request.prompt, prompt_token_ids=tuple(request.prompt_token_ids),
-                         messages=messages or None, sampling=params_from_proto(request.sampling))
+                         messages=messages or None, sampling=params_from_proto(request.sampling),
+                         max_tokens_set=request.sampling.HasField("max_tokens"))   # unset: the server's default
 
 
 def _request_id_problem(rid: str) -> str:

@@ -101,8 +101,9 @@ def test_chat_streamed_and_not_equals_grpc_messages(client, stub):
     assert full.usage.prompt_tokens == last.usage.prompt_tokens > 10   # the template's text, not just the words
 
 
-def test_chat_without_max_tokens_runs_to_the_end_of_the_context(client):
-    """OpenAI's chat default: no max_tokens means all the context leaves (4096 here), not a fixed number."""
+def test_chat_without_max_tokens_stops_at_the_end_of_the_context(client):
+    """No max_tokens: the gateway's --max-tokens-default (1024), or all the context leaves (4096 here) when that is
+    less, as here; never a context_length_exceeded for a default (tests/test_gateway_limits.py has the rest)."""
     answer = client.chat.completions.create(model="demo_model", messages=[{"role": "user", "content": " x" * 4050}],
                                             temperature=0, extra_body={"ignore_eos": True})
     usage = answer.usage

@@ -27,7 +27,8 @@ from .schemas import ChatRequest, CompletionRequest
 
 log = logging.getLogger(__name__)
 GENERATE_PATHS = ("/v1/completions", "/v1/chat/completions")
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16      # the OpenAI API's (and vLLM's) default for /v1/completions
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16      # the OpenAI API's (and vLLM's) default for /v1/completions (within the
+                                         # server's --max-tokens-default; chat has none of its own: the server's)
 CLIENT_GONE = 499                        # nginx's "client closed request": nobody reads it
 
 
@@ -64,9 +65,10 @@ def build_app(generator: Generator) -> FastAPI:
         model = served_model(body.model)
         _refuse_unsupported(body)
         text, ids = body.prompt_parts()
-        fields = body.sampling_fields() | {"logprobs": body.logprobs,
-                                           "max_tokens": _default(body.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS)}
-        prompt = PromptRequest(prompt=text, prompt_token_ids=ids, sampling=_sampling(fields))
+        fields = body.sampling_fields() | {"logprobs": body.logprobs, "max_tokens": body.max_tokens}
+        prompt = PromptRequest(prompt=text, prompt_token_ids=ids, sampling=_sampling(fields),
+                               max_tokens_set=body.max_tokens is not None,
+                               api_default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS)
         rid = f"cmpl-{uuid.uuid4().hex}"
         fmt = CompletionFormat(rid, model, token_text, body.logprobs is not None, _include_usage(body))
         return await respond(generator, request, prompt, fmt, rid, bool(body.stream), COMPLETION_NAMES)
@@ -84,11 +86,12 @@ def build_app(generator: Generator) -> FastAPI:
         max_tokens = _default(body.max_completion_tokens, body.max_tokens)
         fields = body.sampling_fields() | {"max_tokens": max_tokens,
                                            "logprobs": (body.top_logprobs or 0) if body.logprobs else None}
-        prompt = PromptRequest(messages=messages, sampling=_sampling(fields), max_tokens_to_context=max_tokens is None,
+        prompt = PromptRequest(messages=messages, sampling=_sampling(fields), max_tokens_set=max_tokens is not None,
                                chat_template_kwargs=body.chat_template_kwargs or {})
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         fmt = ChatFormat(rid, model, token_text, bool(body.logprobs), _include_usage(body))
-        return await respond(generator, request, prompt, fmt, rid, bool(body.stream), CHAT_NAMES)
+        names = CHAT_NAMES | ({"max_tokens": "max_completion_tokens"} if body.max_completion_tokens is not None else {})
+        return await respond(generator, request, prompt, fmt, rid, bool(body.stream), names)
 
     _add_error_handlers(app, generator)
     return app

@@ -1,4 +1,6 @@
-"""What the gateway's HTTP API listens on and checks (importable without FastAPI / uvicorn)."""
+"""What the gateway's HTTP API listens on and checks (importable without FastAPI / uvicorn), and its connection
+bounds: uvicorn alone puts no deadline on a request's headers, so 200 connections sending a header line every few
+seconds (slowloris) stayed open for good."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,6 +16,9 @@ class HttpConfig:
     tls_key_file: str | None = None
     tls_client_ca_file: str | None = None  # set: require client certificates signed by it
     grace_s: float = 5.0
+    header_timeout_s: float = 10.0         # a request's line and headers must arrive within this (slowloris)
+    keep_alive_timeout_s: float = 5.0      # an idle kept-alive connection is closed after this
+    max_connections: int = 1024            # open connections; one more is answered 503 and closed at once
 
     @property
     def secured(self) -> bool:

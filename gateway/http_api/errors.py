@@ -20,8 +20,9 @@ CODE_NAME = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 404: "NOT_FOUND", 
              413: "RESOURCE_EXHAUSTED", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE"}
 TYPE = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 405: "invalid_request_error",
         413: "invalid_request_error", 429: "rate_limit_error", 500: "server_error", 503: "service_unavailable_error"}
-# the field a message is about: its first word, e.g. "top_p must be in (0.0, 1.0]" or "stop[1] must be ..."
-_LEADING_FIELD = re.compile(r"^([a-z_]+)(?:\[\d+\])?(?:\.[a-z_]+)?(?::|\s|$)")
+# the field a message is about: its first word, e.g. "top_p must be in (0.0, 1.0]", "stop[1] must be ..." or
+# "messages[0].tool_calls[1].name: ..." (the top-level name; the message has the path)
+_LEADING_FIELD = re.compile(r"^([a-z_]+)(?:\[[^\]]*\]|\.[A-Za-z_][A-Za-z0-9_]*)*(?::|\s|$)")
 
 
 class HttpError(Exception):

@@ -4,6 +4,13 @@ The socket is bound before the gRPC server starts, so by the time the gateway re
 accepts connections (and a port taken by someone else fails the start with a one-line error). The gateway
 handles SIGINT / SIGTERM itself and stops uvicorn (``stop``), which finishes open responses for up to
 ``grace_s`` seconds. ``Guard`` checks, before any route runs, the API key (on /v1) and the body size.
+
+Connections are bounded by ``BoundedH11Protocol`` (uvicorn's h11 protocol, pinned whatever else is installed): a
+request's line and headers must arrive within ``header_timeout_s`` of the connection opening, or of the first
+byte of the next request on a kept-alive one (uvicorn 0.54 has no such deadline: its keep-alive timer is disarmed
+by any byte, and a fresh connection has none); an idle kept-alive connection is closed after
+``keep_alive_timeout_s`` (uvicorn's own); beyond ``max_connections`` open ones a new connection is answered 503
+and closed before anything of it is read.
 """
 from __future__ import annotations
 
@@ -11,10 +18,13 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import socket
 import ssl
 
+import h11
 import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..auth import ApiKey
 from ..generator import Generator
@@ -81,6 +91,73 @@ class Guard:
         await send({"type": "http.response.body", "body": data})
 
 
+BUSY = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nconnection: close\r\n"
+        b"content-length: %d\r\n\r\n%s")
+
+
+class BoundedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a deadline on each request head and a cap on open connections (class
+    attributes, set per server by ``_bounded_protocol``)."""
+    header_timeout_s: float = 10.0
+    max_connections: int = 1024
+    _busy: bytes = b""
+    _head_timer: asyncio.TimerHandle | None = None
+    _refused = False
+    _warned_at = -math.inf                                   # when the limit was last logged (once a minute)
+
+    def connection_made(self, transport) -> None:
+        if len(self.connections) >= self.max_connections:   # never counted: uvicorn does not see it
+            self._refused = True
+            transport.write(self._busy)
+            transport.close()                                # after the write is flushed
+            if self.loop.time() - BoundedH11Protocol._warned_at > 60:
+                BoundedH11Protocol._warned_at = self.loop.time()
+                log.warning("HTTP: %d connections open (--http-max-connections): refusing new ones with 503",
+                            self.max_connections)
+            return
+        super().connection_made(transport)
+        self._watch_head()
+
+    def data_received(self, data: bytes) -> None:
+        if not self._refused:
+            super().data_received(data)   # cancels uvicorn's keep-alive timer: the next request has begun
+            self._watch_head()
+
+    def connection_lost(self, exc) -> None:
+        if not self._refused:
+            self._stop_head_timer()
+            super().connection_lost(exc)
+
+    def _watch_head(self) -> None:
+        """The deadline runs while h11 waits for a request head (IDLE: none yet, or part of one) and from the
+        moment it began to: a head trickling in a byte at a time does not push it back."""
+        waiting = self.conn.their_state is h11.IDLE and not self.transport.is_closing()
+        if waiting and self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timed_out)
+        elif not waiting:
+            self._stop_head_timer()
+
+    def _stop_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            log.debug("HTTP connection from %s closed: no complete request head within %.1fs",
+                      "%s:%d" % self.client if self.client else "?", self.header_timeout_s)
+            self.transport.close()
+
+
+def _bounded_protocol(config: HttpConfig) -> type[BoundedH11Protocol]:
+    data = json.dumps(errors.body(503, f"the server has {config.max_connections} connections open, its limit "
+                                       "(--http-max-connections): retry shortly")).encode()
+    return type("BoundedH11Protocol", (BoundedH11Protocol,), {
+        "header_timeout_s": config.header_timeout_s, "max_connections": config.max_connections,
+        "_busy": BUSY % (len(data), data)})
+
+
 class _EmbeddedServer(uvicorn.Server):
     """uvicorn without its own signal handlers: the gateway's event loop handles them and calls stop()."""
 
@@ -101,7 +178,8 @@ class HttpServer:
                    ssl_ca_certs=config.tls_client_ca_file,
                    ssl_cert_reqs=ssl.CERT_REQUIRED if config.tls_client_ca_file else ssl.CERT_NONE)
         self._server = _EmbeddedServer(uvicorn.Config(
-            app, log_config=None, access_log=False, lifespan="off", server_header=False,
+            app, http=_bounded_protocol(config), log_config=None, access_log=False, lifespan="off",
+            server_header=False, timeout_keep_alive=config.keep_alive_timeout_s,
             timeout_graceful_shutdown=int(config.grace_s), **(tls if config.tls_cert_file else {})))
         self._task: asyncio.Task | None = None
 

@@ -13,7 +13,22 @@ from pathlib import Path
 import grpc
 
 API_KEY_HEADER = "authorization"       # gRPC metadata keys are lower case
-API_KEY_SCHEME = "Bearer "
+API_KEY_SCHEME = "Bearer "             # what our clients send
+
+
+def bearer_credentials(value: str | bytes | None) -> bytes | None:
+    """The credentials of an authorization value in the Bearer scheme; None for another scheme or none at all.
+
+    As RFC 7235 reads ``credentials = auth-scheme 1*SP token68``: the scheme name in any case (``bearer``,
+    ``BEARER``), one or more spaces before the credentials, which are returned as they are (a key stays case
+    sensitive: compare it in constant time)."""
+    if value is None:
+        return None
+    data = value.encode() if isinstance(value, str) else bytes(value)
+    scheme, space, credentials = data.partition(b" ")
+    if not space or scheme.lower() != b"bearer":
+        return None
+    return credentials.lstrip(b" ")
 
 
 def read_file(path: str | None, flag: str) -> bytes | None:
