@@ -33,7 +33,10 @@ class StreamBuffers:
                 raise ValueError(f"buffer {b.name!r}: expected an int64 [rows, cols] array, got {b.dtype} "
                                  f"{list(b.shape)}")
             if b.transport == pb.SHM:
-                self.shm[b.name] = ShmBuffer.attach(b.shm_path, b.size_bytes)
+                try:   # only a verifier's segment of exactly this size (shm_buffer.py: ShmBuffer.attach)
+                    self.shm[b.name] = ShmBuffer.attach(b.shm_path, b.size_bytes)
+                except (ValueError, OSError) as e:
+                    raise ValueError(f"buffer {b.name!r}: {e}") from e
                 if b.name in DEVICE_STEP_BUFFERS:
                     self.arrays[b.name] = self.shm[b.name].view(0, torch.int64, tuple(b.shape))
             elif b.transport == pb.CUDA_IPC:

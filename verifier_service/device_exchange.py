@@ -73,6 +73,11 @@ class DeviceExchange:
             torch.cuda.current_stream(self.arrays["drafts"].device).wait_event(self.drafts_written)
         return self.arrays["drafts"][:num_seqs]
 
+    def unlink(self) -> None:
+        """The drafter mapped the shared-memory files: remove their names (both mappings stay; shm_buffer.py)."""
+        for buffer in self.shm.values():
+            buffer.unlink()
+
     def close(self) -> None:
         for buffer in self.shm.values():
             buffer.close()

@@ -62,6 +62,11 @@ class HiddenSender:
             ref["buffer"] = "hidden"
         return ref
 
+    def unlink(self) -> None:
+        """The drafter mapped the shared-memory file: remove its name (both mappings stay; shm_buffer.py)."""
+        if self.shm is not None:
+            self.shm.unlink()
+
     def close(self) -> None:
         if self.shm is not None:
             self.shm.close()
