@@ -72,6 +72,9 @@ class StackConfig:
     transport: str = "auto"
     verifier_args: tuple[str, ...] = ()
     drafter_args: tuple[str, ...] = ()  # e.g. ("--draft-model", DIR) or ("--option", "KEY=VALUE")
+    gateway_args: tuple[str, ...] = ()  # e.g. ("--api-key-file", FILE, "--metrics-port", "9100")
+    gateway_host: str = "127.0.0.1"   # where the gateway listens (the verifier and the drafter stay on loopback)
+    gateway_tls: bool = False         # the gateway serves TLS: its health is probed as an open port
     log_dir: str | None = None        # None: children log to this terminal
     startup_timeout_s: float = 600.0
 
@@ -95,10 +98,27 @@ class LocalStack:
         (log.debug if self.config.log_dir else log.info)("started %s (pid %d): %s", name, self.procs[name].pid,
                                                           " ".join(cmd))
 
+    def is_healthy(self, name: str, timeout: float = 1.0) -> bool:
+        """`name` reports SERVING. A TLS gateway (whose certificate this process may not be able to check, and
+        which may want a client certificate) counts as healthy once it accepts connections: its health follows
+        the verifier's, which is probed in plaintext."""
+        if name == "gateway" and self.config.gateway_tls:
+            try:
+                socket.create_connection((self.host_of(name).strip("[]"), self.ports[name]), timeout=timeout).close()
+                return True
+            except OSError:
+                return False
+        return is_serving(f"{self.host_of(name)}:{self.ports[name]}", timeout=timeout)
+
+    def host_of(self, name: str) -> str:
+        """The address a service is reached at from this host."""
+        host = self.config.gateway_host if name in ("gateway", "http") else "127.0.0.1"
+        return "127.0.0.1" if host in ("0.0.0.0", "::", "[::]") else host
+
     def _wait_healthy(self, name: str) -> None:
-        address = f"127.0.0.1:{self.ports[name]}"
+        address = f"{self.host_of(name)}:{self.ports[name]}"
         deadline = time.monotonic() + self.config.startup_timeout_s
-        while not is_serving(address, timeout=1.0):
+        while not self.is_healthy(name):
             if self.procs[name].poll() is not None:
                 raise RuntimeError(f"{name} exited with code {self.procs[name].returncode} while starting"
                                    + (f"; see {self.config.log_dir}/{name}.log" if self.config.log_dir else ""))
@@ -122,7 +142,7 @@ class LocalStack:
                              "--transport", c.transport]
             self._spawn("verifier", verifier)
             gateway = ["gateway", "--model", c.model, "--verifier-address", f"127.0.0.1:{self.ports['verifier']}",
-                       "--port", str(self.ports["gateway"])]
+                       "--host", c.gateway_host, "--port", str(self.ports["gateway"]), *c.gateway_args]
             if c.http_port is not None:
                 self.ports["http"] = c.http_port or free_port()
                 gateway += ["--http-port", str(self.ports["http"])]
@@ -132,13 +152,14 @@ class LocalStack:
         except BaseException:  # Ctrl-C while loading included: nothing started may outlive us
             self.stop()
             raise
-        self.address = f"127.0.0.1:{self.ports['gateway']}"
+        self.address = f"{self.host_of('gateway')}:{self.ports['gateway']}"
         return self.address
 
     @property
     def http_url(self) -> str | None:
         """The OpenAI-compatible API's base URL (…/v1), when the stack serves it."""
-        return f"http://127.0.0.1:{self.ports['http']}/v1" if "http" in self.ports else None
+        scheme = "https" if self.config.gateway_tls else "http"
+        return f"{scheme}://{self.host_of('http')}:{self.ports['http']}/v1" if "http" in self.ports else None
 
     def kill(self, name: str) -> None:
         """SIGKILL one service (fault tests)."""

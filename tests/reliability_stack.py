@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -99,3 +101,50 @@ def stop(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def children(pid: int) -> dict[str, int]:
+    """serve's services by name (from their command lines)."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for kid in (task / "children").read_text().split():
+            try:
+                argv = Path(f"/proc/{kid}/cmdline").read_bytes().split(b"\0")
+            except FileNotFoundError:
+                continue
+            name = next((a.decode() for a in argv if a in (b"verifier", b"drafter", b"gateway")), None)
+            if name:
+                out[name] = int(kid)
+    return out
+
+
+def state(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
+
+
+class Serve:
+    """`specdec serve` as a process of its own, its log in tmp_path/serve.log; `address`: the gateway's."""
+
+    def __init__(self, model: str, tmp_path: Path, *extra: str):
+        self.log = tmp_path / "serve.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "specdec", "serve", "--model", model, "--device", "cpu", "--port", "0", *extra],
+            stdout=open(self.log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+        wait_for(lambda: "specdec serving" in self.text() or self.proc.poll() is not None, 180, "stack serving")
+        assert self.proc.poll() is None, self.text()
+        self.address = re.search(r"on (127\.0\.0\.1:\d+)", self.text()).group(1)
+
+    def text(self) -> str:
+        return self.log.read_text()
+
+    def stop(self) -> None:
+        kids = list(children(self.proc.pid).values()) if self.proc.poll() is None else []
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(60)
+        for pid in kids:
+            if state(pid) not in (None, "Z"):
+                os.kill(pid, signal.SIGKILL)

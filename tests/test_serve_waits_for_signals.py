@@ -1,4 +1,4 @@
-"""`specdec serve` waits for its stop signal in a way that sees the signal whichever thread the kernel gave it to."""
+"""`specdec serve`'s supervision loop sees its stop signal whichever thread the kernel gave it to."""
 import subprocess
 import sys
 import textwrap
@@ -9,7 +9,8 @@ pytestmark = pytest.mark.timeout(60)
 
 PROGRAM = textwrap.dedent("""
     import os, signal, threading, time
-    from specdec.commands.serve_cmd import until_a_signal
+    from types import SimpleNamespace
+    from specdec.stack_supervisor import Supervisor
 
     def interrupt(signum, frame):
         raise KeyboardInterrupt
@@ -25,7 +26,7 @@ PROGRAM = textwrap.dedent("""
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})   # the main thread's mask only
     ready.set()
     try:
-        until_a_signal()
+        Supervisor(SimpleNamespace(procs={})).run()     # a stack with no service: it watches until stopped
     except KeyboardInterrupt:
         print("stopped", flush=True)
 """)

@@ -1,22 +1,38 @@
 """`specdec serve`: gateway + verifier + drafter as separate local processes, until Ctrl-C."""
 import argparse
 import sys
-import time
 
 from .cli_args import add_enforce_eager_arg, add_model_args, resolve
+from .gateway_cmd import add_public_args, gateway_argv
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="start gateway, verifier and drafter locally (one command)",
                        description="Start the three services as separate processes on 127.0.0.1, wait until "
                                    "all are healthy, print the gateway address, stop them all on Ctrl-C, SIGTERM "
-                                   "or SIGHUP. The services also exit if this process is killed.")
+                                   "or SIGHUP. The services also exit if this process is killed. While serving, "
+                                   "a service that dies is logged and restarted after a backoff (1 s, doubling up "
+                                   "to 30 s): the drafter always (decoding goes on without drafts meanwhile), the "
+                                   "verifier and the gateway up to --max-restarts times in a row; one more death "
+                                   "stops the stack and `serve` exits with status 3, for an outer supervisor "
+                                   "(systemd, compose restart:, Kubernetes) to act on.")
     add_model_args(p)
     add_stack_args(p)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address the gateway listens on (the verifier and the drafter stay on 127.0.0.1); beyond "
+                        "this host, serve TLS and an API key (SECURITY.md)")
     p.add_argument("--port", type=int, default=50051, help="gateway port (0: any free port)")
     p.add_argument("--http-port", type=int, default=None,
                    help="also serve the OpenAI-compatible HTTP API on this port (0: any free port; default: off)")
-    p.set_defaults(run=run)
+    p.add_argument("--verifier-metrics-port", type=int, default=0, metavar="PORT",
+                   help="the verifier's Prometheus metrics on 127.0.0.1:PORT (default: off; --metrics-port is the "
+                        "gateway's)")
+    public = add_public_args(p)
+    p.add_argument("--max-restarts", type=int, default=5, metavar="N",
+                   help="restarts of a dead verifier or gateway in a row before the stack stops and `serve` exits "
+                        "with status 3 (default 5; a service healthy for 60 s starts its count over; 0: stop at "
+                        "the first death). A dead drafter is always restarted")
+    p.set_defaults(run=run, public_args=public)
 
 
 def add_stack_args(p: argparse.ArgumentParser) -> None:
@@ -48,14 +64,22 @@ def stack_config(args: argparse.Namespace, port: int, log_dir: str | None = None
     drafter_args = ("--draft-model", args.draft_model) if args.draft_model else ()
     drafter_args += ("--draft-vocab", args.draft_vocab) if args.draft_vocab else ()
     drafter_args += ("--enforce-eager",) if args.enforce_eager else ()
+    verifier_args = ("--enforce-eager",) if args.enforce_eager else ()
+    if getattr(args, "verifier_metrics_port", 0):
+        verifier_args += ("--metrics-port", str(args.verifier_metrics_port))
+    public = getattr(args, "public_args", None)    # `serve`'s gateway flags (`generate` starts a plain stack)
     return StackConfig(model=model, drafter=drafter, num_drafts=args.num_drafts, device=device, dtype=dtype,
                        port=port, http_port=http_port, transport=args.transport, log_dir=log_dir,
-                       drafter_args=drafter_args,
-                       verifier_args=("--enforce-eager",) if args.enforce_eager else ())
+                       drafter_args=drafter_args, verifier_args=verifier_args,
+                       gateway_args=tuple(gateway_argv(args, public)) if public else (),
+                       gateway_host=getattr(args, "host", "127.0.0.1"), gateway_tls=bool(getattr(args, "tls_cert", None)))
 
 
 def run(args: argparse.Namespace) -> int:
     from specdec.local_stack import LocalStack, run_stack
+    from specdec.stack_supervisor import RestartPolicy, Supervisor
+    if args.max_restarts < 0:
+        raise ValueError(f"--max-restarts {args.max_restarts}: at least 0")
     stack = LocalStack(stack_config(args, args.port, http_port=args.http_port))
     c = stack.config
 
@@ -63,15 +87,8 @@ def run(args: argparse.Namespace) -> int:
         http = f", OpenAI API on {stack.http_url}" if stack.http_url else ""
         print(f"specdec serving {c.model} on {address}{http} (drafter {c.drafter}, k={c.num_drafts}, {c.device}); "
               f"Ctrl-C to stop", file=sys.stderr, flush=True)
-        until_a_signal()
-        return 0
+        # Sleeps in short ticks, never one endless wait: the kernel may deliver a process's signal to any of its
+        # threads, and a main thread blocked on a lock is then never woken to run the Python handler.
+        return Supervisor(stack, RestartPolicy(max_restarts=args.max_restarts)).run()
     code = run_stack(stack, until_stopped)
     return 0 if code == 130 else code  # stopping on a signal is how `serve` is meant to end
-
-
-def until_a_signal(poll_s: float = 0.5) -> None:
-    """Block until a signal handler raises. In short sleeps, not one endless wait: the kernel may deliver a
-    process's signal to any of its threads, and then a main thread blocked on a lock is never woken to run
-    the Python handler (`serve` once missed a SIGTERM so for a minute); a sleep returns and lets it run."""
-    while True:
-        time.sleep(poll_s)
