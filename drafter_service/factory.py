@@ -123,6 +123,28 @@ class DrafterHolder:
         self.mtp_facts = mtp_facts(config, dtype, vocabulary_fingerprint(self.config.model_dir))
         if shared:
             self.attach(shared["embed_tokens.weight"], shared["lm_head.weight"])
+        if c.device.startswith("cuda"):
+            self._warm_up_mtp(dtype)
+
+    def _warm_up_mtp(self, dtype: torch.dtype) -> None:
+        """Compile the draft loop's kernels before this drafter reports SERVING (mtp/warm_up.py). Waiting for
+        the verifier's weights, it warms up a stand-in of the same shapes (one [V, H] tensor for embed_tokens and
+        lm_head, freed after): kernels compile per shape, so attaching the real weights compiles nothing."""
+        from .mtp.mtp_drafter import MTPDrafter
+        from .mtp.warm_up import warm_up
+        drafter, c = self.drafter, self.config
+        if drafter is None:
+            config, mtp = self.mtp_parts
+            stand_in = torch.zeros(config.vocab_size, config.hidden_size, dtype=dtype, device=c.device)  # [V, H]
+            drafter = MTPDrafter.from_parts(config, mtp, stand_in, stand_in, c.max_drafts, c.num_blocks,
+                                            c.block_size, c.device, self.mtp_options)
+        report = warm_up(drafter)
+        log.info("mtp drafter warm-up: %d eager runs (1 to %d sequences, up to %d rows) in %.1f s%s",
+                 report.num_runs, report.max_seqs, report.max_tokens, report.seconds,
+                 "" if drafter is self.drafter else " on stand-in weights, before the verifier's arrive")
+        if drafter is not self.drafter:
+            del drafter, stand_in
+            torch.cuda.empty_cache()
 
     def attach(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> None:
         """(Re)build the MTP drafter around these embed_tokens / lm_head weights (a new verifier's, too)."""

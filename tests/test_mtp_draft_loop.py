@@ -181,3 +181,18 @@ def test_prompt_rows_beside_sequences_the_drafter_dropped_draft_the_same(tiny_mo
     assert_same_drafts(got, want)
     assert "dropped by the mtp drafter" in caplog.text
     assert any(not held.all() for held in splits) and any(held.all() for held in splits)
+
+
+def test_warm_up_leaves_no_trace(tiny_model):
+    """The drafter's warm-up (drafter_service/mtp/warm_up.py: every eager shape before serving) gives back every
+    block and sequence row it took, and a warmed-up drafter drafts exactly what a fresh one drafts: the KV rows it
+    wrote into blocks that real sequences take later are never read."""
+    from drafter_service.mtp.warm_up import warm_up
+    calls = served_calls(tiny_model)
+    warmed = MTPDrafter(tiny_model, 3, num_blocks=128, block_size=BLOCK, options=MTPOptions(max_seqs=5))
+    free = warmed.tables.blocks.num_free
+    report = warm_up(warmed, max_tokens=64)
+    assert report.num_runs > 20 and report.max_seqs == 5
+    assert warmed.tables.blocks.num_free == free and warmed.tables.seq_ids() == []
+    for got, want in replay(warmed, calls):
+        assert got == want

@@ -57,6 +57,14 @@ class _Connection:
     exchange: DeviceExchange | None = None   # the device steps' buffers, when the drafter takes device steps
     changes_only: bool = False               # ... and reads them as changes (DeviceStep.changes_only)
 
+    def unlink_files(self) -> None:
+        """Remove the names of this connection's shared-memory files, once its drafter has mapped them (it
+        answered a step, so it took the Setup before it) or will not (the connection ended). Both sides keep
+        their mappings; nobody can open the files any more, and none outlives the verifier (shm_buffer.py)."""
+        for held in (self.sender, self.exchange):
+            if held is not None:
+                held.unlink()
+
 
 @dataclass(frozen=True)
 class DrafterLinkConfig:
@@ -104,15 +112,20 @@ class RemoteDrafter(DeviceStepLink):
 
     # ---- connection ----------------------------------------------------------------------
     def _connect_loop(self) -> None:
-        """Connect, stay while connected, reconnect. The backoff starts over only after a connection that
-        answered a step: a drafter that accepts the handshake and then drops the stream is retried ever later."""
+        """Connect, stay while connected, reconnect. A drafter that is not reachable is retried at once (each try
+        waits up to 2 s for the channel, which itself retries every 250 ms), so one that starts or restarts is
+        found within about a second. One that answers and refuses, or accepts the handshake and then drops the
+        stream, is retried ever later; that backoff starts over only after a connection that answered a step."""
         backoff = 0.25
         while not self._closed:
             try:
                 self._connect()
             except Refused as e:
                 self._report(f"drafter at {self.config.address} refused: {e}; decoding without drafts")
-            except (grpc.RpcError, grpc.FutureTimeoutError, OSError, RuntimeError) as e:
+            except grpc.FutureTimeoutError:   # nothing answered for 2 s: try again at once
+                self._report(f"drafter {self.config.address} not reachable", logging.DEBUG)
+                continue
+            except (grpc.RpcError, OSError, RuntimeError) as e:
                 self._report(f"drafter {self.config.address} not reachable ({_short(e)})", logging.DEBUG)
             else:
                 while self.connected and not self._closed:
@@ -162,16 +175,22 @@ class RemoteDrafter(DeviceStepLink):
         if transport is None:
             raise Refused(f"no common transport (offered {offer}, drafter accepts {list(response.transports)})")
         stub.ClearCache(pb.ClearCacheRequest(), timeout=5.0)
-        sender = HiddenSender(transport, self.max_rows, self.target.hidden_size, self.dtype, self.device) \
-            if info.needs_hidden else None
-        shared = self.shared_weights if info.needs_shared_weights else {}
-        buffers = [link_message(pb.SharedBuffer, b) for b in sender.setup(shared)] if sender else []
-        exchange = None
-        if response.device_steps and sender is not None and transport in ("shm", "cuda_ipc"):
-            exchange = DeviceExchange(transport, self.max_rows, self.max_seqs, info.max_drafts, self.device)
-            buffers += [link_message(pb.SharedBuffer, b) for b in exchange.setup()]
-        connection = _Connection(self._open_stream(stub, response.local_lane, buffers), sender, exchange,
-                                 exchange is not None and response.device_step_changes)
+        sender = exchange = None
+        try:
+            sender = HiddenSender(transport, self.max_rows, self.target.hidden_size, self.dtype, self.device) \
+                if info.needs_hidden else None
+            shared = self.shared_weights if info.needs_shared_weights else {}
+            buffers = [link_message(pb.SharedBuffer, b) for b in sender.setup(shared)] if sender else []
+            if response.device_steps and sender is not None and transport in ("shm", "cuda_ipc"):
+                exchange = DeviceExchange(transport, self.max_rows, self.max_seqs, info.max_drafts, self.device)
+                buffers += [link_message(pb.SharedBuffer, b) for b in exchange.setup()]
+            connection = _Connection(self._open_stream(stub, response.local_lane, buffers), sender, exchange,
+                                     exchange is not None and response.device_step_changes)
+        except BaseException:   # no stream took these buffers: their files go now
+            for held in (sender, exchange):
+                if held is not None:
+                    held.close()
+            raise
         with self._lock:
             if self._sender is not None:
                 self._sender.close()
@@ -222,6 +241,7 @@ class RemoteDrafter(DeviceStepLink):
                 return
             self._connection, self.max_drafts = None, 0
         connection.stream.close()
+        connection.unlink_files()   # (a drafter still reading them has them mapped)
         log.warning("drafter %s lost: decoding without drafts until it is back", self.config.address)
         self._wake.set()
 
@@ -287,6 +307,7 @@ class RemoteDrafter(DeviceStepLink):
             return None
         if not self._answered and connection is self._connection:  # (an answer of an older connection is not)
             self._answered, self._last_problem = True, ""  # a working connection: report the next problem anew
+            connection.unlink_files()   # its drafter mapped them at the Setup, before this answer
         self.last_round_trip_ms = (time.perf_counter() - start) * 1e3  # sent → read, with what ran meanwhile
         self.last_drafter_ms = response.drafter_ms
         return response

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -16,6 +17,7 @@ from specdec.rpc import serving
 from specdec.rpc.v1 import gateway_pb2, verifier_pb2, verifier_pb2_grpc
 from specdec.startup_heap import freeze_startup_heap
 from specdec.step_trace import StepTrace
+from specdec.transport.shm_buffer import remove_stale_segments
 
 from .drafter_client import DrafterLinkConfig, RemoteDrafter
 from .engine import EngineConfig, SpecEngine
@@ -41,6 +43,7 @@ class VerifierConfig:
     in_process_drafter: str | None = None  # a drafter kind run inside this process (built by the caller)
     transport: str = "auto"
     drafter_timeout_s: float = 10.0
+    drafter_wait_s: float = 60.0           # at start-up, how long SERVING waits for the drafter link
     step_channel: str = "auto"             # auto: the drafter's local lane on this host | grpc
     max_context: int = 4096
     max_running: int = 16
@@ -148,10 +151,32 @@ async def _serve(engine: SpecEngine, config: VerifierConfig, host: str, port: in
     log.info("verifier: stopped")
 
 
+def wait_for_drafter(drafter: RemoteDrafter, wait_s: float) -> bool:
+    """Hold SERVING back until the drafter link is up, for at most wait_s: requests that arrive before it decode
+    without drafts (lossless, but up to k + 1 times slower), and a stack whose drafter is still starting would
+    otherwise serve its first burst that way. A drafter that does not come in time is waited for no longer:
+    the verifier serves, and the link connects whenever the drafter does."""
+    start = time.monotonic()
+    while not drafter.connected and time.monotonic() - start < wait_s:
+        time.sleep(0.05)
+    if drafter.connected:
+        log.info("drafter %s connected %.1f s after the warm-up", drafter.kind, time.monotonic() - start)
+    elif wait_s > 0:
+        log.warning("no drafter at %s after %.0f s (--drafter-wait): serving without drafts until it connects",
+                    drafter.config.address, wait_s)
+    return drafter.connected
+
+
 def serve(config: VerifierConfig, host: str, port: int, make_drafter: DrafterFactory | None = None) -> None:
+    removed = remove_stale_segments()   # a killed verifier's buffers (they may hold its clients' tokens)
+    if removed:
+        log.warning("removed %d shared-memory file(s) of processes that are gone: %s", len(removed),
+                    ", ".join(map(str, removed)))
     engine = build_engine(config, make_drafter)  # before the event loop: Ctrl-C / SIGTERM while loading stop the process at once
     if config.warm_up:
         warm_up(engine)
+    if isinstance(engine.drafter, RemoteDrafter):
+        wait_for_drafter(engine.drafter, config.drafter_wait_s)
     freeze_startup_heap("verifier")
     engine.trace.mark("serving")   # trace-report leaves the warm-up's steps out
     asyncio.run(_serve(engine, config, host, port))

@@ -4,6 +4,9 @@ service split costs (`specdec bench --paths colocated gateway`). This module is 
 (the CLI composes them; neither imports the other)."""
 from __future__ import annotations
 
+import logging
+
+log = logging.getLogger(__name__)
 IN_PROCESS_KINDS = ("mtp", "ngram")
 
 
@@ -26,6 +29,11 @@ def in_process_drafter(kind: str, draft_vocab: str | None = None):
         # the verify step's k + 1 tokens beyond the context: the drafter's catch-up writes them too
         options = MTPOptions(max_seqs=config.max_running, max_context=max_context + config.num_drafts + 1,
                              enforce_eager=config.enforce_eager, draft_vocab=vocab)
-        return MTPDrafter(loaded, config.num_drafts, num_blocks=blocks, block_size=config.block_size,
-                          device=config.device, options=options)
+        drafter = MTPDrafter(loaded, config.num_drafts, num_blocks=blocks, block_size=config.block_size,
+                             device=config.device, options=options)
+        if drafter.device.type == "cuda":   # the verifier's warm-up drafts with a stand-in: this one's eager shapes
+            from drafter_service.mtp.warm_up import warm_up
+            report = warm_up(drafter, config.max_batched_tokens)   # its steps' rows: the verifier's
+            log.info("in-process mtp drafter warm-up: %d eager runs in %.1f s", report.num_runs, report.seconds)
+        return drafter
     return make

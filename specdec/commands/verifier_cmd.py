@@ -26,6 +26,9 @@ def add_parser(sub) -> None:
                         "host offers (a Unix socket, no gRPC threads in between; gRPC where it cannot be reached), "
                         "grpc always the gRPC stream")
     p.add_argument("--drafter-timeout", type=float, default=10.0, help="seconds before a drafter step counts as failed")
+    p.add_argument("--drafter-wait", type=float, default=60.0, metavar="SECONDS",
+                   help="at start-up, report SERVING only once the drafter is connected, waiting at most this long "
+                        "(default 60; then it serves without drafts until the drafter comes; 0: do not wait)")
     p.add_argument("--max-context", type=int, default=4096)
     p.add_argument("--max-running", type=int, default=16, help="sequences decoded together")
     p.add_argument("--max-queued", type=int, default=256,
@@ -55,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
     for name in ("max_running", "max_batched_tokens", "prefill_chunk"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.drafter_wait < 0:
+        raise ValueError(f"--drafter-wait must be >= 0, got {args.drafter_wait}")
     if args.max_queued < 0:
         raise ValueError(f"--max-queued must be >= 0, got {args.max_queued}")
     if args.drafter_address and args.in_process_drafter:
@@ -67,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     config = VerifierConfig(
         model_dir=model, device=device, dtype=dtype, num_drafts=args.num_drafts if drafting else 0,
         drafter_address=args.drafter_address, in_process_drafter=args.in_process_drafter, transport=args.transport,
-        drafter_timeout_s=args.drafter_timeout, step_channel=args.step_channel,
+        drafter_timeout_s=args.drafter_timeout, drafter_wait_s=args.drafter_wait, step_channel=args.step_channel,
         max_context=args.max_context, max_running=args.max_running, max_queued=args.max_queued,
         max_batched_tokens=args.max_batched_tokens,
         prefill_chunk=args.prefill_chunk, kv_blocks=args.kv_blocks, metrics_port=args.metrics_port,
