@@ -16,11 +16,11 @@ import random
 import tempfile
 import time
 
-from specdec.bench.gateway_path import GatewayBench
-from specdec.bench.inprocess import blocks_for, scheduler_for
-from specdec.bench.latency import summarize
-from specdec.bench.workloads import Workload
-from specdec.local_stack import LocalStack, StackConfig
+from specdec_tools.bench.gateway_path import GatewayBench
+from specdec_tools.bench.inprocess import blocks_for, scheduler_for
+from specdec_tools.bench.latency import summarize
+from specdec_tools.bench.workloads import Workload
+from specdec_tools.local_stack import LocalStack, StackConfig
 
 VARIANTS = {"no warm-up": ["--no-warm-up"], "warm-up": []}
 

@@ -22,7 +22,7 @@ import time
 import torch
 
 from specdec.drafting import DraftBatch, DraftInput
-from specdec.local_stack import free_port
+from specdec_tools.local_stack import free_port
 from specdec.models.loader import load_model
 from specdec.rpc.health_probe import is_serving
 from verifier_service.drafter_client import DrafterLinkConfig, RemoteDrafter

@@ -8,7 +8,7 @@ included) and per-position acceptance, per drafter, k and temperature.
 With --draft-vocabs FILE..., each `specdec draft-vocab` file adds an MTP run drafting over those ids only
 (labelled mtp/<size>), and the table shows the drafter's time per call beside the acceptance.
 
-Prompts are windows of the held-out standard-library files (specdec/train/corpus.py HELD_OUT), never trained on.
+Prompts are windows of the held-out standard-library files (specdec_tools/train/corpus.py HELD_OUT), never trained on.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from gateway.tokenizer import TextTokenizer
 from specdec.drafting.draft_vocab import load_draft_vocab
 from specdec.models.loader import load_model
 from specdec.sampling_params import SamplingParams
-from specdec.train.corpus import held_out_files, read_text
+from specdec_tools.train.corpus import held_out_files, read_text
 from verifier_service.engine import EngineConfig, SpecEngine
 from verifier_service.model_runner import ModelRunner
 from verifier_service.scheduler import SchedulerConfig

@@ -20,7 +20,7 @@ dv=()
 if [ "${DV:-0}" = 1 ]; then
   python3 - <<'PY'
 import json
-from specdec.tiny_presets import PRESETS
+from specdec_tools.tiny_presets import PRESETS
 v = PRESETS["qwen3.5-4b"]["vocab_size"]
 ids = list(range(0, v, v // 32768))[:32768]   # forced acceptance: which ids does not matter, how many does
 json.dump({"format": "specdec-draft-vocab/1", "vocab_size": v, "token_ids": ids, "tokens_counted": 0,

@@ -10,7 +10,7 @@ out=$1
 source bench/gpu_setup.sh "$out"
 dv=()
 if [ "${DV:-0}" = 1 ]; then
-  python3 -c 'import json; from specdec.tiny_presets import PRESETS; v = PRESETS["qwen3.5-4b"]["vocab_size"]; json.dump({"format": "specdec-draft-vocab/1", "vocab_size": v, "token_ids": list(range(0, v, v // 32768))[:32768], "tokens_counted": 0, "coverage": 0.0}, open("/tmp/dv32k.json", "w"))'
+  python3 -c 'import json; from specdec_tools.tiny_presets import PRESETS; v = PRESETS["qwen3.5-4b"]["vocab_size"]; json.dump({"format": "specdec-draft-vocab/1", "vocab_size": v, "token_ids": list(range(0, v, v // 32768))[:32768], "tokens_counted": 0, "coverage": 0.0}, open("/tmp/dv32k.json", "w"))'
   dv=(--draft-vocab /tmp/dv32k.json)
 fi
 bench() {  # $1: tag

@@ -8,7 +8,7 @@ out=$1
 res=/tmp/round4; mkdir -p $res
 source bench/gpu_setup.sh "$res"
 model=/tmp/specdec-q35-4b-L32
-python3 -c "from specdec.bench.checkpoint import ensure_checkpoint; ensure_checkpoint('$model', 'qwen3.5-4b', 32)"
+python3 -c "from specdec_tools.bench.checkpoint import ensure_checkpoint; ensure_checkpoint('$model', 'qwen3.5-4b', 32)"
 timeout 120 python3 -P bench/drafter_roundtrip.py --model $model --kind mtp --transport cuda_ipc --batch 1 16 \
   --steps 60 > "$res/roundtrip.json" 2> "$res/roundtrip.log"; echo "roundtrip exit $?"
 grep -E '"(1|16)"|median' "$res/roundtrip.json"

@@ -6,7 +6,7 @@ out=$1; minutes=${2:-4.5}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-python3 -m specdec.train.train_demo --out /tmp/demo --device cuda --steps 2400 --eval-every 300 \
+python3 -m specdec_tools.train.train_demo --out /tmp/demo --device cuda --steps 2400 --eval-every 300 \
   --max-minutes "$minutes" > "$out/train.log" 2>&1; echo "train exit $?"; tail -5 "$out/train.log"
 (cd /tmp/demo && tar cf "$out/demo_meta.tar" --exclude model.safetensors . && split -b 15M model.safetensors "$out/demo_weights_part_")
 python3 -m specdec make-tiny /tmp/m4b --preset qwen3.5-4b --set num_hidden_layers=4 > /dev/null 2>&1

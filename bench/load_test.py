@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.address:
         return _report(args, args.address, args.verifier_address, {})
     from specdec.demo import demo_model_dir
-    from specdec.local_stack import LocalStack, StackConfig
+    from specdec_tools.local_stack import LocalStack, StackConfig
     with tempfile.TemporaryDirectory(prefix="specdec-load-") as logs:
         dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
         stack = LocalStack(StackConfig(model=args.model or demo_model_dir(), drafter=args.drafter, port=0,

@@ -20,10 +20,10 @@ from draft_loop_bench import random_mtp_weights
 from step_bench import random_model
 from torch.profiler import ProfilerActivity, profile
 
-from specdec.bench.inprocess import InprocBench
-from specdec.bench.profile import summarize_events
-from specdec.bench.sync_sites import site, synchronising_stacks
-from specdec.bench.workloads import Workload
+from specdec_tools.bench.inprocess import InprocBench
+from specdec_tools.bench.profile import summarize_events
+from specdec_tools.bench.sync_sites import site, synchronising_stacks
+from specdec_tools.bench.workloads import Workload
 from specdec.models import gated_deltanet
 from specdec.sampling_params import SamplingParams
 from verifier_service.model_runner import ModelRunner

@@ -12,7 +12,7 @@ from timing import row, sync, time_ms
 from specdec.models.hybrid_model import HybridModel
 from specdec.models.loader import LoadedModel
 from specdec.models.model_config import ModelConfig
-from specdec.tiny_presets import PRESETS, layer_types
+from specdec_tools.tiny_presets import PRESETS, layer_types
 from verifier_service.model_runner import ModelRunner
 from verifier_service.sequence import Sequence
 

@@ -17,7 +17,7 @@ import statistics
 from itertools import pairwise
 
 from specdec.step_trace import read_marks
-from specdec.trace_report import served
+from specdec_tools.trace_report import served
 
 
 def step_times(path: str, batch: int) -> list[float]:

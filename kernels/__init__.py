@@ -1,4 +1,4 @@
-"""Compute kernels, each beside a pure-torch reference with the same signature (DESIGN §1).
+"""Compute kernels, each beside a pure-torch reference with the same signature.
 
 This package is `kernels` inside the specdec distribution; it is not the Hugging Face `kernels` hub package.
 """

@@ -1,6 +1,6 @@
 """Per-request sampling parameters and their one validation (the gateway and the verifier both call it).
 
-Semantics (the order they apply in, per verify row; DESIGN §3):
+Semantics (the order they apply in, per verify row; docs/sampling.md):
   1. penalties on the logits, counting the output so far plus the drafts before this row in the same step:
      repetition (prompt and output tokens: positive logits divided, negative multiplied, as in vLLM / HF),
      presence (minus `presence_penalty` once per output token seen), frequency (minus `frequency_penalty`

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # test helpers (hf_reference, en
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
     """The `tiny` preset (Qwen3.5 dense, 4 layers, vocab 257) with one MTP layer, from make-tiny."""
-    from specdec.tiny import make_tiny
+    from specdec_tools.tiny import make_tiny
     return make_tiny(tmp_path_factory.mktemp("tiny"), seed=0, progress=False)
 
 

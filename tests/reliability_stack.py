@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from specdec.local_stack import LocalStack, StackConfig
+from specdec_tools.local_stack import LocalStack, StackConfig
 from specdec.rpc.v1 import gateway_pb2, verifier_pb2, verifier_pb2_grpc
 
 REPO = Path(__file__).resolve().parent.parent
@@ -20,7 +20,7 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
 def tiny_with_tokenizer(folder: Path) -> str:
-    from specdec.tiny import make_tiny
+    from specdec_tools.tiny import make_tiny
     return str(make_tiny(folder, overrides={"vocab_size": 400}, tokenizer=True, progress=False))
 
 

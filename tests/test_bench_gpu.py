@@ -7,8 +7,8 @@ import sys
 import pytest
 import torch
 
-from specdec.bench import checks
-from specdec.bench.workloads import PATHS, STACK_PATHS
+from specdec_tools.bench import checks
+from specdec_tools.bench.workloads import PATHS, STACK_PATHS
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from specdec.bench import checks, workloads as wl
-from specdec.bench.latency import RequestTrace, percentile, summarize
-from specdec.bench.traffic import ModelTraffic, utilisation
+from specdec_tools.bench import checks, workloads as wl
+from specdec_tools.bench.latency import RequestTrace, percentile, summarize
+from specdec_tools.bench.traffic import ModelTraffic, utilisation
 
 
 def test_latency_figures_from_known_traces():
@@ -37,7 +37,7 @@ def test_percentile_is_numpy_linear():
 def test_byte_model_matches_the_loaded_tensors(tmp_path, tied):
     from specdec.models.caches import ModelCaches
     from specdec.models.loader import load_model
-    from specdec.tiny import make_tiny
+    from specdec_tools.tiny import make_tiny
     folder = make_tiny(tmp_path, overrides={"tie_word_embeddings": tied}, progress=False)
     loaded = load_model(folder)
     t = ModelTraffic.from_checkpoint(folder, "bfloat16")
@@ -70,7 +70,7 @@ def test_step_bytes_and_utilisation():
 
 @pytest.fixture(scope="module")
 def inproc_result(tiny_model):
-    from specdec.bench.inprocess import InprocBench
+    from specdec_tools.bench.inprocess import InprocBench
     w = wl.Workload("inproc", "mtp", concurrency=3, prompt_tokens=9, max_tokens=7, forced_length=2.5)
     metrics = InprocBench(tiny_model, torch.device("cpu")).run(w, wl.prompts_for(w, 257), guard_s=120)
     bw = utilisation(1e6, metrics["itl_ms_mean"] / 1e3, 10.0, 5.0)
@@ -121,7 +121,7 @@ def test_checks_catch_a_split_that_does_not_add_up(inproc_result):
 def test_phase_means_from_the_verifiers_own_metrics():
     from prometheus_client import generate_latest
 
-    from specdec.bench.gateway_path import parse_metrics, phase_means
+    from specdec_tools.bench.gateway_path import parse_metrics, phase_means
     from verifier_service.metrics import VerifierMetrics
     metrics = VerifierMetrics()
     for t in (0.010, 0.030):
@@ -137,7 +137,7 @@ def test_phase_means_from_the_verifiers_own_metrics():
 
 
 def test_launch_gaps_of_known_spans():
-    from specdec.bench.profile import launch_gaps
+    from specdec_tools.bench.profile import launch_gaps
     spans = [(0.0, 10.0), (15.0, 20.0), (18.0, 30.0), (40.0, 50.0)]   # µs; gaps 5 and 10, busy 35 of 50
     g = launch_gaps(spans, steps=2)
     assert g["launch_gap_ms_per_step"] == pytest.approx(15 / 2 / 1e3)
@@ -145,8 +145,8 @@ def test_launch_gaps_of_known_spans():
 
 
 def test_profile_summary_on_cpu(tiny_model):
-    from specdec.bench.inprocess import InprocBench
-    from specdec.bench.profile import profile_workload
+    from specdec_tools.bench.inprocess import InprocBench
+    from specdec_tools.bench.profile import profile_workload
     w = wl.Workload("inproc", "mtp", concurrency=2, prompt_tokens=6, max_tokens=8, forced_length=2.5)
     p = profile_workload(InprocBench(tiny_model, torch.device("cpu")), w, wl.prompts_for(w, 257), steps=2)
     assert p["steps"] == 2 and p["top"] and p["ops_per_step"] > 0
@@ -187,13 +187,13 @@ def test_prompts_are_shared_across_concurrencies():
     (["--repeats", "0"], "--repeats must be > 0"),
 ])
 def test_cli_errors_name_the_option(tmp_path, capsys, argv, words):
-    from specdec.cli import main
+    from specdec_tools.cli import main
     assert main(["bench", "--quick", "--device", "cpu", "--out", str(tmp_path), *argv]) == 2
     assert words in capsys.readouterr().err
 
 
 def test_weight_chain_on_cpu():
-    from specdec.bench.roofline import weight_chain
+    from specdec_tools.bench.roofline import weight_chain
     shapes = ((48, 32), (32, 48), (100, 32))
     out = weight_chain(shapes, torch.float32, torch.device("cpu"), tokens=(1, 4), reps=2)
     assert out["weight_bytes"] == 4 * sum(math.prod(s) for s in shapes)
@@ -203,7 +203,7 @@ def test_weight_chain_on_cpu():
 def test_step_split_parts_add_up_without_a_drafter():
     """With no drafter the engine's drafter phase still takes host time (its bookkeeping over the batch): the
     parts must still add up to the step (it was dropped once, and the H100 run's self-check caught 0.5 ms)."""
-    from specdec.bench.inprocess import step_split
+    from specdec_tools.bench.inprocess import step_split
     steps = [(1.0 + i, 0.012, {"target": 0.009, "verify": 0.0004, "drafter": 0.0005}, False) for i in range(5)]
     split = step_split(steps, {i: 0.0092 for i in range(5)}, {}, False, 0.0)
     parts = split["target_forward"] + split["sampling"] + split["host"]
@@ -214,7 +214,7 @@ def test_step_split_of_overlapped_steps_is_the_hosts_phases():
     """An overlapped step's forward runs on the GPU behind the host (its GPU span is longer than the step's wall
     time, as in the H100 run whose self-check caught a split of 5.78 ms against a 5.08 ms step): the parts are
     the host's phases, and they add up."""
-    from specdec.bench.inprocess import step_split
+    from specdec_tools.bench.inprocess import step_split
     steps = [(1.0 + i, 0.005, {"target": 0.0006, "verify": 0.0025, "drafter": 0.0004}, True) for i in range(5)]
     split = step_split(steps, {i: 0.0042 for i in range(5)}, {i: 0.0009 for i in range(5)}, True, 0.0)
     parts = split["target_forward"] + split["sampling"] + split["drafter_round_trip"] + split["host"]
@@ -224,7 +224,7 @@ def test_step_split_of_overlapped_steps_is_the_hosts_phases():
 
 def test_colocated_rows_compare_with_the_gateways_plain_row():
     """x plain of a colocated row is over the gateway's drafter-less row (the colocated path has none)."""
-    from specdec.bench.report import table_rows
+    from specdec_tools.bench.report import table_rows
 
     def result(path, drafter, forced, tps):
         w = wl.Workload(path, drafter, 1, 16, 8, forced_length=forced)
@@ -239,7 +239,7 @@ def test_colocated_rows_compare_with_the_gateways_plain_row():
 def test_the_service_split_compares_each_gateway_row_with_its_colocated_twin():
     """The split line: gateway against the colocated row of the same drafter, concurrency, prompt and temperature
     (not another concurrency's, not the drafter-less row), with each path's range of timed passes."""
-    from specdec.bench.report import split_lines
+    from specdec_tools.bench.report import split_lines
 
     def result(path, drafter, concurrency, tps, passes=None):
         w = wl.Workload(path, drafter, concurrency, 16, 8, forced_length=None if drafter == "none" else 3.39)
@@ -259,7 +259,7 @@ def test_timed_passes_share_one_workload_guard(monkeypatch):
     first always runs, and the passes are not cut when they fit."""
     import time
 
-    from specdec.bench.gateway_path import GatewayBench
+    from specdec_tools.bench.gateway_path import GatewayBench
     w = wl.Workload(path="gateway", drafter="none", concurrency=1, prompt_tokens=8, max_tokens=4)
     bench = GatewayBench("unused", "cpu", "float32", repeats=5)
     guards = []

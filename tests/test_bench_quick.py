@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from specdec.bench import checks
+from specdec_tools.bench import checks
 
 pytestmark = pytest.mark.timeout(400)
 

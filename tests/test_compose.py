@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specdec.local_stack import free_port
+from specdec_tools.local_stack import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 COMPOSE = REPO / "compose"
@@ -305,7 +305,7 @@ def test_services_are_wired_as_the_issue_says(name):
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_commands_parse_with_the_cli(name):
-    from specdec.cli import build_parser
+    from specdec_tools.cli import build_parser
     parser = build_parser()
     for env in (COMPOSE_ENV, {"DRAFTER": "ngram", "K": "1"}):
         for svc, service in interpolate(variant(name), env)["services"].items():
@@ -666,7 +666,7 @@ def smoke_client():
 @pytest.mark.timeout(180)
 def test_compose_commands_serve_and_swap_the_drafter(tmp_path):
     """The CPU variant's exact commands, env and health checks as local processes; the README's drafter swap."""
-    from specdec.tiny import make_tiny
+    from specdec_tools.tiny import make_tiny
     model_dir = make_tiny(tmp_path / "model", overrides={"vocab_size": 400}, tokenizer=True, progress=False)
     env = {**COMPOSE_ENV, "SPECDEC_MODEL": str(model_dir)}
     stack = LocalCompose("cpu", env, tmp_path)

@@ -367,10 +367,10 @@ def test_gpu_device_steps_through_cuda_ipc_draft_what_the_in_process_head_drafts
 
     from engine_factory import random_prompts
 
-    from specdec.local_stack import free_port
+    from specdec_tools.local_stack import free_port
     from specdec.models.loader import load_model
     from specdec.rpc.health_probe import is_serving
-    from specdec.tiny import make_tiny
+    from specdec_tools.tiny import make_tiny
     model_dir = str(make_tiny(tmp_path, overrides={"vocab_size": 400}, progress=False))
     loaded = load_model(model_dir, dtype="float32", device=cuda)
     prompts = random_prompts([3, 7, 12, 20, 5, 9, 30, 1], 400, seed=6)

@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from specdec.cli import main
+from specdec_tools.cli import main
 from specdec.drafting.draft_vocab import count_tokens, load_draft_vocab, most_frequent
 
 

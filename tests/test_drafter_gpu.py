@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 def model_dir(tmp_path_factory):
     if not torch.cuda.is_available():
         pytest.fail("GPU tests need CUDA: run them on the GPU machine (CI deselects -m gpu)")
-    from specdec.tiny import make_tiny
+    from specdec_tools.tiny import make_tiny
     return str(make_tiny(tmp_path_factory.mktemp("gpu"), overrides={"vocab_size": 400}, progress=False))
 
 
@@ -41,7 +41,7 @@ def test_mtp_drafter_maps_a_new_verifiers_weights(model_dir):
     """A verifier restarted on the same GPU sends new CUDA-IPC weight handles: the drafter drafts with those
     (the old ones may point at freed memory), not with the first verifier's."""
     from drafter_service.mtp.mtp_drafter import MTPDrafter
-    from specdec.local_stack import free_port
+    from specdec_tools.local_stack import free_port
     from specdec.models.loader import load_drafter_weights, load_model
     from specdec.rpc.health_probe import is_serving
     from verifier_service.drafter_client import DrafterLinkConfig, RemoteDrafter
@@ -121,7 +121,7 @@ def test_a_decode_step_synchronises_once_in_the_verifier(model_dir, kind, overla
     for the step launched before (InFlightStep.read). Synchronous (--no-overlap): one read of the sampler's
     result, and an in-process MTP drafter adds its one read of the drafts. Uploads of drafts, sampling
     parameters, forced acceptance and hidden-row indices go through pinned memory and wait for nothing."""
-    from specdec.bench.sync_sites import site, synchronising_stacks
+    from specdec_tools.bench.sync_sites import site, synchronising_stacks
     from specdec.models.loader import load_model
     from verifier_service.forced_acceptance import ForcedAcceptance
     from verifier_service.in_flight import InFlightStep

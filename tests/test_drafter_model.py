@@ -8,11 +8,11 @@ from engine_factory import make_drafter, make_engine, random_prompts
 
 from drafter_service.draft_model import DraftModelDrafter
 from specdec.drafting import DraftBatch, DraftInput
-from specdec.local_stack import LocalStack, StackConfig
+from specdec_tools.local_stack import LocalStack, StackConfig
 from specdec.models.loader import load_model
 from specdec.rpc.v1 import gateway_pb2, gateway_pb2_grpc
 from specdec.sampling_params import SamplingParams
-from specdec.tiny import make_tiny
+from specdec_tools.tiny import make_tiny
 
 LENGTHS = [3, 7, 12, 20, 5, 9, 30, 1]     # batch 8, ragged
 MAX_TOKENS = [20, 33, 17, 40, 25, 30, 12, 28]

@@ -11,7 +11,7 @@ import grpc
 import pytest
 from engine_factory import make_engine
 
-from specdec.local_stack import LocalStack, StackConfig
+from specdec_tools.local_stack import LocalStack, StackConfig
 from specdec.rpc.health_probe import is_serving
 from specdec.rpc.v1 import gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 from specdec.sampling_params import SamplingParams

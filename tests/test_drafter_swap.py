@@ -13,7 +13,7 @@ import grpc
 import pytest
 from engine_factory import make_engine, random_prompts
 
-from specdec.local_stack import LocalStack, StackConfig
+from specdec_tools.local_stack import LocalStack, StackConfig
 from specdec.rpc.v1 import gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 from specdec.sampling_params import SamplingParams
 

@@ -2,8 +2,8 @@
 kernel's ephemeral range (where outgoing connections could take them before the service binds)."""
 import socket
 
-from specdec import local_stack
-from specdec.local_stack import ephemeral_port_floor, free_port
+from specdec_tools import local_stack
+from specdec_tools.local_stack import ephemeral_port_floor, free_port
 
 
 def test_ports_are_distinct_bindable_and_below_the_ephemeral_range():

@@ -18,7 +18,7 @@ from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.server import GatewayConfig, start
-from specdec.local_stack import LocalStack, StackConfig
+from specdec_tools.local_stack import LocalStack, StackConfig
 from specdec.rpc.v1 import gateway_pb2, gateway_pb2_grpc
 
 pytestmark = pytest.mark.timeout(300)

@@ -18,7 +18,7 @@ from gateway.generator import DEFAULT_MAX_TOKENS_DEFAULT, MaxTokens
 from gateway.http_api.config import HttpConfig
 from gateway.server import GatewayConfig, start
 from gateway.tokenizer import TextTokenizer
-from specdec.commands import gateway_cmd
+from specdec_tools.commands import gateway_cmd
 from specdec.demo import demo_model_dir
 from specdec.rpc.v1 import gateway_pb2, gateway_pb2_grpc, verifier_pb2
 
@@ -346,7 +346,7 @@ def test_connections_beyond_the_limit_get_503_and_are_closed(start_gateway):
 
 
 def test_bad_limit_flags_are_one_line_errors(capsys):
-    from specdec.cli import main
+    from specdec_tools.cli import main
     for flags in (["--max-tokens-default", "0"], ["--max-tokens-limit", "-1"], ["--http-header-timeout", "0"],
                   ["--http-max-connections", "0"]):
         assert main(["gateway", "--port", "0", *flags]) == 2

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from reliability_stack import spawn_gateway, stop, wait_for
 
 from specdec.demo import DEMO_DIR
-from specdec.local_stack import LocalStack, StackConfig, free_port
+from specdec_tools.local_stack import LocalStack, StackConfig, free_port
 from specdec.rpc.v1 import gateway_pb2, gateway_pb2_grpc
 
 pytestmark = pytest.mark.timeout(300)

@@ -23,7 +23,7 @@ TEXTS = ["hello world", "", "  def f(x):\n\treturn x  # ok\n", "中文 日本語
 
 @pytest.fixture(scope="module")
 def tok_dir(tmp_path_factory):
-    from specdec.tiny import make_tiny
+    from specdec_tools.tiny import make_tiny
     return Path(make_tiny(tmp_path_factory.mktemp("tok"), preset="tiny", overrides={"vocab_size": 400},
                           tokenizer=True, progress=False))
 

@@ -1,6 +1,6 @@
 """After a verify step that accepts j of k drafts, the GDN state the next step starts from (the kept state with the
 j accepted drafts replayed from the pending ring) equals the state after feeding the same j+1 tokens one at a time
-(DESIGN §3.4; the deferred commit of kernels/gated_delta_rule/reference.py)."""
+(docs/architecture.md, "One engine step"; the deferred commit of kernels/gated_delta_rule/reference.py)."""
 import pytest
 import torch
 

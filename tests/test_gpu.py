@@ -10,7 +10,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 def model_dir(tmp_path_factory):
     if not torch.cuda.is_available():
         pytest.fail("GPU tests need CUDA: run them on the GPU machine (CI deselects -m gpu)")
-    from specdec.tiny import make_tiny
+    from specdec_tools.tiny import make_tiny
     return str(make_tiny(tmp_path_factory.mktemp("gpu"), overrides={"vocab_size": 400}, tokenizer=True,
                          progress=False))
 
@@ -18,7 +18,7 @@ def model_dir(tmp_path_factory):
 def test_cuda_ipc_stack_equals_plain_decoding(model_dir, tmp_path):
     from engine_factory import make_engine
 
-    from specdec.local_stack import LocalStack, StackConfig
+    from specdec_tools.local_stack import LocalStack, StackConfig
     from specdec.models.loader import load_model
     from specdec.rpc.v1 import gateway_pb2, gateway_pb2_grpc
     from specdec.sampling_params import SamplingParams

@@ -19,7 +19,7 @@ def held_out_prompts() -> list[list[int]]:
     """Token ids of windows of the demo model's held-out files (code it was not trained on)."""
     from gateway.tokenizer import TextTokenizer
     from specdec.demo import demo_model_dir
-    from specdec.train.corpus import held_out_files, read_text
+    from specdec_tools.train.corpus import held_out_files, read_text
     tokenizer = TextTokenizer.from_folder(demo_model_dir())
     streams = [s for s in (tokenizer.encode(read_text(f)) for f in held_out_files()) if len(s) > 2 * PROMPT_LEN]
     per_file = -(-NUM_PROMPTS // len(streams))
@@ -51,7 +51,7 @@ def served_acceptance(address: str, prompts: list[list[int]]) -> tuple[float, li
 
 def test_gpu_fp32_and_bf16_accept_alike(tmp_path, cuda, monkeypatch):
     from specdec.demo import demo_model_dir
-    from specdec.local_stack import LocalStack, StackConfig
+    from specdec_tools.local_stack import LocalStack, StackConfig
     prompts = held_out_prompts()
     assert len(prompts) == NUM_PROMPTS
     acceptance = {}

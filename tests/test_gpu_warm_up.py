@@ -119,7 +119,7 @@ def sampling(i: int, max_tokens: int = 24, **extra) -> dict:
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_gpu_no_triton_compile_after_serving(tmp_path, cuda, counted_env, dtype):
     from specdec.demo import demo_model_dir
-    from specdec.local_stack import LocalStack, StackConfig
+    from specdec_tools.local_stack import LocalStack, StackConfig
     from specdec.models.cuda_graph_runner import buckets_for
     from specdec.models.model_config import ModelConfig
     log, cache = counted_env

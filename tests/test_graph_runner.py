@@ -297,7 +297,7 @@ def test_gpu_graphs_speculative_equals_eager_plain(tmp_path, kind):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from specdec.models.loader import load_model
-    from specdec.tiny import make_tiny
+    from specdec_tools.tiny import make_tiny
     loaded = load_model(make_tiny(tmp_path, seed=0, progress=False), device="cuda")
     prompts = random_prompts([3, 7, 12, 20, 5, 9, 30, 1, 4], loaded.config.vocab_size, seed=6)
     params = [SamplingParams(max_tokens=24, ignore_eos=True)] * len(prompts)
@@ -319,7 +319,7 @@ def test_gpu_prompts_alone_replay_prefill_graphs_and_decode_as_eager(tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from specdec.models.loader import load_model
-    from specdec.tiny import make_tiny
+    from specdec_tools.tiny import make_tiny
     loaded = load_model(make_tiny(tmp_path, seed=0, progress=False), device="cuda")
     prompts = random_prompts([5, 40, 130, 200, 3], loaded.config.vocab_size, seed=7)
     params = [SamplingParams(max_tokens=12, ignore_eos=True)] * len(prompts)
@@ -352,7 +352,7 @@ def test_gpu_prompts_beside_decoding_sequences_replay_mixed_graphs(tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from specdec.models.loader import load_model
-    from specdec.tiny import make_tiny
+    from specdec_tools.tiny import make_tiny
     loaded = load_model(make_tiny(tmp_path, seed=0, progress=False), device="cuda")
     prompts = random_prompts([5, 40, 130, 200, 3, 70, 90, 17, 250, 33], loaded.config.vocab_size, seed=8)
     params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in (12, 20, 8, 16, 24, 10, 14, 9, 11, 18)]
@@ -378,7 +378,7 @@ def test_gpu_fast_path_greedy_equals_cpu_torch_path(tmp_path, family):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from specdec.models.loader import load_model
-    from specdec.tiny import make_tiny
+    from specdec_tools.tiny import make_tiny
     path = make_tiny(tmp_path, family=family, seed=1, progress=False)
     prompts = random_prompts([3, 17, 1, 70, 9], 200, seed=7)   # 70: the chunked prefill path
     cpu = ModelRunner(load_model(path), num_blocks=128, block_size=4, max_seqs=8)
@@ -389,8 +389,8 @@ def test_gpu_fast_path_greedy_equals_cpu_torch_path(tmp_path, family):
 
 def test_enforce_eager_reaches_the_model_runner(tiny_dir, monkeypatch):
     """`specdec serve --enforce-eager` → verifier argv → VerifierConfig → ModelRunner(enforce_eager=True)."""
-    from specdec.cli import build_parser
-    from specdec.commands.serve_cmd import stack_config
+    from specdec_tools.cli import build_parser
+    from specdec_tools.commands.serve_cmd import stack_config
     from verifier_service import server
     stack = stack_config(build_parser().parse_args(["serve", "--model", str(tiny_dir), "--enforce-eager"]), 0)
     verifier_args = build_parser().parse_args(["verifier", "--model", str(tiny_dir), *stack.verifier_args])

@@ -18,7 +18,7 @@ from reliability_stack import assert_no_leak, spawn_gateway, stop, verifier_stat
 
 from gateway.tokenizer import TextTokenizer
 from specdec.demo import demo_model_dir
-from specdec.local_stack import LocalStack, StackConfig, free_port
+from specdec_tools.local_stack import LocalStack, StackConfig, free_port
 from specdec.rpc.v1 import gateway_pb2, gateway_pb2_grpc
 
 pytestmark = pytest.mark.timeout(300)

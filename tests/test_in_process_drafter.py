@@ -3,8 +3,8 @@ service split costs). Its greedy output is the target's, its drafts are really v
 go together are refused in one line."""
 import pytest
 
-from specdec.cli import main
-from specdec.commands.in_process_drafter import in_process_drafter
+from specdec_tools.cli import main
+from specdec_tools.commands.in_process_drafter import in_process_drafter
 from specdec.sampling_params import SamplingParams
 from verifier_service.server import VerifierConfig, build_engine
 

@@ -26,7 +26,7 @@ def make_inputs(case: RaggedCase, channels=40, width=4, device="cpu", dtype=torc
 
 
 def loop_spec(x, weight, state, case: RaggedCase):
-    """DESIGN §3.4 window rule, one sequence at a time; returns (out for the real tokens, new state)."""
+    """docs/architecture.md window rule, one sequence at a time; returns (out for the real tokens, new state)."""
     state, width = state.clone(), weight.shape[1]
     out = torch.zeros(case.num_tokens, x.shape[1])
     for b_idx, rows in case.token_ranges():

@@ -46,7 +46,7 @@ def args_of(case: RaggedCase, device="cpu"):
 
 
 def token_update(s, kt, vt, at, bt, A_log, dt_bias, group):
-    """One token of DESIGN §2 on one sequence's state [HV, K, V]."""
+    """One token of the gated delta rule (docs/architecture.md, "The model") on one sequence's state [HV, K, V]."""
     gt = -A_log.float().exp() * F.softplus(at.float() + dt_bias.float())
     beta = torch.sigmoid(bt.float())
     kt = F.normalize(kt.float(), dim=-1, eps=0).repeat_interleave(group, 0)
@@ -67,7 +67,8 @@ def replayed(state, pending, A_log, dt_bias, case: RaggedCase, b_idx, hk, dk):
 
 
 def loop_spec(q, k, v, a, b, A_log, dt_bias, state, pending, case: RaggedCase):
-    """DESIGN §2 per token, one sequence at a time; returns (out for the real tokens, new state, new pending)."""
+    """The gated delta rule per token, one sequence at a time; returns (out for the real tokens, new state, new
+    pending)."""
     state, pending = state.clone(), pending.clone()
     hk, dk, hv = q.shape[1], q.shape[2], v.shape[1]
     group, ring = hv // hk, pending.shape[1]

@@ -1,4 +1,4 @@
-"""Bad checkpoints fail with one error that names the problem (DESIGN §6)."""
+"""Bad checkpoints fail with one error that names the problem."""
 import json
 
 import pytest

@@ -1,4 +1,4 @@
-"""specdec.tiny.make_tiny: random checkpoints in the Hugging Face layout (tiny presets only)."""
+"""specdec_tools.tiny.make_tiny: random checkpoints in the Hugging Face layout (tiny presets only)."""
 from __future__ import annotations
 
 import json
@@ -8,8 +8,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from specdec import tiny
-from specdec.tiny import PRESETS, make_tiny
+from specdec_tools import tiny
+from specdec_tools.tiny import PRESETS, make_tiny
 
 transformers = pytest.importorskip("transformers")
 transformers.utils.logging.set_verbosity_error()

@@ -1,4 +1,4 @@
-"""Logit parity with transformers (the reference) on tiny random configs, fp32 on CPU (DESIGN §6)."""
+"""Logit parity with transformers (the reference) on tiny random configs, fp32 on CPU."""
 import pytest
 import torch
 from hf_reference import hf_logits, make_hf_model
@@ -50,7 +50,7 @@ def test_logits_match_transformers(tmp_path, case):
 
 
 def test_hidden_is_after_final_norm(tmp_path):
-    """The MTP drafter needs the target hidden state AFTER the final norm (DESIGN §2)."""
+    """The MTP drafter needs the target hidden state AFTER the final norm (docs/architecture.md, "The model")."""
     hf = make_hf_model("qwen3_5", tmp_path, seed=4)
     loaded = load_model(tmp_path)
     hidden, _ = ragged_logits(loaded, [PROMPTS[0]])

@@ -1,4 +1,4 @@
-"""The MTP head against a reference written here from DESIGN §2, so its conventions are pinned:
+"""The MTP head against a reference written here from docs/architecture.md, "The model", so its conventions are pinned:
 x = fc(cat[pre_fc_norm_embedding(embed(t+1)), pre_fc_norm_hidden(h_t)]) (embedding FIRST), h_t the target's
 hidden AFTER its final norm, one full-attention layer, mtp.norm, the shared lm_head; draft steps ≥ 1 feed back
 the MTP output after mtp.norm. Every RMSNorm here is zero-centred: x̂ · (1 + w)."""
@@ -87,7 +87,7 @@ def recorded_drafter(loaded, k):
 def two_layer_mtp_model(tmp_path_factory):
     """The tiny preset with mtp_num_hidden_layers = 2: draft steps alternate layers 0, 1, 0, 1."""
     from specdec.models.loader import load_model
-    from specdec.tiny import make_tiny
+    from specdec_tools.tiny import make_tiny
     return load_model(make_tiny(tmp_path_factory.mktemp("mtp2"), seed=3, mtp_layers=2, progress=False))
 
 

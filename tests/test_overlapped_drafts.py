@@ -273,7 +273,7 @@ def test_gpu_overlapped_drafts_equal_synchronous_steps(tmp_path, cuda, dtype, ki
     import torch
 
     from specdec.models.loader import load_model
-    from specdec.tiny import make_tiny
+    from specdec_tools.tiny import make_tiny
     loaded = load_model(make_tiny(tmp_path, seed=0, progress=False), dtype=getattr(torch, dtype), device=cuda)
     prompts = random_prompts([3, 7, 12, 20, 5, 9, 30, 1, 4, 17, 2, 6], loaded.config.vocab_size, seed=6)
     requests = requests_of(prompts, [8 + 3 * i for i in range(len(prompts))])
@@ -303,7 +303,7 @@ def test_gpu_sampled_requests_overlapped_equal_synchronous_steps(tmp_path, cuda,
     import torch
 
     from specdec.models.loader import load_model
-    from specdec.tiny import make_tiny
+    from specdec_tools.tiny import make_tiny
     loaded = load_model(make_tiny(tmp_path, seed=0, progress=False), dtype=getattr(torch, dtype), device=cuda)
     prompts = random_prompts([3, 7, 12, 20, 5, 9, 30, 1, 4, 17, 2, 6], loaded.config.vocab_size, seed=6)
     requests = sampled_requests(prompts, [8 + 3 * i for i in range(len(prompts))])

@@ -185,7 +185,7 @@ def test_gpu_overlapped_steps_equal_synchronous_steps(tmp_path, cuda):
     import torch
 
     from specdec.models.loader import load_model
-    from specdec.tiny import make_tiny
+    from specdec_tools.tiny import make_tiny
     loaded = load_model(make_tiny(tmp_path, seed=0, progress=False), dtype=torch.bfloat16, device=cuda)
     prompts = random_prompts([3, 7, 12, 20, 5, 9, 30, 1, 4, 17, 2, 6], loaded.config.vocab_size, seed=6)
     requests = {f"r{i}": (p, SamplingParams(max_tokens=8 + 3 * i, ignore_eos=True)) for i, p in enumerate(prompts)}

@@ -13,7 +13,7 @@ from reliability_stack import (SERVING, answers_health, assert_no_leak, generate
 
 from gateway.completion import CompletionStream
 from gateway.tokenizer import TextTokenizer
-from specdec.local_stack import free_port
+from specdec_tools.local_stack import free_port
 from specdec.rpc.v1 import gateway_pb2, gateway_pb2_grpc, verifier_pb2, verifier_pb2_grpc
 
 pytestmark = pytest.mark.timeout(300)
@@ -184,7 +184,7 @@ def test_dead_engine_fails_requests_with_internal_and_health_goes_not_serving(ti
 
 
 def test_generate_against_a_dead_address_is_one_line(capsys):
-    from specdec.cli import main
+    from specdec_tools.cli import main
     assert main(["generate", "--address", f"127.0.0.1:{free_port()}", "hello"]) == 1
     err = capsys.readouterr().err
     assert "UNAVAILABLE" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

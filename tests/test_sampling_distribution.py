@@ -1,4 +1,4 @@
-"""Speculative sampling keeps the target's distribution (DESIGN §3.3), checked statistically over many seeds.
+"""Speculative sampling keeps the target's distribution (docs/sampling.md), checked statistically over many seeds.
 
 Each fixture verifies the same target rows against the same drafts for N seeds in one vectorised call. The
 first emitted token must follow p0 (the processed distribution of row 0); given the first draft was accepted,

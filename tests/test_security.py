@@ -16,8 +16,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from reliability_stack import (SERVING, answers_health, generate, health, references, spawn_gateway, start_stack,
                                stop, tiny_with_tokenizer, wait_for)
 
-from specdec.cli import main
-from specdec.local_stack import free_port
+from specdec_tools.cli import main
+from specdec_tools.local_stack import free_port
 from specdec.rpc.v1 import gateway_pb2, gateway_pb2_grpc
 
 pytestmark = pytest.mark.timeout(300)

@@ -1,4 +1,4 @@
-"""Seeded sampling at temperature > 0 is token-identical with and without speculation (DESIGN §3, coupled draw):
+"""Seeded sampling at temperature > 0 is token-identical with and without speculation (docs/sampling.md):
 for any k, any one-hot drafter, batch mates, preemption, draft truncation by the token budget and drafter
 fallback; penalties and logprobs are exact under speculation."""
 import pytest
@@ -134,7 +134,7 @@ def test_gpu_seeded_spec_equals_plain_through_the_triton_sampler(tmp_path, cuda,
     drafter whose drafts are all accepted) is still token-identical to seeded plain decoding on the same device."""
     import kernels.sampling.speculative as dispatch
     from specdec.models.loader import load_model
-    from specdec.tiny import make_tiny
+    from specdec_tools.tiny import make_tiny
     calls = []
     kernel = dispatch.speculative_sample_triton
     monkeypatch.setattr(dispatch, "speculative_sample_triton", lambda *a: calls.append(1) or kernel(*a))

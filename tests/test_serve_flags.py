@@ -10,7 +10,7 @@ import pytest
 from reliability_stack import SERVING, Serve, answers_health, generate, health, tiny_with_tokenizer, wait_for
 from test_security import API_KEY, certs, credentials  # noqa: F401 (certs: a fixture)
 
-from specdec.local_stack import free_port
+from specdec_tools.local_stack import free_port
 from specdec.rpc.v1 import gateway_pb2_grpc
 
 pytestmark = pytest.mark.timeout(300)

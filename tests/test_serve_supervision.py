@@ -13,7 +13,7 @@ import pytest
 from reliability_stack import SERVING, Serve, children, generate, health, state, wait_for
 
 from specdec.rpc.v1 import gateway_pb2_grpc
-from specdec.stack_supervisor import GIVE_UP_EXIT_CODE, RestartPolicy, Supervisor
+from specdec_tools.stack_supervisor import GIVE_UP_EXIT_CODE, RestartPolicy, Supervisor
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -10,7 +10,7 @@ pytestmark = pytest.mark.timeout(60)
 PROGRAM = textwrap.dedent("""
     import os, signal, threading, time
     from types import SimpleNamespace
-    from specdec.stack_supervisor import Supervisor
+    from specdec_tools.stack_supervisor import Supervisor
 
     def interrupt(signum, frame):
         raise KeyboardInterrupt

@@ -13,7 +13,7 @@ from engine_factory import make_engine, random_prompts
 
 from drafter_service.factory import DrafterConfig
 from drafter_service.server import start as start_drafter
-from specdec.cli import main
+from specdec_tools.cli import main
 from specdec.drafting import DraftInput
 from specdec.drafting.draft_vocab import load_draft_vocab, most_frequent
 from specdec.drafting.token_counts import TokenCounter, load_token_counts, save_token_counts

@@ -1,4 +1,4 @@
-"""The three services as real processes on 127.0.0.1, driven by real gRPC clients (DESIGN §4, §6)."""
+"""The three services as real processes on 127.0.0.1, driven by real gRPC clients (docs/architecture.md)."""
 import threading
 import time
 
@@ -6,7 +6,7 @@ import grpc
 import pytest
 from engine_factory import make_engine
 
-from specdec.local_stack import LocalStack, StackConfig
+from specdec_tools.local_stack import LocalStack, StackConfig
 from specdec.rpc.v1 import gateway_pb2, gateway_pb2_grpc
 from specdec.sampling_params import SamplingParams
 
@@ -17,7 +17,7 @@ MAX_TOKENS = 24
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from specdec.tiny import make_tiny
+    from specdec_tools.tiny import make_tiny
     return str(make_tiny(tmp_path_factory.mktemp("svc"), overrides={"vocab_size": 400}, tokenizer=True,
                          progress=False))
 
@@ -237,7 +237,7 @@ def test_gateway_process_has_no_torch(plain_stack):
 def test_model_without_tokenizer_serves_token_ids_and_metrics(tiny_dir, tmp_path):
     import urllib.request
 
-    from specdec.local_stack import free_port
+    from specdec_tools.local_stack import free_port
     metrics_port = free_port()
     stack = LocalStack(StackConfig(model=str(tiny_dir), drafter="ngram", port=0, log_dir=str(tmp_path),
                                    verifier_args=("--metrics-port", str(metrics_port)), startup_timeout_s=120))

@@ -1,4 +1,4 @@
-"""Greedy speculative decoding is lossless: token-identical to plain decoding (DESIGN §3, §6)."""
+"""Greedy speculative decoding is lossless: token-identical to plain decoding (docs/sampling.md)."""
 import pytest
 from engine_factory import make_drafter, make_engine, random_prompts
 
@@ -48,7 +48,7 @@ def test_lossless_under_preemption(tiny_model, baseline, kind):
 @pytest.mark.parametrize("family", ["qwen3_5_moe", "qwen3_next"])
 def test_moe_families_with_mtp(tmp_path, family):
     from specdec.models.loader import load_model
-    from specdec.tiny import make_tiny
+    from specdec_tools.tiny import make_tiny
     loaded = load_model(make_tiny(tmp_path, family=family, mtp_layers=2, progress=False))
     prompts = random_prompts([4, 11, 6], loaded.config.vocab_size, seed=3)
     params = SamplingParams(max_tokens=16, ignore_eos=True)

@@ -8,7 +8,7 @@ from engine_factory import make_engine, random_prompts
 
 from specdec.sampling_params import SamplingParams
 from specdec.step_trace import StepTrace, read_marks
-from specdec.trace_report import CHAIN, by_engine_step, report, segments
+from specdec_tools.trace_report import CHAIN, by_engine_step, report, segments
 
 pytestmark = pytest.mark.timeout(120)
 K = 3

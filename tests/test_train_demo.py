@@ -1,4 +1,4 @@
-"""specdec.train: the stdlib corpus, the MTP head's formula, and a tiny end-to-end train + export run whose
+"""specdec_tools.train: the stdlib corpus, the MTP head's formula, and a tiny end-to-end train + export run whose
 folder must load in our loader, in transformers (same greedy tokens) and in the MTP drafter."""
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from safetensors import safe_open
 transformers = pytest.importorskip("transformers")
 transformers.utils.logging.set_verbosity_error()
 
-from specdec.train import corpus  # noqa: E402
-from specdec.train.model import DemoModel, ModelShape, build_config  # noqa: E402
-from specdec.train.mtp_module import MTPModule  # noqa: E402
+from specdec_tools.train import corpus  # noqa: E402
+from specdec_tools.train.model import DemoModel, ModelShape, build_config  # noqa: E402
+from specdec_tools.train.mtp_module import MTPModule  # noqa: E402
 
 TINY_ARGS = ["--device", "cpu", "--train-files", "12", "--tokenizer-files", "12", "--vocab-size", "384",
              "--hidden", "64", "--layers", "4", "--heads", "2", "--kv-heads", "1", "--head-dim", "32",
@@ -30,13 +30,13 @@ MTP_KEYS = {"fc.weight", "pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.wei
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    from specdec.train.train_demo import main
+    from specdec_tools.train.train_demo import main
     out = tmp_path_factory.mktemp("train_demo") / "ckpt"
     assert main(["--out", str(out), *TINY_ARGS]) == out
     return out
 
 
-# ---- an independent reference of the MTP formula (DESIGN): every RMSNorm zero-centred -----------------
+# ---- an independent reference of the MTP formula (docs/architecture.md): every RMSNorm zero-centred -----------------
 def zc_norm(x, w, eps=1e-6):
     x = x.float()
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (1 + w.float())
@@ -155,7 +155,7 @@ def test_corpus_split():
 
 
 def test_tokenizer_is_deterministic():
-    from specdec.train.bpe import train_tokenizer
+    from specdec_tools.train.bpe import train_tokenizer
     files = corpus.spread(corpus.training_files(), 6)
     a, b = train_tokenizer(files, 300), train_tokenizer(files, 300)
     assert a.to_str() == b.to_str() and a.token_to_id("<|endoftext|>") == 0 and a.get_vocab_size() == 300

@@ -1,6 +1,6 @@
 """The speculative decoding engine: one step = schedule → target forward over [last, drafts] (ragged) →
 rejection sampling → commit (KV by position, GDN drafts replayed by accepted count) → stop checks → drafter
-ingests what was committed and proposes the next drafts (DESIGN §3).
+ingests what was committed and proposes the next drafts (docs/sampling.md).
 
 A drafter that answers later (the remote link) is asked at the end of step n and its answer read at the start
 of step n + 1: the step's tokens go out to the clients while the drafter drafts.

@@ -1,6 +1,6 @@
 """A step that is launched and not read yet: the engine launches step n + 1 before it reads step n's tokens, so
 the host's work between two steps (reading tokens, stop checks, delivering outputs, scheduling, staging the
-next batch) runs while the GPU computes instead of in front of it (DESIGN §5: "read one step late").
+next batch) runs while the GPU computes instead of in front of it ("read one step late": docs/architecture.md).
 
 Step n's verdict stays on the device: per sampled sequence its tokens (accepted drafts, then the emitted one),
 its accepted count and the drafts the drafter made for step n + 1. The sequences that sampled run in step

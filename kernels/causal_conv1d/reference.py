@@ -3,7 +3,7 @@
 For a sequence with history h (the W-1 inputs before this step) and step inputs x_1..x_n:
     xs = [h | x_1 .. x_n]                       # [C, W-1+n]
     out_t = silu(sum_j w[:, j] * xs[:, t + j])  # t = 0..n-1, W = kernel width
-Window (DESIGN §3.4): `conv_state[slot]` holds W-1+max_drafts columns. The step reads its history at
+Window (docs/architecture.md): `conv_state[slot]` holds W-1+max_drafts columns. The step reads its history at
 columns [read_offset, read_offset + W-1) and writes xs[:, n-d:] (W-1+d columns, d = drafts in this step)
 at column 0, so that after j drafts are accepted the next history starts at column j. Sequences of length 0
 (padding in a CUDA-graph bucket) rewrite their history unchanged when read_offset is 0.

@@ -1,4 +1,4 @@
-"""Gated delta rule (DESIGN §2): public entry points, dispatched by device.
+"""Gated delta rule (docs/architecture.md, "The model"): public entry points, dispatched by device.
 
     gated_delta_rule(q, k, v, a, b, A_log, dt_bias, state, pending, cu_seqlens, slots, read_offsets, num_drafts,
                      positions, max_seqlen, *, replay_only=False) -> [T, HV, V]

@@ -1,4 +1,4 @@
-"""Speculative sampling (DESIGN §3.3): counter-based uniforms and the accept / emit rule over verify rows.
+"""Speculative sampling (docs/sampling.md): counter-based uniforms and the accept / emit rule over verify rows.
 GPU kernels plug in behind the same signatures."""
 from .greedy import cu_rows_of, greedy_accept_ref
 from .philox import ACCEPT, DRAW, RECOVER, bits_to_uniform, philox4x32, random_bits, uniforms

@@ -4,7 +4,7 @@ A uniform is a pure function of (seed, position, stream, index): no generator st
 draws the same numbers whatever else is in the batch, whichever row or slot it occupies, on any device.
   key     = (seed mod 2^32, seed >> 32)              the request's 64-bit seed
   counter = (index, position, stream, 0)             each field a whole 32-bit word: nothing is masked away
-Streams keep the draws of different decisions independent (DESIGN §3): the target's token race (DRAW),
+Streams keep the draws of different decisions independent (docs/sampling.md): the target's token race (DRAW),
 the acceptance test of a drafter that sent q (ACCEPT) and the recovered-token race on its residual (RECOVER).
 
 Integers are held in int64 tensors with values in [0, 2^32); the 32×32 → 64-bit products are split into

@@ -1,4 +1,4 @@
-"""Pure-torch speculative sampling over a ragged batch of verify rows (DESIGN §3.3); the GPU kernel's reference.
+"""Pure-torch speculative sampling over a ragged batch of verify rows (docs/sampling.md); the GPU kernel's reference.
 
 Sequence b owns rows cu_rows[b] .. cu_rows[b+1]-1: its k_b draft positions then the bonus position. Row j of b
 decides the token at absolute output position t = offsets[b] + j. Words used everywhere:

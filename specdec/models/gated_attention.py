@@ -1,6 +1,6 @@
 """Gated full attention: q_proj yields [query | gate] interleaved per head; zero-centred q/k norms before
 partial RoPE (one kernel each, norm_rope); paged KV cache; output multiplied by sigmoid(gate) before o_proj
-(DESIGN §2). q_proj, k_proj and v_proj run as one GEMM (FusedLinear)."""
+(docs/architecture.md, "The model"). q_proj, k_proj and v_proj run as one GEMM (FusedLinear)."""
 import torch
 from torch import nn
 

@@ -1,4 +1,4 @@
-"""Gated DeltaNet token mixer (DESIGN §2).
+"""Gated DeltaNet token mixer (docs/architecture.md, "The model").
 
 x → in_proj_qkv → causal conv1d (kernel 4, depthwise, SiLU) over [q, k, v] only → gated delta rule
 with beta = sigmoid(b), g = -exp(A_log) · softplus(a + dt_bias) in fp32 (computed inside the kernel from the

@@ -1,7 +1,7 @@
 """RMSNorms of the Qwen3.5 / Qwen3-Next family (the math lives in `kernels.rms_norm`).
 
 Every RMSNorm is zero-centred, `x̂ · (1 + w)` computed in fp32, EXCEPT the GDN output norm, which is
-`w · rmsnorm(o) · silu(z)` with a plain weight (DESIGN §2).
+`w · rmsnorm(o) · silu(z)` with a plain weight (docs/architecture.md, "The model").
 """
 import torch
 from torch import nn

@@ -1,7 +1,7 @@
 """The `inproc` path: SpecEngine in this process with an in-process drafter (MTPDrafter / NgramDrafter), stepped
 by hand so every step is timed.
 
-Step split (DESIGN §5 words), mean over decode steps (those after every request has its first token):
+Step split (the words of docs/architecture.md), mean over decode steps (those after every request has its first token):
     target_forward      runner.forward: GPU time between CUDA events around it (host time on a CPU), at least
                         its host time
     sampling            the engine's "verify" phase (rejection sampling; its one host sync waits for the

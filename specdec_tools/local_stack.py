@@ -1,7 +1,7 @@
 """The three services as separate local processes on 127.0.0.1 (what `specdec serve` runs).
 
 No child outlives the stack: each is started with `--parent-pid` (it gets SIGTERM when this process exits,
-even by SIGKILL; see specdec.process_guard), a failed or interrupted start stops what was started, and
+even by SIGKILL; see specdec_tools.process_guard), a failed or interrupted start stops what was started, and
 ``run_stack`` turns SIGTERM and SIGHUP into the same clean stop as Ctrl-C. Start a stack from a thread that
 lives as long as it (the main thread): on Linux the children follow the thread that started them.
 """

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from specdec.bench.latency import SECONDS_DIGITS
+from specdec_tools.bench.latency import SECONDS_DIGITS
 
 ZERO_OK = {"draft_tokens", "accepted_tokens", "preemptions", "decode_steps"}
 

@@ -1,4 +1,4 @@
-"""Bytes a decode step must move (DESIGN §5): the roofline every measured step is held against.
+"""Bytes a decode step must move (docs/architecture.md): the roofline every measured step is held against.
 
     bytes(step) = weights                         read once per step, whatever the batch (lm_head included,
                                                   a tied embedding counted once, embedding rows not counted)

@@ -24,7 +24,7 @@ def ensure_checkpoint(folder: str, make_preset: str | None, layers: int | None, 
         return {"made": False}
     if not make_preset:
         raise FileNotFoundError(f"--model {path}: no config.json there; give --make-tiny PRESET to write one")
-    from specdec.tiny import make_tiny
+    from specdec_tools.tiny import make_tiny
     overrides = {"num_hidden_layers": layers} if layers is not None else {}
     command = f"specdec make-tiny {path} --preset {make_preset} --seed {seed}" + (
         f" --set num_hidden_layers={layers}" if layers is not None else "")

@@ -15,6 +15,6 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from specdec.step_trace import read_marks
-    from specdec.trace_report import report
+    from specdec_tools.trace_report import report
     print(report(read_marks(args.files), args.min_steps))
     return 0

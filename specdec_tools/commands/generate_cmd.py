@@ -32,7 +32,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specdec.client import stream_completion
+    from specdec_tools.client import stream_completion
     if args.prompt is None and not args.prompt_token_ids:
         raise ValueError("give a prompt or --prompt-token-ids")
     try:
@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     security = client_security(args)
     if args.address:
         return stream_completion(args.address, args, ids, security)
-    from specdec.local_stack import LocalStack, run_stack
+    from specdec_tools.local_stack import LocalStack, run_stack
     with tempfile.TemporaryDirectory(prefix="specdec-logs-") as logs:
         stack = LocalStack(stack_config(args, port=0, log_dir=logs))
         print(f"starting the local stack ({stack.config.drafter} drafter, k={stack.config.num_drafts}, "

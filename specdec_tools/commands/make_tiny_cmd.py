@@ -4,7 +4,7 @@ import json
 
 
 def add_parser(sub) -> None:
-    from specdec.tiny_presets import PRESETS
+    from specdec_tools.tiny_presets import PRESETS
     p = sub.add_parser("make-tiny", help="write a random checkpoint in the Hugging Face layout",
                        description="Write a random checkpoint (config.json, safetensors, mtp.* weights, optional "
                                    "tokenizer) in the exact Hugging Face layout, deterministic from --seed.")
@@ -37,7 +37,7 @@ def parse_overrides(items: list[str]) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from specdec.tiny import make_tiny
+    from specdec_tools.tiny import make_tiny
     kwargs = dict(family=args.family, preset=args.preset, seed=args.seed, layout=args.layout,
                   mtp_layers=args.mtp_layers, tokenizer=args.tokenizer, overrides=parse_overrides(args.overrides),
                   expert_layout=args.expert_layout)

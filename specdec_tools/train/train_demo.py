@@ -1,6 +1,6 @@
 """Train a small Qwen3.5 text model with an MTP head on the Python standard library and export it.
 
-    python -m specdec.train.train_demo --out DIR [options]
+    python -m specdec_tools.train.train_demo --out DIR [options]
 
 Steps: collect the stdlib sources (corpus), train a byte-level BPE (bpe), tokenize training and held-out
 files, train trunk + MTP (trainer), evaluate on fixed held-out windows, write a Hugging Face checkpoint
@@ -34,7 +34,7 @@ OWN_FILES = frozenset({"config.json", "model.safetensors", "tokenizer.json", "to
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m specdec.train.train_demo", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="python -m specdec_tools.train.train_demo", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Train a small Qwen3.5 (text) model with one MTP layer on the Python standard library's "
                     "own source and write a Hugging Face checkpoint folder (bf16 safetensors, tokenizer, "
                     "model card) that transformers and specdec both load.")
@@ -161,7 +161,7 @@ def training_summary(args, argv, settings: TrainSettings, device, dtype, result)
             "train_seconds": result.train_seconds, "eval_seconds": result.eval_seconds,
             "stopped_early": result.stopped_early, "torch_version": torch.__version__,
             "transformers_version": transformers.__version__,
-            "command": " ".join(["python -m specdec.train.train_demo", *argv])}
+            "command": " ".join(["python -m specdec_tools.train.train_demo", *argv])}
 
 
 def main(argv: list[str] | None = None) -> Path:

@@ -1,4 +1,4 @@
-"""Shapes for `specdec.tiny.make_tiny`: named presets of text-config fields and the per-family
+"""Shapes for `specdec_tools.tiny.make_tiny`: named presets of text-config fields and the per-family
 config.json identity (model_type / architectures).
 
 Every preset carries the MoE fields too; they are written only for the MoE families.

@@ -32,7 +32,7 @@ def render(log: dict) -> str:
         "",
         "A small hybrid Gated-DeltaNet / gated-attention model in the exact Hugging Face **Qwen3.5 text** layout",
         "(`Qwen3_5ForCausalLM`, `model_type: qwen3_5_text`) with one **multi-token-prediction (MTP)** layer",
-        "(`mtp.*` tensors), trained from scratch by `python -m specdec.train.train_demo`. It exists to exercise",
+        "(`mtp.*` tensors), trained from scratch by `python -m specdec_tools.train.train_demo`. It exists to exercise",
         "speculative decoding (MTP and n-gram drafters) on real, non-random weights; it is a toy, not a code model.",
         "",
         "## Results", "",

@@ -49,7 +49,7 @@ def add_stack_args(p: argparse.ArgumentParser) -> None:
 
 
 def stack_config(args: argparse.Namespace, port: int, log_dir: str | None = None, http_port: int | None = None):
-    from specdec.local_stack import StackConfig
+    from specdec_tools.local_stack import StackConfig
     from specdec.models.loader import has_mtp_weights
     model, device, dtype = resolve(args)
     drafter = args.drafter or ("mtp" if has_mtp_weights(model) else "ngram")
@@ -76,8 +76,8 @@ def stack_config(args: argparse.Namespace, port: int, log_dir: str | None = None
 
 
 def run(args: argparse.Namespace) -> int:
-    from specdec.local_stack import LocalStack, run_stack
-    from specdec.stack_supervisor import RestartPolicy, Supervisor
+    from specdec_tools.local_stack import LocalStack, run_stack
+    from specdec_tools.stack_supervisor import RestartPolicy, Supervisor
     if args.max_restarts < 0:
         raise ValueError(f"--max-restarts {args.max_restarts}: at least 0")
     stack = LocalStack(stack_config(args, args.port, http_port=args.http_port))

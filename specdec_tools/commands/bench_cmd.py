@@ -11,7 +11,7 @@ PRESET_TIMEOUTS = {"full": 600.0, "baseline": 40.0, "quick": 60.0}
 
 
 def add_parser(sub) -> None:
-    from specdec.tiny_presets import PRESETS as TINY
+    from specdec_tools.tiny_presets import PRESETS as TINY
     p = sub.add_parser(
         "bench", help="benchmark throughput and latency (gateway, in-process engine, transformers peer)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -74,8 +74,8 @@ def add_parser(sub) -> None:
 
 
 def build_config(args: argparse.Namespace):
-    from specdec.bench import workloads as wl
-    from specdec.bench.bench_run import BenchConfig
+    from specdec_tools.bench import workloads as wl
+    from specdec_tools.bench.bench_run import BenchConfig
     model, device, dtype = resolve(args)
     make, cut = wl.PRESETS[args.preset]
     chosen = wl.select(make(), args.paths, args.drafters, args.concurrency, args.prompt_tokens, args.temperatures,
@@ -101,14 +101,14 @@ def build_config(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from specdec.bench import report
+    from specdec_tools.bench import report
     if args.render:
         record = json.loads(Path(args.render).read_text())
         if not args.no_plot:
             report.plot(record, Path(args.render).with_suffix(".png"))
         print(report.render_table(record, markdown=args.markdown))
         return 0
-    from specdec.bench.bench_run import BenchRun
+    from specdec_tools.bench.bench_run import BenchRun
     config = build_config(args)
     if args.list:
         print("\n".join([f"{len(config.workloads)} workloads ({config.preset}, {config.device}, {config.dtype}):",

@@ -1,4 +1,4 @@
-"""The `gateway` path: the real stack (gateway, verifier, drafter as three processes, `specdec.local_stack`) and
+"""The `gateway` path: the real stack (gateway, verifier, drafter as three processes, `specdec_tools.local_stack`) and
 N concurrent gRPC streams through the public Gateway API, one request each. The `colocated` path: the same with
 the drafter inside the verifier's process (`--in-process-drafter`), so that gateway / colocated is the split's cost.
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import grpc
 
-from specdec.local_stack import LocalStack, StackConfig, free_port
+from specdec_tools.local_stack import LocalStack, StackConfig, free_port
 from specdec.rpc.v1 import gateway_pb2, gateway_pb2_grpc
 
 from .inprocess import blocks_for, scheduler_for
