@@ -1,7 +1,7 @@
 """Acceptance on held-out text through our engine: mean acceptance length (tokens per verify step, bonus
 included) and per-position acceptance, per drafter, k and temperature.
 
-    PYTHONPATH=. python -P bench/eval_acceptance.py --model specdec/demo_model --num-prompts 50 --out bench/results/demo_acceptance.json
+    PYTHONPATH=. python -P bench/eval_acceptance.py --model specdec/demo_model --num-prompts 50 --out bench/results/cpu/demo_acceptance.json
 
 (-P: bench/kernels.py must not shadow the kernels package.)
 
@@ -17,17 +17,12 @@ import json
 import time
 from pathlib import Path
 
-from drafter_service.mtp.mtp_drafter import MTPDrafter
-from drafter_service.mtp.options import MTPOptions
-from drafter_service.ngram import NgramDrafter
 from gateway.tokenizer import TextTokenizer
-from specdec.drafting.draft_vocab import load_draft_vocab
 from specdec.models.loader import load_model
 from specdec.sampling_params import SamplingParams
+from specdec_tools.commands.in_process_drafter import in_process_drafter
 from specdec_tools.train.corpus import held_out_files, read_text
-from verifier_service.engine import EngineConfig, SpecEngine
-from verifier_service.model_runner import ModelRunner
-from verifier_service.scheduler import SchedulerConfig
+from verifier_service.builder import VerifierConfig, build_engine
 
 
 def held_out_prompts(tokenizer: TextTokenizer, n: int, length: int) -> list[list[int]]:
@@ -45,19 +40,18 @@ def held_out_prompts(tokenizer: TextTokenizer, n: int, length: int) -> list[list
 
 def run_one(loaded, drafter_kind: str, k: int, temperature: float, prompts, max_tokens: int, device: str,
             draft_vocab: str | None = None) -> dict:
-    runner = ModelRunner(loaded, num_blocks=len(prompts) * 20, block_size=16, max_seqs=16, max_drafts=k, device=device)
-    vocab = load_draft_vocab(draft_vocab, loaded.config.vocab_size) if draft_vocab else None
-    drafter = (MTPDrafter(loaded, k, num_blocks=len(prompts) * 20, device=device,
-                          options=MTPOptions(draft_vocab=vocab)) if drafter_kind == "mtp" else NgramDrafter(k))
-    calls, propose = [0, 0.0], drafter.propose
+    config = VerifierConfig(model_dir="", device=device, num_drafts=k, in_process_drafter=drafter_kind, max_running=16,
+                            max_batched_tokens=2048, prefill_chunk=512, kv_blocks=len(prompts) * 20, warm_up=False)
+    engine = build_engine(config, in_process_drafter(drafter_kind, draft_vocab), loaded)
+    vocab = engine.drafter.loop.vocab_ids if drafter_kind == "mtp" else None
+    calls, propose = [0, 0.0], engine.drafter.propose
 
     def timed(batch):
         start = time.perf_counter()
         out = propose(batch)
         calls[0], calls[1] = calls[0] + 1, calls[1] + time.perf_counter() - start
         return out
-    drafter.propose = timed
-    engine = SpecEngine(runner, drafter, EngineConfig(k, SchedulerConfig(16, 2048, 512)))
+    engine.drafter.propose = timed
     params = [SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=i, ignore_eos=True)
               for i in range(len(prompts))]
     start = time.perf_counter()

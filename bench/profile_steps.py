@@ -26,7 +26,7 @@ from specdec_tools.bench.sync_sites import site, synchronising_stacks
 from specdec_tools.bench.workloads import Workload
 from specdec.models import gated_deltanet
 from specdec.sampling_params import SamplingParams
-from verifier_service.model_runner import ModelRunner
+from verifier_service.executor import Executor
 from verifier_service.sequence import Sequence
 
 PREFILL_CASES = ((1, 128), (4, 128), (16, 128), (1, 512), (4, 512), (1, 2048), (2, 2048), (1, 4096))
@@ -39,36 +39,36 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def prefill_once(runner: ModelRunner, prompts: int, length: int) -> float:
+def prefill_once(executor: Executor, prompts: int, length: int) -> float:
     seqs = [Sequence(i, list(range(7, 7 + length)), length) for i in range(prompts)]
     sync()
     start = time.perf_counter()
-    runner.forward(seqs, [s.token_ids for s in seqs])
+    executor.forward(seqs, [s.token_ids for s in seqs])
     sync()
     wall = time.perf_counter() - start
     for s in seqs:
-        runner.release(s)
+        executor.blocks.release(s)
     return wall
 
 
 def prefill_table(loaded, device, cases=PREFILL_CASES) -> list[dict]:
     """Each case with the GDN prefill always chunked (fla-core when installed) and always our fused recurrent
     kernel: where the two cross is what gated_deltanet.CHUNKED_PREFILL_MIN_TOKENS is set from."""
-    runner = ModelRunner(loaded, 64 * 140, 16, 64, 0, device, max_batched_tokens=4096,
-                         enforce_eager=True)   # graphs captured on one GDN path would hide the other
+    executor = Executor.build(loaded, 64 * 140, 16, 64, 0, device, max_batched_tokens=4096,
+                              enforce_eager=True)   # graphs captured on one GDN path would hide the other
     rows, chunked_from = [], gated_deltanet.CHUNKED_PREFILL_MIN_TOKENS
     for gdn, threshold in (("chunk", 1), ("recurrent", 1 << 30)):
         gated_deltanet.CHUNKED_PREFILL_MIN_TOKENS = threshold
         for prompts, length in cases:
-            prefill_once(runner, prompts, length)   # compile / autotune this shape class
-            ms = statistics.median(prefill_once(runner, prompts, length) for _ in range(5)) * 1e3
+            prefill_once(executor, prompts, length)   # compile / autotune this shape class
+            ms = statistics.median(prefill_once(executor, prompts, length) for _ in range(5)) * 1e3
             rows.append({"gdn": gdn, "prompts": prompts, "length": length, "ms": round(ms, 2),
                          "tokens_per_s": round(prompts * length / ms * 1e3)})
             print(f"prefill {gdn:9s} {prompts:3d} x {length:5d}: {ms:8.2f} ms  {rows[-1]['tokens_per_s']:8d} tok/s",
                   flush=True)
     gated_deltanet.CHUNKED_PREFILL_MIN_TOKENS = chunked_from
     with profile(activities=ACTIVITIES, with_stack=True) as prof:
-        prefill_once(runner, 4, 128)
+        prefill_once(executor, 4, 128)
     print(prof.key_averages().table(sort_by=SORT, row_limit=25, max_name_column_width=70))
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=70))
     by_stack = prof.key_averages(group_by_stack_n=4)
@@ -84,7 +84,7 @@ def sync_sites(engine, steps: int = 3) -> dict[str, float]:
 
 def launch_timers(engine) -> dict[str, list[float]]:
     """Host ms of the parts of an overlapped step's launch and read (wrapped in place), per call."""
-    import verifier_service.overlapped_steps as steps_module
+    import verifier_service.engine as engine_module
     from verifier_service.in_flight import InFlightStep
     times: dict[str, list[float]] = {}
 
@@ -98,14 +98,15 @@ def launch_timers(engine) -> dict[str, list[float]]:
             finally:
                 times.setdefault(label, []).append((time.perf_counter() - t0) * 1e3)
         setattr(owner, name, timed)
-    wrap(engine.runner, "forward", "runner.forward")
-    wrap(engine.runner.graphs.staging if engine.runner.graphs else engine.runner.staging, "stage", "  staging")
-    wrap(steps_module, "ChainedInputs", "chained inputs")
-    wrap(steps_module, "launch_verdict", "launch verdict")
-    wrap(engine, "_ask_drafts", "drafter (asked)")
+    runner = engine.executor.runner
+    wrap(engine.executor, "forward", "executor.forward")
+    wrap(runner.graphs.staging if runner.graphs else runner.staging, "stage", "  staging")
+    wrap(engine_module, "ChainedInputs", "chained inputs")
+    wrap(engine, "_verdict", "verdict (sampler)")
+    wrap(engine.drafting, "ask_on_device", "drafter (asked)")
     wrap(InFlightStep, "launch", "in-flight launch (host copy)")
     wrap(engine, "_launch", "LAUNCH (all)")
-    wrap(engine, "_finish_in_flight", "READ (all)")
+    wrap(engine, "_read", "READ (all)")
     return times
 
 

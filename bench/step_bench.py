@@ -13,7 +13,7 @@ from specdec.models.hybrid_model import HybridModel
 from specdec.models.loader import LoadedModel
 from specdec.models.model_config import ModelConfig
 from specdec_tools.tiny_presets import PRESETS, layer_types
-from verifier_service.model_runner import ModelRunner
+from verifier_service.executor import Executor
 from verifier_service.sequence import Sequence
 
 
@@ -49,13 +49,13 @@ def weight_chain(model: HybridModel, tokens: int, device) -> callable:
     return chain
 
 
-def prefill(runner: ModelRunner, seqs: list[Sequence], context: int, piece: int = 1024) -> None:
+def prefill(executor: Executor, seqs: list[Sequence], context: int, piece: int = 1024) -> None:
     for seq in seqs:
-        runner.reserve(seq, context + 8)
+        executor.blocks.reserve(seq, context + 8)
     per_step = max(1, piece // context)
     for i in range(0, len(seqs), per_step):
         group = seqs[i:i + per_step]
-        runner.forward(group, [s.token_ids[:context] for s in group])
+        executor.forward(group, [s.token_ids[:context] for s in group])
         for s in group:
             s.num_cached = context
 
@@ -76,12 +76,13 @@ def step_rows(args, device: torch.device, copy_bw: float) -> list[dict]:
     k, batches = args.num_drafts, args.batches
     max_seqs = max(batches)
     blocks_per_seq = -(-(args.context + 8) // 16)
-    runner = ModelRunner(loaded, max_seqs * blocks_per_seq, 16, max_seqs, k, device,
-                         max_model_len=blocks_per_seq * 16, max_batched_tokens=1024)
+    executor = Executor.build(loaded, max_seqs * blocks_per_seq, 16, max_seqs, k, device,
+                              max_model_len=blocks_per_seq * 16, max_batched_tokens=1024)
+    runner = executor.runner
     weight_bytes = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
     vocab = loaded.config.vocab_size
     seqs = [Sequence(i, torch.randint(1, vocab, (args.context,)).tolist(), args.context) for i in range(max_seqs)]
-    prefill(runner, seqs, args.context)
+    prefill(executor, seqs, args.context)
     graphs, rows, decode_ms, decode_gpu_ms = runner.graphs, [], {}, {}
     for batch in batches:
         group = seqs[:batch]
@@ -94,7 +95,7 @@ def step_rows(args, device: torch.device, copy_bw: float) -> list[dict]:
             chunks = [[7] * n for _ in group]
             for s in group:   # a verify after one that accepted all k drafts (the GDN replays k), decode after none
                 s.gdn_read_offset = n - 1
-            step = lambda: runner.forward(group, chunks, [n - 1] * batch, logits=[n] * batch)  # noqa: E731
+            step = lambda: executor.forward(group, chunks, [n - 1] * batch, logits=[n] * batch)  # noqa: E731
             for mode_name, use in (("eager", None), ("graph", graphs)):
                 if mode_name == "graph" and use is None:
                     continue

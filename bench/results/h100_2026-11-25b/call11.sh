@@ -1,7 +1,0 @@
-set -u
-out=$1
-source bench/gpu_setup.sh "$out"
-timeout 330 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_graph_runner.py tests/test_gpu.py tests/test_device_steps.py tests/test_drafter_gpu.py tests/test_overlapped_drafts.py tests/test_overlapped_steps.py tests/test_seeded_sampling.py > "$out/gpu_tests.log" 2>&1; echo "gpu tests exit $?"
-grep -E "passed|failed|FAILED|Error" "$out/gpu_tests.log" | cut -c1-300 | tail -15
-PYTHONPATH=$PYTHONPATH:$PWD/bench timeout 200 python3 -P bench/ttft_probe.py --out "$out" > "$out/ttft_probe.log" 2>&1; echo "probe exit $?"
-grep -E "^==|^    \[" "$out/ttft_probe.log" | cut -c1-700

@@ -1,3 +1,0 @@
-set -u
-out=$1
-NO_TESTS=1 RUNS="O:overlap" PATHS="gateway colocated" DRAFTERS="none mtp@3.39" CONC="1 16" REPEATS=3 DV=1 RUN_S=480 bash bench/gpu_chained.sh "$out" | grep -v "^NVIDIA"
