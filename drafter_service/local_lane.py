@@ -1,8 +1,8 @@
 """The local lane: the Step stream's messages over an abstract Unix socket, offered in Info to a verifier on
 this host. The same DraftStepRequest / DraftStepResponse messages as Step, as length-prefixed frames
 (specdec.transport.frames), read and answered by one thread per verifier; the verifier's engine thread writes
-and reads its end itself. Step through gRPC costs two thread hand-offs on each side per step (about 0.8 ms of
-a 4B-shape batch-1 step on an H100, bench/README.md); this costs a socket write and a wake-up each way.
+and reads its end itself. Step through gRPC costs two thread hand-offs on each side per step; this costs a socket
+write and a wake-up each way.
 
 A refused message or a failing drafter closes the socket (the verifier counts a drafter failure for that step
 and reconnects), as Step ends with a status."""

@@ -1,9 +1,8 @@
 """A served process's start-up heap, out of the garbage collector's way.
 
 A full (generation 2) collection traverses every container object alive, and stops every thread of the process
-while it does: in a service that has loaded torch, Triton and a model, hundreds of thousands of objects (306714
-in a verifier on a CPU). Measured on an H100 (`specdec bench --trace-steps`, bench/README.md): a drafter service
-made 7 full collections in one run, 489 ms in all, the longest 74.7 ms, each one a step the verifier waited for.
+while it does: in a service that has loaded torch, Triton and a model, hundreds of thousands of objects. Each one
+in a drafter service is a step the verifier waits for (`specdec bench --trace-steps` shows them).
 
 `gc.freeze()` moves every object alive into a permanent generation that collections skip, so a full collection
 while serving traverses only what serving created. It runs once the service is loaded and warmed up; garbage

@@ -126,6 +126,22 @@ class LocalStack:
                 raise TimeoutError(f"{name} at {address} not healthy after {self.config.startup_timeout_s:.0f}s")
             time.sleep(0.2)
 
+    def _wait_drafter_link(self, timeout_s: float = 60.0) -> None:
+        """Until the verifier reports its drafter connected: the first requests then get drafts. (The verifier holds
+        SERVING back for its --drafter-wait, but a drafter that became healthy after that is found later.)"""
+        import grpc
+
+        from specdec.rpc.v1 import verifier_pb2, verifier_pb2_grpc
+        deadline = time.monotonic() + min(timeout_s, self.config.startup_timeout_s)
+        with grpc.insecure_channel(f"127.0.0.1:{self.ports['verifier']}") as channel:
+            stub = verifier_pb2_grpc.VerifierStub(channel)
+            while not stub.Stats(verifier_pb2.StatsRequest(), timeout=5.0).drafter_connected:
+                if time.monotonic() > deadline:
+                    log.warning("the verifier has not connected to its drafter after %.0f s: serving without drafts "
+                                "until it does", timeout_s)
+                    return
+                time.sleep(0.1)
+
     def start(self) -> str:
         c = self.config
         common = ["--model", c.model, "--device", c.device, "--dtype", c.dtype]
@@ -149,6 +165,8 @@ class LocalStack:
             self._spawn("gateway", gateway)
             for name in names:
                 self._wait_healthy(name)
+            if "drafter" in self.procs:
+                self._wait_drafter_link()
         except BaseException:  # Ctrl-C while loading included: nothing started may outlive us
             self.stop()
             raise

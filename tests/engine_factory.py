@@ -6,7 +6,7 @@ from drafter_service.mtp.mtp_drafter import MTPDrafter
 from drafter_service.ngram import NgramDrafter
 from drafter_service.synthetic import SyntheticDrafter
 from verifier_service.engine import EngineConfig, SpecEngine
-from verifier_service.model_runner import ModelRunner
+from verifier_service.executor import Executor
 from verifier_service.scheduler import SchedulerConfig
 
 BLOCK = 4
@@ -14,12 +14,12 @@ BLOCK = 4
 
 def make_engine(loaded, drafter=None, k=0, num_blocks=256, max_running=8, forced=None, chunk=8, budget=64,
                 overlap=True):
-    runner = ModelRunner(loaded, num_blocks=num_blocks, block_size=BLOCK, max_seqs=max_running, max_drafts=k,
-                         device=loaded.model.embed_tokens.weight.device, max_batched_tokens=budget)
+    executor = Executor.build(loaded, num_blocks=num_blocks, block_size=BLOCK, max_seqs=max_running, max_drafts=k,
+                              device=loaded.model.embed_tokens.weight.device, max_batched_tokens=budget)
     config = EngineConfig(num_drafts=k, forced_acceptance=forced, overlap=overlap,
                           scheduler=SchedulerConfig(max_running=max_running, max_batched_tokens=budget,
                                                     prefill_chunk=chunk))
-    return SpecEngine(runner, drafter, config)
+    return SpecEngine(executor, drafter, config)
 
 
 def make_drafter(kind, loaded, k, references=None, draft_model=None, num_blocks=256):
@@ -38,3 +38,15 @@ def make_drafter(kind, loaded, k, references=None, draft_model=None, num_blocks=
 def random_prompts(lengths, vocab, seed=0):
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(1, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def synchronous_launches(engine) -> list[int]:
+    """Counts the steps `engine` launches synchronously (read right after their launch: not overlapped)."""
+    calls, launch = [], engine._launch
+
+    def spy(entries, previous, overlap):
+        if not overlap:
+            calls.append(1)
+        return launch(entries, previous, overlap)
+    engine._launch = spy
+    return calls

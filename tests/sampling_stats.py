@@ -7,8 +7,11 @@ Thresholds are set so a correct sampler fails with probability ~1e-6 per check (
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
+
+from verifier_service.sampler import DeviceVerdict, VerifyRows, sample
 
 P_VALUE_FLOOR = 1e-6     # a correct sampler goes below this about once in a million checks
 Z_LIMIT = 5.0
@@ -62,3 +65,35 @@ def ks_uniform_p_value(values: torch.Tensor) -> tuple[float, float]:
     lam = (math.sqrt(n) + 0.12 + 0.11 / math.sqrt(n)) * d
     p = 2 * sum((-1) ** (j - 1) * math.exp(-2 * j * j * lam * lam) for j in range(1, 101))
     return d, min(max(p, 0.0), 1.0)
+
+
+# ---- the sampler's verdict on the host, as the engine reads it -------------------------------------------------
+@dataclass
+class Verdict:
+    num_accepted: list[int]                # [B] accepted drafts per sequence
+    tokens: list[list[int]]                # [B] accepted drafts + one recovered or bonus token
+    logprobs: list                         # [B] per emitted token (TokenLogprob), None where not asked
+
+
+def host_verdict(verdict: DeviceVerdict) -> Verdict:
+    tokens = verdict.tokens.tolist()
+    accepted = verdict.accepted.tolist() if verdict.accepted is not None else [0] * len(tokens)
+    logprobs = verdict.logprobs.read(accepted) if verdict.logprobs is not None else [None] * len(tokens)
+    return Verdict(accepted, [row[:j + 1] for row, j in zip(tokens, accepted)], logprobs)
+
+
+def rows_of(drafts: torch.Tensor, num_drafts: torch.Tensor) -> VerifyRows:
+    """k_b + 1 rows per sequence (drafts [B, K] padded with -1, num_drafts [B])."""
+    cu_rows = torch.nn.functional.pad(torch.cumsum(num_drafts + 1, 0), (1, 0))
+    return VerifyRows(drafts, num_drafts, cu_rows, drafts.shape[1])
+
+
+def rejection_sample(logits, drafts, num_drafts, sampling, draft_probs=None, forced_accepts=None) -> Verdict:
+    """verifier_service.sampler.sample with a sampling state (the rule for every row kind), read on the host."""
+    return host_verdict(sample(logits, rows_of(drafts, num_drafts), sampling, draft_probs, forced_accepts))
+
+
+def greedy_verdict(logits, drafts, num_drafts, cu_rows, forced_accepts=None) -> Verdict:
+    """verifier_service.sampler.sample without a sampling state (every row greedy: the argmax path)."""
+    rows = VerifyRows(drafts, num_drafts, cu_rows, drafts.shape[1])
+    return host_verdict(sample(logits, rows, None, None, forced_accepts))

@@ -8,8 +8,8 @@
 * the Dockerfiles (parsed by `dockerfile`) use pinned bases, a non-root user, an empty entrypoint under the
   compose commands, and install what those commands need.
 
-The schema is ../shared/schemas/compose-spec.json, else the copy vendored at compose/compose-spec.json (both
-from compose-spec/compose-spec, schema/compose-spec.json, Apache-2.0).
+The schema is the copy vendored at compose/compose-spec.json (from compose-spec/compose-spec,
+schema/compose-spec.json, Apache-2.0).
 """
 from __future__ import annotations
 
@@ -30,8 +30,7 @@ from specdec_tools.local_stack import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 COMPOSE = REPO / "compose"
-SCHEMAS = [p for p in (Path(__file__).resolve().parents[2] / "shared" / "schemas" / "compose-spec.json",
-                       COMPOSE / "compose-spec.json") if p.is_file()]
+SCHEMAS = [p for p in (COMPOSE / "compose-spec.json",) if p.is_file()]
 SERVICES = {"gateway", "verifier", "drafter"}
 VARIANTS = {  # name: (files, in the order given to `docker compose -f`, profile)
     "gpu": (["compose.yaml"], "gpu"),

@@ -7,7 +7,7 @@ import torch
 
 from specdec.demo import DEMO_DIR, demo_model_dir
 from specdec.models.loader import has_mtp_weights, load_model
-from verifier_service.model_runner import ModelRunner
+from verifier_service.executor import Executor
 from verifier_service.plain_generate import greedy_generate
 
 PROMPTS = ["def fibonacci(n):\n", "import os\n\nclass Config:\n    def __init__(self", "for i in range("]
@@ -37,8 +37,8 @@ def test_transformers_greedy_equals_ours(demo):
     assert set(ours.mtp_weights) >= {"fc.weight", "pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight",
                                      "norm.weight"}
     prompts = [tokenizer.encode(p) for p in PROMPTS]
-    runner = ModelRunner(ours, num_blocks=64, block_size=16, max_seqs=4)
-    got = greedy_generate(runner, prompts, 32)
+    executor = Executor.build(ours, num_blocks=64, block_size=16, max_seqs=4)
+    got = greedy_generate(executor, prompts, 32)
     for ids, tokens in zip(prompts, got):
         with torch.no_grad():
             want = hf.generate(torch.tensor([ids]), max_new_tokens=32, min_new_tokens=32, do_sample=False,

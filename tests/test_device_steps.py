@@ -79,13 +79,14 @@ def linked_service(loaded, timeout_s=10.0, transport="auto", **config):
 def test_sampled_requests_through_a_drafter_service_overlap_and_stay_exact(demo):
     """Temperature / top-k / top-p / min-p requests with the drafter service: device steps and overlapped steps
     only, and the seeded output of plain decoding (the draws are keyed by output position)."""
-    from test_overlapped_drafts import sampled_requests, synchronous_verifies
+    from engine_factory import synchronous_launches
+    from test_overlapped_drafts import sampled_requests
     loaded, requests, _ = demo
     sampled = sampled_requests([prompt for prompt, _ in requests.values()], [40, 9, 33, 27, 45, 21])
     expected = run(make_engine(loaded, overlap=False), sampled)
     with linked_service(loaded) as remote:
         engine = make_engine(loaded, remote, K)
-        synchronous = synchronous_verifies(engine)
+        synchronous = synchronous_launches(engine)
         assert run(engine, sampled) == expected
         assert synchronous == [] and engine.overlapped_draft_steps > 10 and engine.stats.accepted > 0
 
@@ -111,14 +112,14 @@ def test_device_steps_go_as_changes_around_synchronous_steps(demo):
     """A logprobs request makes the steps synchronous while it runs (their messages carry the rows); the device
     steps before and after it still go as changes from the last device step, and the output stays exact."""
     from specdec.sampling_params import SamplingParams
-    from test_overlapped_drafts import synchronous_verifies
+    from engine_factory import synchronous_launches
     loaded, requests, expected = demo
     prompt = requests["r0"][0]
     asking = SamplingParams(max_tokens=4, ignore_eos=True, logprobs=2)
     alone = run(make_engine(loaded, overlap=False), {"lp": (prompt, asking)})
     with linked_service(loaded) as remote:
         engine = make_engine(loaded, remote, K)
-        synchronous = synchronous_verifies(engine)
+        synchronous = synchronous_launches(engine)
         out = run(engine, requests, add_later={6: ("lp", prompt, asking)})
         assert out.pop("lp")[0] == alone["lp"][0] and out == expected
         assert synchronous and engine.fallback_steps == 0 and engine.stats.accepted > 0

@@ -33,7 +33,7 @@ def family_models(request, tmp_path_factory):
 
 
 def _check_finished_clean(engine, drafter):
-    assert engine.runner.blocks.num_free == engine.runner.blocks.size
+    assert engine.executor.blocks.kv_blocks.num_free == engine.executor.blocks.kv_blocks.size
     assert drafter.blocks.num_free == drafter.blocks.size and drafter.pairs.num_free == drafter.pairs.size
     assert not drafter.seqs
 

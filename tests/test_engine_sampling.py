@@ -62,7 +62,7 @@ def test_bad_requests_are_refused_and_nothing_leaks(tiny_model):
     with pytest.raises(ValueError, match="already running"):
         engine.add_request("d", [1, 2], SamplingParams(max_tokens=5))
     assert engine.abort("d") and not engine.has_work
-    assert engine.runner.blocks.num_free == 16 and engine.runner.gdn_slots.num_free == engine.runner.gdn_slots.size
+    assert engine.executor.blocks.kv_blocks.num_free == 16 and engine.executor.blocks.gdn_slots.num_free == engine.executor.blocks.gdn_slots.size
 
 
 class SmoothedNgram:
@@ -94,18 +94,19 @@ class SmoothedNgram:
 def test_drafter_probabilities_reach_the_rejection_sampler(tiny_model, monkeypatch):
     import verifier_service.engine as engine_module
     seen = []
-    real = engine_module.rejection_sample
+    real = engine_module.sample
 
-    def spy(logits, drafts, num_drafts, sampling, draft_probs=None, forced_accepts=None, before_sync=None):
+    def spy(logits, rows, sampling, draft_probs=None, forced_accepts=None):
         if draft_probs is not None:
             seen.append(draft_probs.shape)
             assert draft_probs.shape == logits.shape  # q on the draft rows of the sequences that sent it
+            num_drafts = rows.num_drafts
             draft_rows = torch.cat([torch.arange(k) + int(start) for k, start in
                                     zip(num_drafts.tolist(), torch.cumsum(num_drafts + 1, 0) - num_drafts - 1)])
             assert sampling.uses_q.any()
             assert torch.allclose(draft_probs[draft_rows].sum(-1), torch.ones(len(draft_rows)))
-        return real(logits, drafts, num_drafts, sampling, draft_probs, forced_accepts, before_sync)
-    monkeypatch.setattr(engine_module, "rejection_sample", spy)
+        return real(logits, rows, sampling, draft_probs, forced_accepts)
+    monkeypatch.setattr(engine_module, "sample", spy)
     import torch
     prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 9, 9, 9, 9, 9]]
     params = SamplingParams(max_tokens=30, ignore_eos=True)

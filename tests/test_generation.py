@@ -1,10 +1,10 @@
-"""Greedy decoding through our runner equals transformers' generate(do_sample=False), token for token."""
+"""Greedy decoding through our engine equals transformers' generate(do_sample=False), token for token."""
 import pytest
 import torch
 from hf_reference import make_hf_model
 
 from specdec.models.loader import load_model
-from verifier_service.model_runner import ModelRunner
+from verifier_service.executor import Executor
 from verifier_service.plain_generate import greedy_generate
 
 PROMPTS = [[5, 17, 3, 99, 42, 7, 1, 64, 2], [64, 8], list(range(10, 41))]
@@ -28,10 +28,10 @@ def models(request, tmp_path_factory):
 @pytest.mark.parametrize("chunk", [None, 5], ids=["one-piece", "chunked-prefill"])
 def test_batched_greedy_equals_transformers(models, chunk):
     hf, loaded, expected = models
-    runner = ModelRunner(loaded, num_blocks=64, block_size=8, max_seqs=4)
-    got = greedy_generate(runner, PROMPTS, NEW_TOKENS, prefill_chunk=chunk)
+    executor = Executor.build(loaded, num_blocks=64, block_size=8, max_seqs=4)
+    got = greedy_generate(executor, PROMPTS, NEW_TOKENS, prefill_chunk=chunk)
     assert got == expected
-    assert runner.blocks.num_free == 64 and runner.gdn_slots.num_free == 4  # everything given back
+    assert executor.blocks.kv_blocks.num_free == 64 and executor.blocks.gdn_slots.num_free == 4  # everything given back
 
 
 def test_chunked_prefill_equals_one_piece(tmp_path):
@@ -42,11 +42,11 @@ def test_chunked_prefill_equals_one_piece(tmp_path):
     prompt = list(range(3, 40))
     results = []
     for chunk in (len(prompt), 1, 6):
-        runner = ModelRunner(loaded, num_blocks=16, block_size=4, max_seqs=1)
+        executor = Executor.build(loaded, num_blocks=16, block_size=4, max_seqs=1)
         seq = Sequence(0, list(prompt), len(prompt))
         while seq.num_cached < len(prompt):
             piece = prompt[seq.num_cached: seq.num_cached + chunk]
-            _, logits = runner.forward([seq], [piece])
+            _, logits = executor.forward([seq], [piece])
             seq.num_cached += len(piece)
         results.append(logits)
     assert torch.allclose(results[0], results[1], atol=1e-5)

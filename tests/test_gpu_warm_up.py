@@ -38,7 +38,7 @@ K = 3
 PROMPT_LENGTHS = (1, 3, 5, 9, 17, 33, 70, 128, 200, 257, 300, 513)   # attention tiles 1..32, prefill / mixed / eager
 
 HOOK = textwrap.dedent('''
-    """Test-only (tests/test_gpu_warm_up_compiles.py): log every Triton JIT cache miss of this process."""
+    """Test-only (tests/test_gpu_warm_up.py): log every Triton JIT cache miss of this process."""
     import json, os, sys, time
     _log = os.environ.get("SPECDEC_TRITON_MISS_LOG")
     if _log:

@@ -10,7 +10,7 @@ from specdec.models.batch_staging import StepPlan
 from specdec.models.graph_bucket import Bucket
 from specdec.sampling_params import SamplingParams
 from specdec.models.cuda_graph_runner import buckets_for
-from verifier_service.model_runner import ModelRunner
+from verifier_service.executor import Executor
 from verifier_service.plain_generate import greedy_generate
 from verifier_service.sequence import Sequence
 
@@ -32,9 +32,9 @@ def plan_of(lens):
 
 
 def test_bucket_for_picks_smallest_fitting_bucket(tiny_model):
-    runner = ModelRunner(tiny_model, num_blocks=16, block_size=4, max_seqs=8, max_drafts=3)
-    runner.use_graphs(capture=False)
-    graphs = runner.graphs
+    executor = Executor.build(tiny_model, num_blocks=16, block_size=4, max_seqs=8, max_drafts=3)
+    executor.runner.use_graphs(capture=False)
+    graphs = executor.runner.graphs
     assert graphs.bucket_for(plan_of([1, 1, 1])) == Bucket.uniform(4, 1)        # plain decode
     assert graphs.bucket_for(plan_of([4, 1, 3])) == Bucket.uniform(4, 4)        # ragged verify, k = 3
     assert graphs.bucket_for(plan_of([1] * 8)) == Bucket.uniform(8, 1)
@@ -45,9 +45,9 @@ def test_steps_mixing_prompt_chunks_take_the_smallest_mixed_bucket(tiny_model):
     """Mixed buckets: 4 or 8 sequences (MIXED_SEQS capped by the largest batch bucket) x 256 or 512 tokens (the
     runner's token budget, 512), chunks of up to 256 tokens (the largest prefill bucket), k + 1 logit rows a
     sequence; anything past them runs eagerly."""
-    runner = ModelRunner(tiny_model, num_blocks=16, block_size=4, max_seqs=8, max_drafts=3)
-    runner.use_graphs(capture=False)
-    graphs = runner.graphs
+    executor = Executor.build(tiny_model, num_blocks=16, block_size=4, max_seqs=8, max_drafts=3)
+    executor.runner.use_graphs(capture=False)
+    graphs = executor.runner.graphs
     assert (graphs.mixed_seqs, graphs.mixed_tokens) == ((4, 8), (256, 512))
     mixed = prefill_plan([5, 1])                                                # a prompt chunk beside a decoder
     assert graphs.bucket_for(mixed) == Bucket(seqs=4, max_seqlen=256, tokens=256, logit_rows=16, max_drafts=3)
@@ -61,10 +61,10 @@ def test_steps_mixing_prompt_chunks_take_the_smallest_mixed_bucket(tiny_model):
 
 
 def test_prefill_and_mixed_buckets_stop_at_the_token_budget(tiny_model):
-    runner = ModelRunner(tiny_model, num_blocks=16, block_size=4, max_seqs=8, max_drafts=3, max_batched_tokens=100)
-    runner.use_graphs(capture=False)
-    assert runner.graphs.prefill_tokens == (32, 64, 128) and runner.graphs.mixed_tokens == (256,)
-    assert Bucket.prefill(256) not in runner.graphs.buckets()
+    executor = Executor.build(tiny_model, num_blocks=16, block_size=4, max_seqs=8, max_drafts=3, max_batched_tokens=100)
+    executor.runner.use_graphs(capture=False)
+    assert executor.runner.graphs.prefill_tokens == (32, 64, 128) and executor.runner.graphs.mixed_tokens == (256,)
+    assert Bucket.prefill(256) not in executor.runner.graphs.buckets()
 
 
 @pytest.mark.parametrize("max_seqs, k, pairs", [(1, 3, ((1, 256),)), (2, 0, ((2, 256), (2, 512))),
@@ -72,10 +72,10 @@ def test_prefill_and_mixed_buckets_stop_at_the_token_budget(tiny_model):
 def test_only_reachable_mixed_buckets_are_captured(tiny_model, max_seqs, k, pairs):
     """b sequences of up to 256 tokens never fill more than b * 256 tokens; at k = 0 one sequence's mixed bucket
     is the prefill bucket of 256, which is_mixed does not claim."""
-    runner = ModelRunner(tiny_model, num_blocks=16, block_size=4, max_seqs=max_seqs, max_drafts=k,
+    executor = Executor.build(tiny_model, num_blocks=16, block_size=4, max_seqs=max_seqs, max_drafts=k,
                          max_batched_tokens=2048)
-    runner.use_graphs(capture=False)
-    graphs = runner.graphs
+    executor.runner.use_graphs(capture=False)
+    graphs = executor.runner.graphs
     assert tuple(graphs.mixed_buckets) == pairs
     mixed = [b for b in graphs.buckets() if graphs.is_mixed(b)]
     assert [(b.seqs, b.tokens) for b in mixed] == sorted(pairs, key=lambda p: (p[1], p[0]), reverse=True)
@@ -83,12 +83,12 @@ def test_only_reachable_mixed_buckets_are_captured(tiny_model, max_seqs, k, pair
 
 
 def test_a_mixed_step_takes_more_sequences_when_its_logit_rows_need_them(tiny_model):
-    runner = ModelRunner(tiny_model, num_blocks=16, block_size=4, max_seqs=16, max_drafts=3)
-    runner.use_graphs(capture=False)
+    executor = Executor.build(tiny_model, num_blocks=16, block_size=4, max_seqs=16, max_drafts=3)
+    executor.runner.use_graphs(capture=False)
     plan = prefill_plan([20, 4, 4], logits=4)                        # 12 logit rows fit 4 sequences' 16
-    assert runner.graphs.bucket_for(plan).seqs == 4
+    assert executor.runner.graphs.bucket_for(plan).seqs == 4
     plan = prefill_plan([30, 20, 20], logits=14)                      # 42 logit rows: 16 sequences' 64
-    assert runner.graphs.bucket_for(plan) == Bucket.mixed(16, 256, 256, 3)
+    assert executor.runner.graphs.bucket_for(plan) == Bucket.mixed(16, 256, 256, 3)
 
 
 def prefill_plan(lens, logits=1):
@@ -99,9 +99,9 @@ def prefill_plan(lens, logits=1):
 
 
 def test_a_prompt_chunk_alone_takes_the_smallest_prefill_bucket(tiny_model):
-    runner = ModelRunner(tiny_model, num_blocks=16, block_size=4, max_seqs=8, max_drafts=3)
-    runner.use_graphs(capture=False)
-    graphs = runner.graphs
+    executor = Executor.build(tiny_model, num_blocks=16, block_size=4, max_seqs=8, max_drafts=3)
+    executor.runner.use_graphs(capture=False)
+    graphs = executor.runner.graphs
     assert graphs.bucket_for(prefill_plan([5])) == Bucket.prefill(32)
     assert graphs.bucket_for(prefill_plan([33])) == Bucket.prefill(64)
     assert graphs.bucket_for(prefill_plan([128], logits=0)) == Bucket.prefill(128)   # a chunk that does not sample
@@ -117,20 +117,20 @@ def test_padded_prefill_bucket_equals_unpadded(tiny_model, length):
     prompt = random_prompts([length], tiny_model.config.vocab_size, seed=length)[0]
     runners, seqs = [], []
     for padded in (False, True):
-        runner = ModelRunner(tiny_model, num_blocks=64, block_size=4, max_seqs=2, max_drafts=3)
+        executor = Executor.build(tiny_model, num_blocks=64, block_size=4, max_seqs=2, max_drafts=3)
         if padded:
-            runner.use_graphs(capture=False)
+            executor.runner.use_graphs(capture=False)
         seq = Sequence(0, list(prompt), length)
-        hidden, logits = runner.forward([seq], [list(prompt)])
-        runners.append((runner, seq, hidden, logits))
+        hidden, logits = executor.forward([seq], [list(prompt)])
+        runners.append((executor, seq, hidden, logits))
     (eager, seq_e, hidden_e, logits_e), (padded, seq_p, hidden_p, logits_p) = runners
-    bucket = padded.graphs.bucket_for(padded._plan([seq_p], [prompt], None, "last"))
-    assert padded.last_outputs[0].shape[0] == bucket.tokens >= length    # it ran in its bucket, padded
-    assert padded.graphs.is_prefill(bucket) == (length > 4)
+    bucket = padded.runner.graphs.bucket_for(padded.plan([seq_p], [prompt], None, "last"))
+    assert padded.runner.last_outputs[0].shape[0] == bucket.tokens >= length    # it ran in its bucket, padded
+    assert padded.runner.graphs.is_prefill(bucket) == (length > 4)
     torch.testing.assert_close(hidden_p, hidden_e, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(logits_p, logits_e, atol=1e-4, rtol=1e-4)
     assert_caches_equal(eager, padded, [seq_e.gdn_slot])
-    for runner, seq in ((eager, seq_e), (padded, seq_p)):
+    for executor, seq in ((eager, seq_e), (padded, seq_p)):
         seq.num_cached = length
     _, next_e = eager.forward([seq_e], [[7]])
     _, next_p = padded.forward([seq_p], [[7]])
@@ -144,17 +144,17 @@ def test_later_prompt_chunks_in_prefill_buckets_equal_unpadded(tiny_model):
     prompt = random_prompts([150], tiny_model.config.vocab_size, seed=11)[0]
     chunks, results = [prompt[:40], prompt[40:107], prompt[107:]], []
     for padded in (False, True):
-        runner = ModelRunner(tiny_model, num_blocks=64, block_size=4, max_seqs=2, max_drafts=3)
+        executor = Executor.build(tiny_model, num_blocks=64, block_size=4, max_seqs=2, max_drafts=3)
         if padded:
-            runner.use_graphs(capture=False)
+            executor.runner.use_graphs(capture=False)
         seq, buckets = Sequence(0, list(prompt), len(prompt)), []
         for i, chunk in enumerate(chunks):
             last = i == len(chunks) - 1
-            _, logits = runner.forward([seq], [chunk], logits="last" if last else [0])
-            buckets.append(runner.last_outputs[0].shape[0])
+            _, logits = executor.forward([seq], [chunk], logits="last" if last else [0])
+            buckets.append(executor.runner.last_outputs[0].shape[0])
             seq.num_cached += len(chunk)
-        _, decoded = runner.forward([seq], [[7]])
-        results.append((runner, seq, logits.clone(), decoded.clone(), buckets))
+        _, decoded = executor.forward([seq], [[7]])
+        results.append((executor, seq, logits.clone(), decoded.clone(), buckets))
     (eager, seq_e, logits_e, next_e, _), (padded, seq_p, logits_p, next_p, buckets) = results
     assert buckets == [64, 128, 64]                                         # every chunk ran padded
     torch.testing.assert_close(logits_p, logits_e, atol=1e-4, rtol=1e-4)
@@ -166,26 +166,26 @@ def prefilled_pair(loaded, max_drafts=3):
     """Two runners with the same prompts prefilled eagerly; the second runs decode steps in padded buckets."""
     runners, seqs = [], []
     for padded in (False, True):
-        runner = ModelRunner(loaded, num_blocks=32, block_size=4, max_seqs=6, max_drafts=max_drafts)
+        executor = Executor.build(loaded, num_blocks=32, block_size=4, max_seqs=6, max_drafts=max_drafts)
         group = [Sequence(i, list(p), len(p)) for i, p in enumerate(PROMPTS)]
-        runner.forward(group, [list(p) for p in PROMPTS])
+        executor.forward(group, [list(p) for p in PROMPTS])
         for s in group:
             s.num_cached = len(s.token_ids)
         if padded:
-            runner.use_graphs(capture=False)
-        runners.append(runner)
+            executor.runner.use_graphs(capture=False)
+        runners.append(executor)
         seqs.append(group)
     return runners, seqs
 
 
-def assert_caches_equal(a: ModelRunner, b: ModelRunner, slots: list[int]):
-    ga, gb = a.caches.gdn, b.caches.gdn
+def assert_caches_equal(a: Executor, b: Executor, slots: list[int]):
+    ga, gb = a.runner.caches.gdn, b.runner.caches.gdn
     for ra, rb, pa, pb, ca, cb in zip(ga.recurrent, gb.recurrent, ga.pending, gb.pending, ga.conv, gb.conv):
         torch.testing.assert_close(ra[slots], rb[slots], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(pa[slots], pb[slots], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(ca[slots], cb[slots], atol=1e-5, rtol=1e-5)
-    blocks = a.caches.kv.num_blocks  # the scratch block (the last) is where padding writes
-    for ka, kb in zip(a.caches.kv.k + a.caches.kv.v, b.caches.kv.k + b.caches.kv.v):
+    blocks = a.runner.caches.kv.num_blocks  # the scratch block (the last) is where padding writes
+    for ka, kb in zip(a.runner.caches.kv.k + a.runner.caches.kv.v, b.runner.caches.kv.k + b.runner.caches.kv.v):
         torch.testing.assert_close(ka[:blocks], kb[:blocks], atol=1e-5, rtol=1e-5)
 
 
@@ -195,10 +195,10 @@ def test_padded_bucket_equals_unpadded(tiny_model, drafts):
     n = len(drafts)
     chunks = [[40 + i] + list(range(60 + 7 * i, 60 + 7 * i + d)) for i, d in enumerate(drafts)]
     want = [d + 1 for d in drafts]
-    assert padded.graphs.bucket_for(padded._plan(seqs_p[:n], chunks, drafts, want)) is not None
+    assert padded.runner.graphs.bucket_for(padded.plan(seqs_p[:n], chunks, drafts, want)) is not None
     hidden_e, logits_e = eager.forward(seqs_e[:n], chunks, drafts, logits=want)
     hidden_p, logits_p = padded.forward(seqs_p[:n], chunks, drafts, logits=want)
-    assert padded.last_outputs[0].shape[0] > hidden_p.shape[0]   # it really ran padded
+    assert padded.runner.last_outputs[0].shape[0] > hidden_p.shape[0]   # it really ran padded
     assert logits_p.shape == logits_e.shape and hidden_p.shape == hidden_e.shape
     torch.testing.assert_close(logits_p, logits_e, atol=1e-4, rtol=1e-4)  # GEMMs of other M: fp32 noise
     torch.testing.assert_close(hidden_p, hidden_e, atol=1e-5, rtol=1e-5)
@@ -216,19 +216,19 @@ def test_mixed_steps_in_a_padded_bucket_equal_unpadded(tiny_model):
              ([[42, 64], [43], [44], prompts[1][18:]], [1, 0, 0, 0], [2, 1, 1, 1], [0, 0, 0, 0]),
              ([[45], [46], [47], [48]], [0, 0, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0])]
     outputs = []
-    for runner, seqs in ((eager, seqs_e), (padded, seqs_p)):
+    for executor, seqs in ((eager, seqs_e), (padded, seqs_p)):
         group = seqs[:2] + [Sequence(10, list(prompts[0]), 13), Sequence(11, list(prompts[1]), 30)]
         results = []
         for chunks, drafts, want, accepted in steps:
-            hidden, logits = runner.forward(group, chunks, drafts, logits=want)
-            bucket = runner.graphs.bucket_for(runner._plan(group, chunks, drafts, want)) if runner.graphs else None
-            results.append((hidden.clone(), logits.clone(), bucket, runner.last_outputs[0].shape[0]))
+            hidden, logits = executor.forward(group, chunks, drafts, logits=want)
+            bucket = executor.runner.graphs.bucket_for(executor.plan(group, chunks, drafts, want)) if executor.runner.graphs else None
+            results.append((hidden.clone(), logits.clone(), bucket, executor.runner.last_outputs[0].shape[0]))
             for seq, chunk, d, a in zip(group, chunks, drafts, accepted):
                 seq.num_cached += len(chunk) - d + a                # the rejected drafts' rows roll back
                 seq.gdn_read_offset = a                             # the next step replays the accepted ones
         outputs.append((results, [s.gdn_slot for s in group]))
     (results_e, slots), (results_p, _) = outputs
-    assert all(padded.graphs.is_mixed(bucket) for _, _, bucket, _ in results_p[:2])
+    assert all(padded.runner.graphs.is_mixed(bucket) for _, _, bucket, _ in results_p[:2])
     assert [rows for *_, rows in results_p] == [256, 256, 4]              # it really ran padded
     for (h_e, l_e, _, _), (h_p, l_p, _, _) in zip(results_e, results_p):
         torch.testing.assert_close(l_p, l_e, atol=1e-4, rtol=1e-4)
@@ -239,14 +239,14 @@ def test_mixed_steps_in_a_padded_bucket_equal_unpadded(tiny_model):
 def test_padding_touches_only_scratch_rows(tiny_model):
     (_, padded), (_, seqs) = prefilled_pair(tiny_model)
     idle = seqs[3].gdn_slot
-    before_rec = [r[idle].clone() for r in padded.caches.gdn.recurrent + padded.caches.gdn.pending]
-    before_kv = [k.clone() for k in padded.caches.kv.k]
+    before_rec = [r[idle].clone() for r in padded.runner.caches.gdn.recurrent + padded.runner.caches.gdn.pending]
+    before_kv = [k.clone() for k in padded.runner.caches.kv.k]
     padded.forward(seqs[:3], [[1, 2], [3], [4, 5, 6]], [1, 0, 2], logits=[2, 1, 3])    # bucket of 4 sequences
-    for r, before in zip(padded.caches.gdn.recurrent + padded.caches.gdn.pending, before_rec):
+    for r, before in zip(padded.runner.caches.gdn.recurrent + padded.runner.caches.gdn.pending, before_rec):
         assert torch.equal(r[idle], before)
-    used = {b for s in seqs[:3] for b in s.block_table} | {padded.caches.kv.scratch_block}
-    untouched = [b for b in range(padded.caches.kv.num_blocks + 1) if b not in used]
-    for k, before in zip(padded.caches.kv.k, before_kv):
+    used = {b for s in seqs[:3] for b in s.block_table} | {padded.runner.caches.kv.scratch_block}
+    untouched = [b for b in range(padded.runner.caches.kv.num_blocks + 1) if b not in used]
+    for k, before in zip(padded.runner.caches.kv.k, before_kv):
         assert torch.equal(k[untouched], before[untouched])
 
 
@@ -254,9 +254,9 @@ def test_padding_touches_only_scratch_rows(tiny_model):
 def test_greedy_with_padded_buckets_equals_eager(tiny_model, max_seqs):
     """One at a time, every prompt is prefilled in a prefill bucket."""
     prompts = random_prompts([3, 7, 1, 12, 5, 40], tiny_model.config.vocab_size, seed=4)
-    eager = ModelRunner(tiny_model, num_blocks=64, block_size=4, max_seqs=max_seqs)
-    padded = ModelRunner(tiny_model, num_blocks=64, block_size=4, max_seqs=max_seqs)
-    padded.use_graphs(capture=False)
+    eager = Executor.build(tiny_model, num_blocks=64, block_size=4, max_seqs=max_seqs)
+    padded = Executor.build(tiny_model, num_blocks=64, block_size=4, max_seqs=max_seqs)
+    padded.runner.use_graphs(capture=False)
     expected = [greedy_generate(eager, prompts[i:i + max_seqs], 12) for i in range(0, len(prompts), max_seqs)]
     assert [greedy_generate(padded, prompts[i:i + max_seqs], 12) for i in range(0, len(prompts), max_seqs)] == \
         expected
@@ -269,7 +269,7 @@ def test_speculative_with_padded_buckets_equals_plain(tiny_model, kind):
     expected = make_engine(tiny_model).generate(prompts, params)
     drafter = make_drafter(kind, tiny_model, 3, [p + e for p, e in zip(prompts, expected)])
     engine = make_engine(tiny_model, drafter, 3)
-    engine.runner.use_graphs(capture=False)
+    engine.executor.runner.use_graphs(capture=False)
     assert engine.generate(prompts, params) == expected
     assert engine.stats.drafted > 0
 
@@ -281,8 +281,8 @@ def test_prompts_entering_beside_decoding_sequences_run_in_mixed_buckets(tiny_mo
     params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in (14, 9, 17, 11, 6, 10, 8, 12)]
     expected = make_engine(tiny_model).generate(prompts, params)
     engine = make_engine(tiny_model, make_drafter("mtp", tiny_model, 3), 3, max_running=3)
-    engine.runner.use_graphs(capture=False)
-    graphs, buckets = engine.runner.graphs, []
+    engine.executor.runner.use_graphs(capture=False)
+    graphs, buckets = engine.executor.runner.graphs, []
     run = graphs.run
     graphs.run = lambda plan, bucket, before=None: buckets.append(bucket) or run(plan, bucket, before)
     assert engine.generate(prompts, params) == expected
@@ -302,11 +302,11 @@ def test_gpu_graphs_speculative_equals_eager_plain(tmp_path, kind):
     prompts = random_prompts([3, 7, 12, 20, 5, 9, 30, 1, 4], loaded.config.vocab_size, seed=6)
     params = [SamplingParams(max_tokens=24, ignore_eos=True)] * len(prompts)
     plain = make_engine(loaded, max_running=16)
-    plain.runner.graphs = None                                  # eager reference
+    plain.executor.runner.graphs = None                                  # eager reference
     expected = plain.generate(prompts, params)
     drafter = make_drafter(kind, loaded, 3, [p + e for p, e in zip(prompts, expected)])
     engine = make_engine(loaded, drafter, 3, max_running=16)
-    assert engine.runner.graphs is not None and engine.runner.graphs.graphs
+    assert engine.executor.runner.graphs is not None and engine.executor.runner.graphs.graphs
     assert engine.generate(prompts, params) == expected
 
 
@@ -324,20 +324,20 @@ def test_gpu_prompts_alone_replay_prefill_graphs_and_decode_as_eager(tmp_path):
     prompts = random_prompts([5, 40, 130, 200, 3], loaded.config.vocab_size, seed=7)
     params = [SamplingParams(max_tokens=12, ignore_eos=True)] * len(prompts)
     plain = make_engine(loaded, max_running=1, chunk=256, budget=512)
-    plain.runner.graphs = None                                  # eager reference
+    plain.executor.runner.graphs = None                                  # eager reference
     expected = plain.generate(prompts, params)
     drafter = make_drafter("mtp", loaded, 3)
     engines = (make_engine(loaded, max_running=1, chunk=256, budget=512),
                make_engine(loaded, drafter, 3, max_running=1, chunk=256, budget=512))
     for engine in engines:
         replayed = []
-        for graphs in (engine.runner.graphs, drafter.loop.graphs if engine.drafter else None):
+        for graphs in (engine.executor.runner.graphs, drafter.loop.graphs if engine.drafter else None):
             if graphs is not None:
                 run = graphs.run
                 graphs.run = lambda plan, bucket, before=None, g=graphs, run=run: (
-                    replayed.append((g is engine.runner.graphs, g.is_prefill(bucket))) or run(plan, bucket, before))
+                    replayed.append((g is engine.executor.runner.graphs, g.is_prefill(bucket))) or run(plan, bucket, before))
         assert engine.generate(prompts, params) == expected
-        longer = sum(len(p) > engine.runner.graphs.tokens_per_seq[-1] for p in prompts)   # 3 tokens: a verify bucket
+        longer = sum(len(p) > engine.executor.runner.graphs.tokens_per_seq[-1] for p in prompts)   # 3 tokens: a verify bucket
         assert sum(verifier and prefill for verifier, prefill in replayed) == longer
         if engine.drafter:
             assert sum(not verifier and prefill for verifier, prefill in replayed) >= 3     # 40, 130, 200 at least
@@ -357,12 +357,12 @@ def test_gpu_prompts_beside_decoding_sequences_replay_mixed_graphs(tmp_path):
     prompts = random_prompts([5, 40, 130, 200, 3, 70, 90, 17, 250, 33], loaded.config.vocab_size, seed=8)
     params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in (12, 20, 8, 16, 24, 10, 14, 9, 11, 18)]
     plain = make_engine(loaded, max_running=4, chunk=256, budget=512)
-    plain.runner.graphs = None                                  # eager reference
+    plain.executor.runner.graphs = None                                  # eager reference
     expected = plain.generate(prompts, params)
     engines = (make_engine(loaded, max_running=4, chunk=256, budget=512),
                make_engine(loaded, make_drafter("mtp", loaded, 3), 3, max_running=4, chunk=256, budget=512))
     for engine in engines:
-        graphs, mixed = engine.runner.graphs, []
+        graphs, mixed = engine.executor.runner.graphs, []
         assert graphs is not None and any(map(graphs.is_mixed, graphs.graphs))
         run = graphs.run
         graphs.run = lambda plan, bucket, before=None, g=graphs, run=run: (
@@ -381,9 +381,9 @@ def test_gpu_fast_path_greedy_equals_cpu_torch_path(tmp_path, family):
     from specdec_tools.tiny import make_tiny
     path = make_tiny(tmp_path, family=family, seed=1, progress=False)
     prompts = random_prompts([3, 17, 1, 70, 9], 200, seed=7)   # 70: the chunked prefill path
-    cpu = ModelRunner(load_model(path), num_blocks=128, block_size=4, max_seqs=8)
-    gpu = ModelRunner(load_model(path, device="cuda"), num_blocks=128, block_size=4, max_seqs=8, device="cuda")
-    assert gpu.graphs is not None
+    cpu = Executor.build(load_model(path), num_blocks=128, block_size=4, max_seqs=8)
+    gpu = Executor.build(load_model(path, device="cuda"), num_blocks=128, block_size=4, max_seqs=8, device="cuda")
+    assert gpu.runner.graphs is not None
     assert greedy_generate(gpu, prompts, 24) == greedy_generate(cpu, prompts, 24)
 
 
@@ -398,7 +398,7 @@ def test_enforce_eager_reaches_the_model_runner(tiny_dir, monkeypatch):
     monkeypatch.setattr(server, "serve", lambda config, host, port, make_drafter=None: seen.update(config=config))
     verifier_args.run(verifier_args)
     assert seen["config"].enforce_eager
-    runner = server.build_engine(seen["config"]).runner
+    runner = server.build_engine(seen["config"]).executor.runner
     assert runner.graphs is None
     plain = stack_config(build_parser().parse_args(["serve", "--model", str(tiny_dir)]), 0)
     assert "--enforce-eager" not in plain.verifier_args

@@ -8,7 +8,7 @@ import torch
 from kernel_cases import load_interpreted
 
 from kernels.sampling import cu_rows_of, greedy_accept_ref, speculative_sample_ref
-from verifier_service.rejection_sampler import greedy_verdict
+from sampling_stats import greedy_verdict
 
 
 def case(seed: int, num_drafts: list[int], vocab: int = 7):

@@ -6,7 +6,7 @@ import torch
 from engine_factory import make_drafter, make_engine, random_prompts
 
 from specdec.sampling_params import SamplingParams
-from verifier_service.engine import SpecEngine
+from verifier_service.drafting_stage import DraftingStage
 from verifier_service.hidden_staging import HiddenStaging
 
 pytestmark = pytest.mark.timeout(300)
@@ -25,7 +25,7 @@ def test_placed_rows_are_the_committed_rows_in_batch_order(seed):
     hidden = torch.randn(int(lens.sum()), 5)
     staging = HiddenStaging(int(lens.sum()) + 3, 5, torch.float32, torch.device("cpu"))
     staging.buffer.fill_(float("nan"))
-    staging.plan(lens.tolist(), drafts.tolist(), np.flatnonzero(sampled).tolist())
+    staging.layout(lens.tolist(), drafts.tolist(), np.flatnonzero(sampled).tolist())
     staging.gather(hidden, torch.as_tensor(accepted[sampled]))
     first = np.cumsum(lens) - lens
     commit = lens - drafts + accepted
@@ -36,7 +36,7 @@ def test_placed_rows_are_the_committed_rows_in_batch_order(seed):
 def test_no_accepted_counts_commit_each_chunk_less_its_drafts():
     staging = HiddenStaging(8, 2, torch.float32, torch.device("cpu"))
     hidden = torch.arange(12.0).view(6, 2)
-    staging.plan([2, 4], [0, 3], [1])
+    staging.layout([2, 4], [0, 3], [1])
     staging.gather(hidden, None)
     assert torch.equal(staging.rows(3), hidden[[0, 1, 2]])
 
@@ -69,7 +69,7 @@ def test_an_engine_gives_the_drafter_the_same_rows_staged_or_gathered(tiny_model
         out = make_engine(tiny_model, drafter, k=K, chunk=4, budget=16).generate(prompts, params)
         return out, drafter.seen
     staged_out, staged = run()
-    monkeypatch.setattr(SpecEngine, "_stage_hidden", lambda self, plan, hidden: None)   # the gather after the sync
+    monkeypatch.setattr(DraftingStage, "layout_hidden", lambda self, entries, hidden: None)   # the gather after the sync
     gathered_out, gathered = run()
     assert staged_out == gathered_out and len(staged) == len(gathered) > 5
     for a, b in zip(staged, gathered):

@@ -6,7 +6,7 @@ import pytest
 from specdec_tools.cli import main
 from specdec_tools.commands.in_process_drafter import in_process_drafter
 from specdec.sampling_params import SamplingParams
-from verifier_service.server import VerifierConfig, build_engine
+from verifier_service.builder import VerifierConfig, build_engine
 
 PROMPTS = [[5, 17, 3, 99, 42], [7, 7, 7, 7, 7, 7, 7, 7], [200, 1, 30]]
 

@@ -109,14 +109,14 @@ def test_model_logits_and_greedy_decoding_unchanged(moe_model, monkeypatch):
     from test_model_parity import PROMPTS, ragged_logits
 
     import specdec.models.mlp as mlp
-    from verifier_service.model_runner import ModelRunner
+    from verifier_service.executor import Executor
     from verifier_service.plain_generate import greedy_generate
     prompts = [p[:9] for p in PROMPTS]
 
     def run():
         _, logits = ragged_logits(moe_model, prompts)
-        runner = ModelRunner(moe_model, num_blocks=32, block_size=4, max_seqs=3)
-        return logits, greedy_generate(runner, prompts, 8)
+        executor = Executor.build(moe_model, num_blocks=32, block_size=4, max_seqs=3)
+        return logits, greedy_generate(executor, prompts, 8)
 
     want_logits, want_tokens = run()
     calls = []
@@ -175,14 +175,14 @@ def test_gpu_fast_path_greedy_equals_cpu_torch_path(tmp_path, family, cuda):
     from hf_reference import make_hf_model
 
     from specdec.models.loader import load_model
-    from verifier_service.model_runner import ModelRunner
+    from verifier_service.executor import Executor
     from verifier_service.plain_generate import greedy_generate
     make_hf_model(family, tmp_path, seed=31)
     prompts = [[5, 17, 3, 99, 42, 7, 1, 64, 2], [64, 8], list(range(10, 41))]
 
     def greedy(device):
         loaded = load_model(tmp_path, dtype="float32", device=device)
-        runner = ModelRunner(loaded, num_blocks=64, block_size=16, max_seqs=4, device=device)
-        return greedy_generate(runner, prompts, 24, prefill_chunk=7)
+        executor = Executor.build(loaded, num_blocks=64, block_size=16, max_seqs=4, device=device)
+        return greedy_generate(executor, prompts, 24, prefill_chunk=7)
 
     assert greedy("cuda") == greedy("cpu")

@@ -4,7 +4,7 @@ import torch
 from transformers.generation.logits_process import (MinPLogitsWarper, RepetitionPenaltyLogitsProcessor,
                                                     TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
-from verifier_service.logits_processors import Penalties, RowParams, apply_penalties, processed_logits
+from verifier_service.sampler import Penalties, RowParams, apply_penalties, processed_logits
 
 VOCAB = 50
 

@@ -5,7 +5,7 @@ accepted count, admissions, chunked prefill, stops, preemption, aborts, a full c
 synchronous steps (penalties); seeded sampled requests run overlapped too and must equal plain decoding."""
 import pytest
 from device_reference_drafter import DeviceReferenceDrafter
-from engine_factory import BLOCK, make_drafter, make_engine, random_prompts
+from engine_factory import BLOCK, make_drafter, make_engine, random_prompts, synchronous_launches
 from test_overlapped_steps import run
 
 from specdec.sampling_params import SamplingParams
@@ -101,9 +101,9 @@ def test_tokens_and_drafts_are_read_one_step_late(demo):
     engine.add_request("a", prompts[0], SamplingParams(max_tokens=30, ignore_eos=True))
     assert engine.step() == []                   # the prompt ran and sampled; its token and drafts are on the device
     seq = engine.by_request["a"]
-    assert seq.pending == 1
+    assert seq.unread_steps == 1
     assert [len(o.new_token_ids) for o in engine.step()] == [1]   # read while the first verify step runs
-    assert seq.pending == 1 and engine.overlapped_draft_steps == 1 and engine.stats.drafted == 0
+    assert seq.unread_steps == 1 and engine.overlapped_draft_steps == 1 and engine.stats.drafted == 0
     tokens = [t for o in engine.step() for t in o.new_token_ids]
     assert 1 <= len(tokens) <= 4                 # the first verify step: accepted drafts and one more
     assert engine.stats.drafted == 3             # its three drafts came from the device
@@ -132,7 +132,7 @@ def test_overlapped_mtp_equals_plain_decoding(demo, k, monkeypatch):
     same = [key for key in log if key in sync_log and log[key][0] == sync_log[key][0]]
     assert len(same) > 0.8 * len(sync_log)
     assert [log[key] for key in same] == [sync_log[key] for key in same]
-    assert engine.runner.blocks.num_free == engine.runner.blocks.size and engine.runner.gdn_slots.num_free == 3
+    assert engine.executor.blocks.kv_blocks.num_free == engine.executor.blocks.kv_blocks.size and engine.executor.blocks.gdn_slots.num_free == 3
     assert engine.drafter.tables.blocks.num_free == engine.drafter.tables.blocks.size
 
 
@@ -156,7 +156,7 @@ def test_overlapped_drafts_through_preemption(tiny_model, monkeypatch):
     engine = reference_engine(tiny_model, requests, expected, 3, num_blocks=20, max_running=5)
     assert run_added(engine, requests) == expected
     assert engine.scheduler.num_preemptions > 0 and engine.overlapped_draft_steps > 0
-    assert engine.runner.blocks.num_free == engine.runner.blocks.size
+    assert engine.executor.blocks.kv_blocks.num_free == engine.executor.blocks.kv_blocks.size
 
 
 def test_stops_inside_accepted_drafts_drop_the_step_after(tiny_model):
@@ -169,7 +169,7 @@ def test_stops_inside_accepted_drafts_drop_the_step_after(tiny_model):
                 for rid, (tokens, _) in free.items()}
     engine = reference_engine(tiny_model, stopping, free, 3)
     assert run_added(engine, stopping) == expected
-    assert not engine.has_work and engine.runner.blocks.num_free == engine.runner.blocks.size
+    assert not engine.has_work and engine.executor.blocks.kv_blocks.num_free == engine.executor.blocks.kv_blocks.size
 
 
 def test_abort_while_a_step_with_drafts_is_running(tiny_model):
@@ -180,7 +180,7 @@ def test_abort_while_a_step_with_drafts_is_running(tiny_model):
     out = run_added(engine, requests, abort_after={4: "r1"})
     assert out["r0"] == expected["r0"] and out["r2"] == expected["r2"]
     assert out["r1"][1] == "abort" and expected["r1"][0][:len(out["r1"][0])] == out["r1"][0]
-    assert not engine.has_work and engine.runner.blocks.num_free == engine.runner.blocks.size
+    assert not engine.has_work and engine.executor.blocks.kv_blocks.num_free == engine.executor.blocks.kv_blocks.size
 
 
 def test_a_request_that_fills_the_context_exactly(tiny_model):
@@ -215,11 +215,7 @@ def sampled_requests(prompts, max_tokens):
             for i, (p, n) in enumerate(zip(prompts, max_tokens))}
 
 
-def synchronous_verifies(engine) -> list[int]:
-    """Counts the synchronous verdicts `engine` takes (spied on its _verify)."""
-    calls, verify = [], engine._verify
-    engine._verify = lambda *a, **kw: calls.append(1) or verify(*a, **kw)
-    return calls
+
 
 
 @pytest.mark.parametrize("k", [1, 3])
@@ -232,7 +228,7 @@ def test_sampled_requests_run_overlapped_steps_equal_to_synchronous_and_plain(de
     expected = plain(loaded, requests)
     assert run(make_engine(loaded, make_drafter("mtp", loaded, k), k, overlap=False), requests) == expected
     engine = make_engine(loaded, make_drafter("mtp", loaded, k), k)
-    synchronous = synchronous_verifies(engine)
+    synchronous = synchronous_launches(engine)
     assert run(engine, requests) == expected
     assert synchronous == [] and engine.overlapped_draft_steps > 0 and engine.stats.accepted > 0
 
@@ -244,7 +240,7 @@ def test_sampled_requests_preempted_with_a_step_unread_stay_exact(demo):
     requests = sampled_requests(prompts, [40, 9, 33, 27, 45, 21, 14, 30])
     engine = make_engine(loaded, make_drafter("mtp", loaded, 3), 3, num_blocks=24)
     preempted, preempt = [], engine.scheduler.preempt
-    engine.scheduler.preempt = lambda seq, *a: preempted.append(seq.pending) or preempt(seq, *a)
+    engine.scheduler.preempt = lambda seq, *a: preempted.append(seq.unread_steps) or preempt(seq, *a)
     assert run(engine, requests) == plain(loaded, requests)
     assert any(preempted) and engine.overlapped_draft_steps > 0
 
@@ -257,7 +253,7 @@ def test_a_penalised_request_switches_to_synchronous_steps_and_back(demo):
     reference = run(make_engine(loaded, make_drafter("mtp", loaded, 3), 3, overlap=False), requests,
                     add_later={3: penalised})
     engine = make_engine(loaded, make_drafter("mtp", loaded, 3), 3)
-    synchronous = synchronous_verifies(engine)
+    synchronous = synchronous_launches(engine)
     assert run(engine, requests, add_later={3: penalised}) == reference   # seeded sampling: keyed by position
     assert engine.overlapped_draft_steps > 0 and synchronous
     assert {rid: out for rid, out in reference.items() if rid != "s"} == plain(loaded, requests)
@@ -287,7 +283,7 @@ def test_gpu_overlapped_drafts_equal_synchronous_steps(tmp_path, cuda, dtype, ki
         else:
             engine = make_engine(loaded, make_drafter("mtp", loaded, 3), 3, overlap=overlap, **kwargs)
             out = run(engine, requests)
-        assert engine.runner.graphs is not None and engine.runner.graphs.graphs
+        assert engine.executor.runner.graphs is not None and engine.executor.runner.graphs.graphs
         assert (engine.overlapped_draft_steps > 0) == overlap
         results.append(out)
     assert results[0] == results[1]
@@ -311,9 +307,9 @@ def test_gpu_sampled_requests_overlapped_equal_synchronous_steps(tmp_path, cuda,
     results = []
     for overlap in (True, False):
         engine = make_engine(loaded, make_drafter("mtp", loaded, 3), 3, overlap=overlap, **kwargs)
-        synchronous = synchronous_verifies(engine)
+        synchronous = synchronous_launches(engine)
         results.append(run(engine, requests))
-        assert engine.runner.graphs is not None and engine.runner.graphs.graphs
+        assert engine.executor.runner.graphs is not None and engine.executor.runner.graphs.graphs
         assert (synchronous == []) == overlap and (engine.overlapped_draft_steps > 0) == overlap
     assert results[0] == results[1]
     if dtype == "float32":

@@ -2,7 +2,7 @@
 are read, and its sequences take their last token from the device. Output must equal the synchronous engine's
 through admissions, chunked prefill, stops, preemption, aborts, a full context and a switch to sampling."""
 import pytest
-from engine_factory import BLOCK, make_engine, random_prompts
+from engine_factory import BLOCK, make_engine, random_prompts, synchronous_launches
 
 from specdec.sampling_params import SamplingParams
 
@@ -56,7 +56,7 @@ def test_tokens_are_read_one_step_late(tiny_model):
         engine.add_request("a", prompt, SamplingParams(max_tokens=3, ignore_eos=True))
         first = engine.step()   # the whole prompt in one chunk: it samples the first token
         if overlap:
-            assert first == [] and engine.by_request["a"].pending == 1
+            assert first == [] and engine.by_request["a"].unread_steps == 1
             assert [len(o.new_token_ids) for o in engine.step()] == [1]   # read while the second step runs
         else:
             assert [len(o.new_token_ids) for o in first] == [first_tokens]
@@ -69,7 +69,7 @@ def test_overlapped_greedy_equals_synchronous_with_admissions_and_chunked_prefil
     assert overlapped == synchronous
     assert all(reason == "length" and len(tokens) == requests[rid][1].max_tokens
                for rid, (tokens, reason) in overlapped.items())
-    assert engine.runner.blocks.num_free == engine.runner.blocks.size and engine.runner.gdn_slots.num_free == 3
+    assert engine.executor.blocks.kv_blocks.num_free == engine.executor.blocks.kv_blocks.size and engine.executor.blocks.gdn_slots.num_free == 3
 
 
 def test_overlapped_stops_match_and_drop_the_step_after_the_stop(tiny_model):
@@ -82,7 +82,7 @@ def test_overlapped_stops_match_and_drop_the_step_after_the_stop(tiny_model):
     (overlapped, engine), (synchronous, _) = both(tiny_model, stopped)
     assert overlapped == synchronous
     assert all(reason == "stop" and len(tokens) <= 5 for tokens, reason in overlapped.values())
-    assert engine.runner.blocks.num_free == engine.runner.blocks.size
+    assert engine.executor.blocks.kv_blocks.num_free == engine.executor.blocks.kv_blocks.size
 
 
 def test_overlapped_preemption_equals_synchronous(tiny_model):
@@ -98,7 +98,7 @@ def test_abort_while_a_step_is_running(tiny_model):
     (overlapped, engine), (synchronous, _) = both(tiny_model, requests, abort_after={4: "r1"})
     assert overlapped["r0"] == synchronous["r0"] and overlapped["r2"] == synchronous["r2"]
     assert overlapped["r1"][1] == "abort" and len(overlapped["r1"][0]) < 12
-    assert not engine.has_work and engine.runner.blocks.num_free == engine.runner.blocks.size
+    assert not engine.has_work and engine.executor.blocks.kv_blocks.num_free == engine.executor.blocks.kv_blocks.size
 
 
 def test_a_request_that_fills_the_context_exactly_takes_no_extra_step(tiny_model):
@@ -118,10 +118,10 @@ def test_a_preempted_sequence_waits_for_its_pending_token_before_it_prefills_aga
     engine.step()                                   # its prompt ran; the first token is pending
     seq = engine.by_request["a"]
     engine.scheduler.preempt(seq, "test")           # as when KV blocks run out
-    assert seq.pending == 1 and seq.num_cached == 0
-    assert engine.scheduler.schedule() == []        # its token is not on the host: no prefill of a stale prompt
+    assert seq.unread_steps == 1 and seq.num_cached == 0
+    assert engine.scheduler.schedule().entries == []   # its token is not on the host: no prefill of a stale prompt
     tokens = [t for o in engine.step() for t in o.new_token_ids]   # the token is read ...
-    assert len(tokens) == 1 and seq.pending == 0
+    assert len(tokens) == 1 and seq.unread_steps == 0
     engine.step()
     assert engine.scheduler.running == [seq] and seq.num_cached > 0   # ... and then it prefills prompt + token
     while engine.has_work:
@@ -135,7 +135,7 @@ def test_a_penalised_request_switches_to_synchronous_steps_and_back(tiny_model):
                  SamplingParams(max_tokens=4, temperature=0.9, seed=5, ignore_eos=True, presence_penalty=0.5))
     (overlapped, engine), (synchronous, _) = both(tiny_model, requests, add_later={3: penalised})
     assert overlapped == synchronous   # seeded sampling is keyed by position, not by step or batch
-    assert len(overlapped["s"][0]) == 4 and engine.runner.blocks.num_free == engine.runner.blocks.size
+    assert len(overlapped["s"][0]) == 4 and engine.executor.blocks.kv_blocks.num_free == engine.executor.blocks.kv_blocks.size
 
 
 def test_a_logprobs_request_takes_synchronous_steps_and_gets_every_logprob(tiny_model):
@@ -146,8 +146,7 @@ def test_a_logprobs_request_takes_synchronous_steps_and_gets_every_logprob(tiny_
     outputs = []
     for overlap in (True, False):
         engine = make_engine(tiny_model, overlap=overlap)
-        calls, verify = [], engine._verify
-        engine._verify = lambda *a, **kw: calls.append(1) or verify(*a, **kw)
+        calls = synchronous_launches(engine)
         for rid, (prompt, params) in requests.items():
             engine.add_request(rid, prompt, params)
         engine.add_request("lp", asking, SamplingParams(max_tokens=5, temperature=0.9, seed=5, logprobs=2,
@@ -171,8 +170,7 @@ def test_sampled_requests_decode_in_overlapped_steps(tiny_model):
     later = ("s", random_prompts([7], tiny_model.config.vocab_size, seed=9)[0],
              SamplingParams(max_tokens=9, temperature=1.1, top_k=30, min_p=0.02, seed=5, ignore_eos=True))
     engine = make_engine(tiny_model)
-    calls, verify = [], engine._verify
-    engine._verify = lambda *a, **kw: calls.append(1) or verify(*a, **kw)
+    calls = synchronous_launches(engine)
     overlapped = run(engine, requests, add_later={3: later})
     assert overlapped == run(make_engine(tiny_model, overlap=False), requests, add_later={3: later})
     assert calls == [] and len(overlapped["s"][0]) == 9
@@ -192,6 +190,6 @@ def test_gpu_overlapped_steps_equal_synchronous_steps(tmp_path, cuda):
     results = []
     for overlap in (True, False):
         engine = make_engine(loaded, max_running=8, overlap=overlap)   # 12 requests on 8 places: admissions
-        assert engine.runner.graphs is not None and engine.runner.graphs.graphs
+        assert engine.executor.runner.graphs is not None and engine.executor.runner.graphs.graphs
         results.append(run(engine, requests))
     assert results[0] == results[1]

@@ -4,7 +4,7 @@ import torch
 from test_sampling_distribution import make_batch, random_fixture, target
 
 from kernels.sampling import DRAW, exponential_race, speculative_sample_ref
-from verifier_service.rejection_sampler import rejection_sample
+from sampling_stats import rejection_sample
 
 VOCAB = 40
 

@@ -78,8 +78,8 @@ def test_abort_by_id_ends_the_stream_with_abort_and_usage(engine):
         items = client.drain()
         last = items[-1]
         assert last.finish_reason == "abort" and last.new_token_ids == [] and last.num_prompt == len(PROMPT)
-        assert engine.runner.blocks.num_free == engine.runner.blocks.size
-        assert engine.runner.gdn_slots.num_free == engine.runner.gdn_slots.size and loop.in_flight == 0
+        assert engine.executor.blocks.kv_blocks.num_free == engine.executor.blocks.kv_blocks.size
+        assert engine.executor.blocks.gdn_slots.num_free == engine.executor.blocks.gdn_slots.size and loop.in_flight == 0
     finally:
         loop.stop()
 
@@ -129,7 +129,7 @@ def test_a_reader_that_is_gone_ends_only_its_own_request(engine, reference):
         while loop.in_flight and time.monotonic() < deadline:
             time.sleep(0.01)
         assert loop.in_flight == 0 and loop.error is None
-        assert engine.runner.gdn_slots.num_free == engine.runner.gdn_slots.size
+        assert engine.executor.blocks.gdn_slots.num_free == engine.executor.blocks.gdn_slots.size
     finally:
         loop.stop()
 

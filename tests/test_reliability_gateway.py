@@ -146,7 +146,8 @@ def test_dead_engine_fails_requests_with_internal_and_health_goes_not_serving(ti
     """The real verifier server and servicer in this process, over an engine whose step breaks."""
     from engine_factory import make_engine
 
-    from verifier_service.server import VerifierConfig, start
+    from verifier_service.builder import VerifierConfig
+    from verifier_service.server import start
     engine = make_engine(tiny_model)
     real_step, steps = engine.step, []
 

@@ -16,9 +16,9 @@ from sampling_stats import (P_VALUE_FLOOR, Z_LIMIT, calibration_z, chi_square_p_
 
 import kernels.sampling.reference as sampling_reference
 from kernels.sampling import ACCEPT, DRAW, exponential_race, uniforms
-from verifier_service.logits_processors import RowParams, processed_probs
-from verifier_service.rejection_sampler import rejection_sample
-from verifier_service.sampling_batch import SamplingBatch
+from verifier_service.sampler import RowParams, processed_probs
+from sampling_stats import rejection_sample
+from verifier_service.sampler import SamplingBatch
 
 N = 20000
 
@@ -86,7 +86,7 @@ def aliased_sampler(logits, drafts, num_drafts, batch, q):
 
 
 def _verdict(toks, acc):
-    from verifier_service.rejection_sampler import Verdict
+    from sampling_stats import Verdict
     rows = toks.tolist()
     return Verdict(num_accepted=acc.tolist(), tokens=[r[:j + 1] for r, j in zip(rows, acc.tolist())],
                    logprobs=[None] * len(rows))

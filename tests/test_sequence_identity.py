@@ -1,8 +1,7 @@
 """A Sequence is one request's state: equal only to itself. The scheduler finds, removes and preempts sequences in
 lists (`seq in running`, `running.remove(seq)`); with the dataclass's value equality every lookup built and
-compared tuples of all the fields of each sequence before it, O(batch^2) per step: at batch 64 on an H200 the
-host phase took 6.4 ms of an 8.7 ms decode step (bench/results/h200_2026-11-25/inproc_peer/), and a lookup could
-find another sequence holding the same values."""
+compared tuples of all the fields of each sequence before it, O(batch^2) per step (at batch 64 most of a decode
+step's host time), and a lookup could find another sequence holding the same values."""
 from verifier_service.sequence import Sequence
 
 

@@ -31,8 +31,8 @@ def test_greedy_equals_plain_decoding(tiny_model, baseline, kind, k):
         assert stats.accepted == stats.drafted > 0
     if kind == "all-reject":
         assert stats.accepted == 0 and stats.drafted > 0 and stats.mean_acceptance_length == 1.0
-    assert engine.runner.blocks.num_free == engine.runner.blocks.size
-    assert engine.runner.gdn_slots.num_free == engine.runner.gdn_slots.size
+    assert engine.executor.blocks.kv_blocks.num_free == engine.executor.blocks.kv_blocks.size
+    assert engine.executor.blocks.gdn_slots.num_free == engine.executor.blocks.gdn_slots.size
 
 
 @pytest.mark.parametrize("kind", ["mtp", "all-accept"])

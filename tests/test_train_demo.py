@@ -205,23 +205,23 @@ def test_tokenizer_loads(trained):
 
 def test_loads_and_generates_like_transformers(trained):
     from specdec.models.loader import load_model
-    from verifier_service.model_runner import ModelRunner
+    from verifier_service.executor import Executor
     from verifier_service.plain_generate import greedy_generate
     from verifier_service.sequence import Sequence
     loaded = load_model(trained, dtype="float32")
     assert set(loaded.mtp_weights) == MTP_KEYS and loaded.config.mtp_num_hidden_layers == 1
     tok = transformers.AutoTokenizer.from_pretrained(trained)
     ids = tok("import os\n\n\ndef main(argv):\n    ")["input_ids"]
-    runner = ModelRunner(loaded, num_blocks=8, block_size=16, max_seqs=1)
-    ours = greedy_generate(runner, [ids], 16)[0]
+    executor = Executor.build(loaded, num_blocks=8, block_size=16, max_seqs=1)
+    ours = greedy_generate(executor, [ids], 16)[0]
     hf = transformers.Qwen3_5ForCausalLM.from_pretrained(trained, dtype=torch.float32).eval()
     out = hf.generate(torch.tensor([ids]), max_new_tokens=16, min_new_tokens=16, do_sample=False,
                       eos_token_id=None, pad_token_id=0)
     assert out[0, len(ids):].tolist() == ours and len(ours) == 16
     # and teacher-forced, every position's logits agree (greedy tokens alone may be repetitive this early)
     seq = Sequence(seq_id=0, token_ids=ids + ours, num_prompt=len(ids))
-    _, logits = runner.forward([seq], [seq.token_ids], logits="all")
-    runner.release(seq)
+    _, logits = executor.forward([seq], [seq.token_ids], logits="all")
+    executor.blocks.release(seq)
     with torch.no_grad():
         want = hf(torch.tensor([ids + ours])).logits[0]
     torch.testing.assert_close(logits, want, atol=2e-4, rtol=2e-4)

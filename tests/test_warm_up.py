@@ -11,7 +11,7 @@ from verifier_service.warm_up import MIN_CONTEXT, PREFILL_SIZES, warm_up
 
 def test_warm_up_mixes_prefill_chunks_with_verify_steps_at_every_bucket(tiny_model):
     engine = make_engine(tiny_model, make_drafter("ngram", tiny_model, 3), 3, max_running=8, chunk=64, budget=128)
-    shapes, forward = set(), engine.runner.forward
+    shapes, forward = set(), engine.executor.forward
 
     def spy(seqs, chunks, num_drafts=None, logits="last", before=None):
         drafts = num_drafts or [0] * len(chunks)
@@ -20,7 +20,7 @@ def test_warm_up_mixes_prefill_chunks_with_verify_steps_at_every_bucket(tiny_mod
         plain = sum(1 for c, k in zip(chunks, drafts) if k == 0 and len(c) == 1)
         shapes.add((verifying, plain, max(prefills, default=0), len(prefills)))
         return forward(seqs, chunks, num_drafts, logits, before)
-    engine.runner.forward = spy
+    engine.executor.forward = spy
     warm_up(engine, mixed=True)
     assert engine.drafter is not None and engine.drafter.kind == "ngram"
     for bucket in buckets_for(8):
@@ -40,8 +40,8 @@ def test_warm_up_leaves_nothing_behind(tiny_model):
     cold = make_engine(tiny_model, make_drafter("ngram", tiny_model, 3), 3, max_running=4).generate(prompts, params)
     warm_up(engine, mixed=True)
     assert engine.drafter is drafter and not engine.has_work and not engine.by_request
-    assert engine.runner.blocks.num_free == 128 and engine.runner.gdn_slots.num_free == 4
-    assert engine.step_count == 0 and engine.stats.verify_steps == 0 and engine.drafter_fallback_steps == 0
+    assert engine.executor.blocks.kv_blocks.num_free == 128 and engine.executor.blocks.gdn_slots.num_free == 4
+    assert engine.step_count == 0 and engine.stats.verify_steps == 0 and engine.fallback_steps == 0
     assert engine.generate(prompts, params) == cold  # no state of the warm-up leaks into real requests
 
 
@@ -50,20 +50,20 @@ def test_without_a_drafter_the_warm_up_drafts_nothing(tiny_model, k):
     """k configured but no drafter (a verifier started without --drafter-address): serving never drafts, so
     neither does the warm-up."""
     engine = make_engine(tiny_model, None, k, max_running=2)
-    seen, forward = [], engine.runner.forward
-    engine.runner.forward = lambda seqs, chunks, num_drafts=None, **kwargs: (
+    seen, forward = [], engine.executor.forward
+    engine.executor.forward = lambda seqs, chunks, num_drafts=None, **kwargs: (
         seen.extend(num_drafts or [0] * len(chunks)), forward(seqs, chunks, num_drafts, **kwargs))[1]
     warm_up(engine, mixed=True)
     assert seen and set(seen) == {0}
-    assert engine.drafter is None and not engine.has_work and engine.runner.gdn_slots.num_free == 2
+    assert engine.drafter is None and not engine.has_work and engine.executor.blocks.gdn_slots.num_free == 2
 
 
 def test_a_short_maximum_context_skips_the_warm_up_with_a_warning(tiny_model, caplog):
     engine = make_engine(tiny_model, make_drafter("ngram", tiny_model, 3), 3, max_running=2)
     engine.max_len = 20   # a decoder of the mixed steps (3 + 32 tokens) would not fit: refused, not a failed start
     assert engine.max_len < MIN_CONTEXT
-    calls, forward = [], engine.runner.forward
-    engine.runner.forward = lambda *args, **kwargs: (calls.append(1), forward(*args, **kwargs))[1]
+    calls, forward = [], engine.executor.forward
+    engine.executor.forward = lambda *args, **kwargs: (calls.append(1), forward(*args, **kwargs))[1]
     warm_up(engine, mixed=True)
     assert "warm-up skipped" in caplog.text and not calls and not engine.has_work
 
@@ -94,4 +94,4 @@ def test_the_chunked_gdn_prefill_is_warmed_up_when_serving_can_reach_it(tiny_mod
         assert chunked and max(chunked) >= CHUNKED, chunked
     else:
         assert not chunked and max(prompts) < CHUNKED, (chunked, sorted(prompts))
-    assert not engine.has_work and engine.runner.blocks.num_free == 512
+    assert not engine.has_work and engine.executor.blocks.kv_blocks.num_free == 512

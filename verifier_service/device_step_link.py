@@ -45,7 +45,7 @@ class DeviceStepLink:
                 self._known.add(seq_id)
         self._step += 1
         number = self._step
-        release, self._pending_release = self._pending_release, []
+        release, self._to_release = self._to_release, []
         held = self._held[1] if self._held is not None and self._held[0] is connection else None
         changes, holds = changes_between(held, step.schedule) if connection.changes_only else (None, step.schedule)
         message = pb.StepInput(step=number, release_seq_ids=release,

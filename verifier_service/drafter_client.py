@@ -95,7 +95,7 @@ class RemoteDrafter(DeviceStepLink):
         self._sender: HiddenSender | None = None      # likewise (the drafter may still read its buffers)
         self._exchange: DeviceExchange | None = None  # likewise
         self._retired: list[DeviceExchange] = []      # replaced CUDA exchanges a late drafter may still write
-        self._pending_release: list[int] = []
+        self._to_release: list[int] = []
         self._known: set[int] = set()   # seq ids this connection has seen from position 0
         self._answered = False          # this connection answered a step: the next outage starts a fresh backoff
         self._last_problem = ""
@@ -198,7 +198,7 @@ class RemoteDrafter(DeviceStepLink):
                 self._retire(self._exchange)
             if self._channel is not None:
                 self._channel.close()
-            self._pending_release.clear()   # the new drafter holds no context: cleared before the engine sees it
+            self._to_release.clear()   # the new drafter holds no context: cleared before the engine sees it
             self._known.clear()
             self._answered = False
             self.kind, self.needs_hidden, self.facts = info.kind, info.needs_hidden, info.facts
@@ -261,7 +261,7 @@ class RemoteDrafter(DeviceStepLink):
             return lambda: out
         self._step += 1
         step = self._step
-        release, self._pending_release = self._pending_release, []
+        release, self._to_release = self._to_release, []
         message = pb.StepInput(step=step, release_seq_ids=release, seqs=[
             pb.SeqInput(seq_id=s.seq_id, start_pos=s.start_pos, token_ids=s.token_ids, num_drafts=s.num_drafts)
             for s in (batch.seqs[i] for i in sent)])
@@ -329,10 +329,10 @@ class RemoteDrafter(DeviceStepLink):
 
     def release(self, seq_ids: list[int]) -> None:
         self._known.difference_update(seq_ids)
-        self._pending_release.extend(seq_ids)  # travels with the next step: no extra round trip
+        self._to_release.extend(seq_ids)  # travels with the next step: no extra round trip
 
     def clear(self) -> None:
-        self._pending_release.clear()
+        self._to_release.clear()
 
     def close(self) -> None:
         self._closed = True

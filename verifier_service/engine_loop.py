@@ -122,7 +122,7 @@ class EngineLoop:
 
     # ---- the engine thread ---------------------------------------------------------------
     def _run(self) -> None:
-        serial_cpu_ops_in_this_thread(self.engine.runner.device)
+        serial_cpu_ops_in_this_thread(self.engine.executor.device)
         try:
             while not self._stop:
                 self._apply()

@@ -1,8 +1,8 @@
 """The committed tokens' hidden rows for the drafter, gathered on the device before the step's one host sync.
 
 Which rows the drafter gets depends on how many drafts each sequence accepted, which the host learns only at the
-sync. Gathering after it costs an index upload and a gather on the critical path (on an H100 about 0.25 ms of
-host time per step, while the GPU idles). Here the same rows are placed from the device's accepted counts while
+sync. Gathering after it costs an index upload and a gather on the critical path (host time while the GPU
+idles). Here the same rows are placed from the device's accepted counts while
 the GPU still runs the verify step; after the sync the rows are a view of this buffer.
 
 Layout (R = the step's flat rows, B = its sequences, S = those sampled): sequence b's rows are first_row[b] ..
@@ -27,7 +27,7 @@ class HiddenStaging:
         self._layout: tuple[torch.Tensor, ...] | None = None
         self.staged = False   # this step's rows are in the buffer
 
-    def plan(self, chunk_lens: list[int], num_drafts: list[int], sampled: list[int]) -> None:
+    def layout(self, chunk_lens: list[int], num_drafts: list[int], sampled: list[int]) -> None:
         """Before the sync: the step's layout (per sequence: its chunk length and drafts; `sampled`: the batch
         positions of the sampled sequences, in the order of the verdict's accepted counts)."""
         lens = np.asarray(chunk_lens, np.int64)

@@ -4,14 +4,14 @@ next batch) runs while the GPU computes instead of in front of it ("read one ste
 
 Step n's verdict stays on the device: per sampled sequence its tokens (accepted drafts, then the emitted one),
 its accepted count and the drafts the drafter made for step n + 1. The sequences that sampled run in step
-n + 1 with that verdict pending (`ChainedInputs`): their input ids are written from it on the device, and
+n + 1 with that verdict unread (`ChainedInputs`): their input ids are written from it on the device, and
 their positions, KV rows and GDN read offsets are moved by the accepted counts (specdec/models/batch_shift.py).
 The host copy of the verdict is queued right behind it, so reading it waits for step n only.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -21,6 +21,7 @@ from specdec.models.batch_staging import concat_ranges
 from specdec.models.forward_batch import ForwardBatch
 from specdec.models.pinned_upload import PinnedUpload
 
+from .sampler import DeviceLogprobs, DeviceVerdict, TokenLogprob
 from .scheduler import ScheduledSeq
 
 
@@ -29,7 +30,14 @@ class StepResult:
     """What a read step gave one sampled sequence."""
     tokens: list[int]                   # accepted drafts, then the emitted (recovered or bonus) token
     num_accepted: int
-    drafts: list[int]                   # the drafter's proposals for its next step
+    drafts: list[int]                   # the drafter's proposals for its next step (drafted on the device)
+    logprobs: list[TokenLogprob] | None = None   # per emitted token, when the request asked
+
+
+class DeviceDraftsAnswer(Protocol):
+    """The drafter's drafts for a launched step's sampled rows, once asked (drafting_stage.py)."""
+
+    def settle(self) -> tuple[torch.Tensor | None, list[int]]: ...
 
 
 @dataclass
@@ -42,30 +50,32 @@ class InFlightStep:
     host: torch.Tensor | None           # [S, width + 1] int64 (pinned on CUDA): tokens | accepted
     copied: torch.cuda.Event | None     # recorded after the host copy (CUDA only)
     row_of: dict[int, int]              # seq_id -> its verdict row
+    logprobs: DeviceLogprobs | None = None
     # the drafter's next drafts, attached once its answer is in (at once in process; a drafter service's later)
-    settle: Callable[[], tuple[torch.Tensor | None, list[int]]] | None = None
+    drafts_answer: DeviceDraftsAnswer | None = None
     draft_counts: list[int] = field(default_factory=list)   # valid drafts per row
     source: torch.Tensor | None = None  # [S + S * K] int64 device: emitted tokens, then the drafts row by row
     drafts_host: torch.Tensor | None = None   # [S, K] (pinned on CUDA)
     drafts_copied: torch.cuda.Event | None = None
 
     @staticmethod
-    def launch(sampled: list[ScheduledSeq], tokens: torch.Tensor, accepted: torch.Tensor | None) -> "InFlightStep":
-        """tokens [S, W] (padded with -1), accepted [S] or None, on the device: queue their copy to the host;
-        no sync."""
+    def launch(sampled: list[ScheduledSeq], verdict: DeviceVerdict | None) -> "InFlightStep":
+        """The verdict on the device (None when nothing samples): queue its copy to the host; no sync."""
         row_of = {p.seq.seq_id: i for i, p in enumerate(sampled)}
         epochs = [p.seq.cache_epoch for p in sampled]
-        if not sampled:
+        if verdict is None:
             return InFlightStep(sampled, epochs, 0, None, None, None, None, row_of)
+        tokens, accepted = verdict.tokens, verdict.accepted                                   # [S, W], [S]
         emitted = tokens[:, 0] if accepted is None else tokens.gather(1, accepted[:, None])[:, 0]       # [S]
         zeros = torch.zeros(tokens.shape[0], 1, dtype=tokens.dtype, device=tokens.device)
         result = torch.cat([tokens, zeros if accepted is None else accepted[:, None]], dim=1)  # [S, W + 1]
         host, copied = _to_host(result)
-        return InFlightStep(sampled, epochs, tokens.shape[1], accepted, emitted, host, copied, row_of)
+        return InFlightStep(sampled, epochs, tokens.shape[1], accepted, emitted, host, copied, row_of,
+                            verdict.logprobs, source=emitted)   # (no drafts until some are attached)
 
     def attach_drafts(self, drafts: torch.Tensor | None, counts: list[int]) -> None:
         """The drafter's drafts for the sampled rows ([S, K] on the device, or None) and their counts."""
-        self.settle, self.draft_counts = None, counts
+        self.drafts_answer, self.draft_counts = None, counts
         if drafts is None or self.emitted is None:
             self.source = self.emitted
             return
@@ -85,18 +95,30 @@ class InFlightStep:
             if event is not None:
                 event.synchronize()
         w = self.width
+        rows = self.host.tolist()
+        accepted = [row[w] for row in rows]
         drafts = self.drafts_host.tolist() if self.drafts_host is not None else [[]] * len(self.sampled)
-        return [StepResult(row[:row[w] + 1], row[w], d[:count])
-                for row, d, count in zip(self.host.tolist(), drafts, self.draft_counts or [0] * len(self.sampled))]
+        logprobs = self.logprobs.read(accepted) if self.logprobs is not None else [None] * len(self.sampled)
+        return [StepResult(row[:j + 1], j, d[:count], lp) for row, j, d, count, lp in
+                zip(rows, accepted, drafts, self.draft_counts or [0] * len(self.sampled), logprobs)]
 
 
 def verdict_row(p: ScheduledSeq, previous: InFlightStep | None, num_rows: int) -> int:
-    """The unread verdict's row of a pending sequence; num_rows (a zero row appended) for any other."""
-    if not p.seq.pending:
+    """The unread verdict's row of a sequence with an unread step; num_rows (a zero row appended) for any other."""
+    if not p.seq.unread_steps:
         return num_rows
     if previous is None or p.seq.seq_id not in previous.row_of:
-        raise RuntimeError(f"sequence {p.seq.seq_id} has a pending token no launched step sampled")
+        raise RuntimeError(f"sequence {p.seq.seq_id} has an unread token no launched step sampled")
     return previous.row_of[p.seq.seq_id]
+
+
+def unread_emitted(sampled: list[ScheduledSeq], previous: InFlightStep, upload: PinnedUpload) -> torch.Tensor:
+    """[S] tokens each sampled entry emitted in the unread step (accepted + 1; 0 for one it did not sample), on the
+    device: a sampled request's draws are keyed by its output position, which the host's count misses by these."""
+    unread = len(previous.sampled)
+    rows = upload(np.fromiter((verdict_row(p, previous, unread) for p in sampled), np.int64, count=len(sampled)))
+    emitted = previous.accepted + 1 if previous.accepted is not None else rows.new_ones(unread)
+    return torch.cat([emitted, emitted.new_zeros(1)])[rows]
 
 
 def _to_host(t: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:

@@ -45,9 +45,9 @@ class VerifierMetrics:
         self.mean_length.set(s.mean_acceptance_length)
         for phase, t in engine.last_step_seconds.items():
             self.step_time.labels(phase=phase).observe(t)
-        runner = engine.runner
+        blocks = engine.executor.blocks
         self.queue_depth.set(len(engine.scheduler.waiting))
         self.running.set(len(engine.scheduler.running))
-        self.kv_used.set(runner.blocks.size - runner.blocks.num_free)
-        self.gdn_used.set(runner.gdn_slots.size - runner.gdn_slots.num_free)
+        self.kv_used.set(blocks.kv_blocks.size - blocks.kv_blocks.num_free)
+        self.gdn_used.set(blocks.gdn_slots.size - blocks.gdn_slots.num_free)
         self.fallbacks.set(engine.fallback_steps)

@@ -1,23 +1,20 @@
-"""Owns the target model and its caches; turns sequences into one ragged ForwardBatch and runs it.
-
-Each step is described on the host with numpy (one entry per sequence; block tables live in a persistent host
-array with one row per GDN slot, updated when blocks are added), staged to the device with one copy, and run
+"""Owns the target model and its caches, and runs one step: a StepPlan (numpy, one entry per sequence, built by the
+executor from the scheduled sequences and the block manager's tables) staged to the device with one copy, and run
 either eagerly or, on CUDA, by replaying a CUDA graph: decode / verify steps, a prompt chunk of up to 256 tokens
 that runs alone, and steps that mix prompt chunks with other sequences in up to 1024 tokens
-(specdec/models/cuda_graph_runner.py).
+(specdec/models/cuda_graph_runner.py). It holds no sequence state: which blocks and slots a sequence has is the
+block manager's.
 """
 from __future__ import annotations
 
 import logging
 import math
-from itertools import chain
 from typing import Callable
 
 import numpy as np
 import torch
 
-from specdec.id_pool import IdPool
-from specdec.models.batch_staging import BatchStaging, StepPlan, logit_rows_per_seq
+from specdec.models.batch_staging import BatchStaging, StepPlan
 from specdec.models.caches import ModelCaches
 from specdec.models.cuda_graph_runner import (
     BATCH_BUCKETS,
@@ -27,12 +24,10 @@ from specdec.models.cuda_graph_runner import (
     buckets_for,
     graph_tokens,
 )
-from specdec.models.forward_batch import ForwardBatch, as_array
+from specdec.models.forward_batch import ForwardBatch
 from specdec.models.fused_linear import fuse_projections
 from specdec.models.gated_deltanet import CHUNKED_PREFILL_MIN_TOKENS
 from specdec.models.loader import LoadedModel
-
-from .sequence import Sequence
 
 log = logging.getLogger(__name__)
 BeforeStep = Callable[[ForwardBatch], None]   # device work on the staged batch, queued before the step runs
@@ -47,14 +42,12 @@ class ModelRunner:
         self.config, self.model = loaded.config, loaded.model
         fuse_projections(self.model)  # (load_model did; a model built otherwise is fused here, before capture)
         self.block_size, self.device, self.max_drafts = block_size, torch.device(device), max_drafts
+        self.num_blocks, self.max_seqs = num_blocks, max_seqs
         dtype = loaded.model.embed_tokens.weight.dtype
         self.caches = ModelCaches.allocate(self.config, num_blocks, block_size, max_seqs, max_drafts,
                                            dtype=dtype, device=self.device)
-        self.blocks = IdPool(num_blocks, "kv blocks")
-        self.gdn_slots = IdPool(max_seqs, "gdn slots")
         max_len = max_model_len or min(num_blocks * block_size, self.config.max_position_embeddings)
         self.max_blocks_per_seq = math.ceil(max_len / block_size)
-        self.block_rows = np.zeros((max_seqs + 1, self.max_blocks_per_seq), np.int32)  # [slot, W] host tables
         self.max_batched_tokens = max_batched_tokens
         self.staging = self._new_staging(max_batched_tokens, max_seqs)
         self.epilogue: Callable[[ForwardBatch, torch.Tensor, torch.Tensor], tuple[torch.Tensor, ...]] | None = None
@@ -73,7 +66,7 @@ class ModelRunner:
         a step mixing prompt chunks with other sequences in a mixed bucket (prefill and mixed buckets only as
         large as the token budget needs): replayed CUDA graphs with `capture`, else the same padded batches
         eagerly (CPU tests). Set `epilogue` before this: it is captured with the step."""
-        buckets = buckets_for(self.gdn_slots.size, batch_buckets)
+        buckets = buckets_for(self.max_seqs, batch_buckets)
         tokens_per_seq = (1,) if self.max_drafts == 0 else (1, 1 + self.max_drafts)
         prefill = buckets_for(self.max_batched_tokens, PREFILL_TOKENS)
         mixed = buckets_for(self.max_batched_tokens, MIXED_TOKENS)
@@ -85,47 +78,18 @@ class ModelRunner:
                                       prefill_tokens=prefill, mixed_tokens=mixed)
         self.graphs.capture_all()
 
-    # ---- cache ownership ---------------------------------------------------------------
-    def blocks_needed(self, seq: Sequence, length: int) -> int:
-        return max(0, math.ceil(length / self.block_size) - len(seq.block_table))
+    def reset_slots(self, slots: list[int]) -> None:
+        """Zero the GDN / conv state of slots newly given to sequences (queued on the device)."""
+        for slot in slots:
+            self.caches.gdn.reset(slot)
 
-    def reserve(self, seq: Sequence, length: int) -> None:
-        """Make sure `seq` has a GDN slot and KV blocks for positions < length."""
-        if seq.gdn_slot < 0:
-            seq.gdn_slot = self.gdn_slots.take()[0]
-            self.caches.gdn.reset(seq.gdn_slot)
-            seq.gdn_read_offset = 0
-        needed = self.blocks_needed(seq, length)
-        if needed == 0:
-            return
-        have = len(seq.block_table)
-        if have + needed > self.max_blocks_per_seq:
-            raise ValueError(f"sequence {seq.seq_id} needs {length} tokens of cache, max_model_len is "
-                             f"{self.max_blocks_per_seq * self.block_size}")
-        new = self.blocks.take(needed)
-        seq.block_table += new
-        self.block_rows[seq.gdn_slot, have:have + needed] = new
-
-    def release(self, seq: Sequence) -> None:
-        self.blocks.give_back(seq.block_table)
-        seq.block_table = []
-        if seq.gdn_slot >= 0:
-            self.gdn_slots.give_back([seq.gdn_slot])
-        seq.gdn_slot, seq.num_cached, seq.gdn_read_offset = -1, 0, 0
-        seq.cache_epoch += 1
-
-    # ---- one forward -------------------------------------------------------------------
-    def forward(self, seqs: list[Sequence], chunks: list[list[int]], num_drafts: list[int] | None = None,
-                logits: str | list[int] = "last", before: BeforeStep | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run `chunks[i]` (tokens after seqs[i].num_cached) for every sequence; returns (hidden [T, H],
-        logits [N, V]), valid until the next forward. The caller advances num_cached / gdn_read_offset once
-        it knows what was committed. Outputs of the epilogue (padded) are in `last_outputs[2:]`.
-        `before` gets the staged batch before the step runs: device work that writes what the host does not
-        know yet (a running step's tokens and accepted counts) into it. The batch is `last_batch` after."""
-        for seq, chunk in zip(seqs, chunks):
-            self.reserve(seq, seq.num_cached + len(chunk))
-        plan = self._plan(seqs, chunks, num_drafts, logits)
+    # ---- one step ----------------------------------------------------------------------
+    def run(self, plan: StepPlan, before: BeforeStep | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the step `plan` describes; returns (hidden [T, H], logits [N, V]), valid until the next step.
+        Outputs of the epilogue (padded) are in `last_outputs[2:]`. `before` gets the staged batch before the step
+        runs: device work that writes what the host does not know yet (a running step's tokens and accepted
+        counts) into it. The batch is `last_batch` after."""
+        self._check_drafts(plan)
         bucket = self.graphs.bucket_for(plan) if self.graphs is not None else None
         if bucket is not None:
             batch, outputs = self.graphs.run(plan, bucket, before)
@@ -152,26 +116,11 @@ class ModelRunner:
             log.info("eager staging area grown to %d tokens", self.staging.max_tokens)
         return self.staging.stage(plan)
 
-    def _plan(self, seqs: list[Sequence], chunks: list[list[int]], num_drafts: list[int] | None,
-              logits: str | list[int]) -> StepPlan:
-        b = len(seqs)
-        lens = np.fromiter(map(len, chunks), np.int64, count=b)
-        slots = np.fromiter((s.gdn_slot for s in seqs), np.int32, count=b)
-        drafts = np.zeros(b, np.int32) if num_drafts is None else as_array(num_drafts, "num_drafts", b, np.int32)
-        offsets = np.fromiter((s.gdn_read_offset for s in seqs), np.int32, count=b)
-        self._check_drafts(lens, drafts, offsets)
-        return StepPlan(
-            token_ids=np.fromiter(chain.from_iterable(chunks), np.int64, count=int(lens.sum())),
-            seq_lens=lens, start_positions=np.fromiter((s.num_cached for s in seqs), np.int64, count=b),
-            block_tables=self.block_rows[slots],
-            table_lens=np.fromiter((len(s.block_table) for s in seqs), np.int64, count=b),
-            gdn_slots=slots, gdn_read_offsets=offsets, num_drafts=drafts,
-            logits_per_seq=logit_rows_per_seq(logits, lens))
-
-    def _check_drafts(self, lens: np.ndarray, drafts: np.ndarray, offsets: np.ndarray) -> None:
+    def _check_drafts(self, plan: StepPlan) -> None:
         """What the GDN ring of draft inputs relies on (kernels/gated_delta_rule/reference.py): at most max_drafts
         drafts stashed or replayed, and a step with drafts is its last token plus the drafts (else the entries it
         stashes could alias the ones it replays)."""
+        lens, drafts, offsets = plan.seq_lens, plan.num_drafts, plan.gdn_read_offsets
         bad = ((drafts < 0) | (drafts > self.max_drafts) | (offsets < 0) | (offsets > self.max_drafts)
                | ((drafts > 0) & (lens != 1 + drafts)))
         if bad.any():

@@ -2,21 +2,21 @@
 
 Each step every running sequence gets a chunk: decoding ones verify [last committed, drafts...]; prefilling
 ones take the next piece of their prompt (chunked prefill, mixed with decoding) within a token budget.
-Admission needs a free GDN slot and KV blocks for the first chunk. When blocks run out, the most recently
-admitted sequence is preempted by recompute: its caches are freed and it re-prefills prompt + output later.
+Admission needs a free GDN slot and KV blocks for the first chunk (the block manager's). When blocks run out, the
+most recently admitted sequence is preempted by recompute: its caches are freed and it re-prefills prompt + output
+later. `schedule` returns the step's entries and the sequences it preempted (the drafter forgets them).
 """
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from dataclasses import dataclass
 
-from .model_runner import ModelRunner
+from .block_manager import BlockManager
 from .sequence import Sequence
 
 log = logging.getLogger(__name__)
-PENDING_TOKEN = 0   # stands for a pending token in a chunk; the device copy is put in its place before the step
+UNREAD_TOKEN = 0    # stands for an unread token in a chunk; the device copy is put in its place before the step
 
 
 @dataclass(frozen=True)
@@ -34,17 +34,23 @@ class ScheduledSeq:
     decoding: bool                  # a verify step of [last committed, drafts...] (else a prefill chunk)
 
     @property
-    def samples(self) -> bool:      # does this chunk reach the end of the committed (and pending) tokens?
+    def samples(self) -> bool:      # does this chunk reach the end of the committed (and unread) tokens?
         seq = self.seq
-        return seq.num_cached + len(self.chunk) - self.num_drafts == len(seq.token_ids) + seq.pending
+        return seq.num_cached + len(self.chunk) - self.num_drafts == len(seq.token_ids) + seq.unread_steps
+
+
+@dataclass
+class Schedule:
+    """One step's work: an entry per sequence that runs, and the sequences preempted to make room."""
+    entries: list[ScheduledSeq]
+    preempted: list[Sequence]
 
 
 class Scheduler:
-    def __init__(self, runner: ModelRunner, config: SchedulerConfig):
-        self.runner, self.config = runner, config
+    def __init__(self, blocks: BlockManager, config: SchedulerConfig):
+        self.blocks, self.config = blocks, config
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.preempted: list[Sequence] = []  # filled by schedule(); the engine tells the drafter
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
@@ -55,24 +61,21 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.runner.release(seq)
+        self.blocks.release(seq)
 
     @property
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
     def _chunk(self, seq: Sequence, budget: int) -> tuple[list[int], int]:
-        if seq.is_decoding and seq.pending:  # its token and drafts are on the device: the engine fills them in
+        if seq.is_decoding and seq.unread_steps:  # its token and drafts are on the device: the engine fills them in
             drafts = max(0, min(seq.device_drafts, budget - 1, seq.remaining - 1))
-            return [PENDING_TOKEN] * (1 + drafts), drafts
+            return [UNREAD_TOKEN] * (1 + drafts), drafts
         if seq.is_decoding:   # never more drafts than tokens it may still emit after the first
             drafts = seq.drafts[:max(0, min(budget - 1, seq.remaining - 1))]
             return [seq.token_ids[-1]] + drafts, len(drafts)
         size = min(self.config.prefill_chunk, budget, len(seq.token_ids) - seq.num_cached)
         return seq.token_ids[seq.num_cached:seq.num_cached + size], 0
-
-    def _fits(self, seq: Sequence, length: int) -> bool:
-        return self.runner.blocks_needed(seq, length) <= self.runner.blocks.num_free
 
     @staticmethod
     def _reach(seq: Sequence, chunk: list[int]) -> int:
@@ -84,35 +87,35 @@ class Scheduler:
         log.info("preempting sequence %s (%d tokens) by recompute: %s", victim.request_id or victim.seq_id,
                  len(victim.token_ids), reason)
         self.running.remove(victim)
-        self.runner.release(victim)
-        victim.drafts, victim.draft_probs = [], None
+        self.blocks.release(victim)
+        victim.preempted()
         self.waiting.appendleft(victim)
 
-    def _preempt_for_blocks(self, victim: Sequence) -> None:
+    def _preempt_for_blocks(self, victim: Sequence, preempted: list[Sequence]) -> None:
         self.preempt(victim, "KV blocks ran out")
-        self.preempted.append(victim)
+        preempted.append(victim)
         self.num_preemptions += 1
 
     @staticmethod
     def _can_run(seq: Sequence) -> bool:
-        """A sequence with a pending token runs only as a decode of it, and only if it may emit more: a
-        preempted one waits for the token before it prefills again; one whose last token is pending has
+        """A sequence with an unread token runs only as a decode of it, and only if it may emit more: a
+        preempted one waits for the token before it prefills again; one whose last token is unread has
         finished by length when that token is read."""
-        return seq.remaining > 0 and (not seq.pending or seq.is_decoding)
+        return seq.remaining > 0 and (not seq.unread_steps or seq.is_decoding)
 
-    def schedule(self) -> list[ScheduledSeq]:
-        self.preempted = []
+    def schedule(self) -> Schedule:
         plan: list[ScheduledSeq] = []
+        preempted: list[Sequence] = []
         budget = self.config.max_batched_tokens
         for seq in list(self.running):
             if seq not in self.running or budget <= 0 or not self._can_run(seq):
                 continue
             chunk, d = self._chunk(seq, budget)
-            while not self._fits(seq, self._reach(seq, chunk)) and seq in self.running:
-                self._preempt_for_blocks(self.running[-1])
+            while not self.blocks.fits(seq, self._reach(seq, chunk)) and seq in self.running:
+                self._preempt_for_blocks(self.running[-1], preempted)
             if seq not in self.running:
                 continue
-            self.runner.reserve(seq, self._reach(seq, chunk))
+            self.blocks.reserve(seq, self._reach(seq, chunk))
             plan.append(ScheduledSeq(seq, chunk, d, seq.is_decoding))
             budget -= len(chunk)
         while self.waiting and budget > 0 and len(self.running) < self.config.max_running:
@@ -120,13 +123,12 @@ class Scheduler:
             if not self._can_run(seq):
                 break
             chunk, d = self._chunk(seq, budget)
-            if self.runner.gdn_slots.num_free == 0 or not self._fits(seq, seq.num_cached + len(chunk)):
+            if not self.blocks.can_admit(seq, seq.num_cached + len(chunk)):
                 break
             self.waiting.popleft()
             self.running.append(seq)
-            if seq.queue_seconds is None:  # the first admission ends its queue time (a preempted one re-queues)
-                seq.queue_seconds = time.monotonic() - seq.arrived_at
-            self.runner.reserve(seq, seq.num_cached + len(chunk))
+            seq.admitted()
+            self.blocks.reserve(seq, seq.num_cached + len(chunk))
             plan.append(ScheduledSeq(seq, chunk, d, seq.is_decoding))
             budget -= len(chunk)
-        return plan
+        return Schedule(plan, preempted)

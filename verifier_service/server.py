@@ -3,105 +3,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-import torch
-
-from specdec.drafting import Drafter, vocabulary_fingerprint
-from specdec.models.loader import LoadedModel, load_model
 from specdec.rpc import serving
 from specdec.rpc.v1 import gateway_pb2, verifier_pb2, verifier_pb2_grpc
 from specdec.startup_heap import freeze_startup_heap
-from specdec.step_trace import StepTrace
 from specdec.transport.shm_buffer import remove_stale_segments
 
-from .drafter_client import DrafterLinkConfig, RemoteDrafter
-from .engine import EngineConfig, SpecEngine
-from .engine_loop import DEFAULT_MAX_QUEUED, EngineLoop
-from .forced_acceptance import ForcedAcceptance
+from .builder import DrafterFactory, VerifierConfig, build_engine
+from .drafter_client import RemoteDrafter
+from .engine import SpecEngine
+from .engine_loop import EngineLoop
 from .metrics import VerifierMetrics
-from .model_runner import ModelRunner
-from .scheduler import SchedulerConfig
 from .servicer import VerifierServicer
 from .warm_up import warm_up
 
 log = logging.getLogger(__name__)
 SERVICE = verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name
-
-
-@dataclass(frozen=True)
-class VerifierConfig:
-    model_dir: str
-    device: str = "cpu"
-    dtype: str = "float32"
-    num_drafts: int = 3
-    drafter_address: str | None = None     # None: plain decoding (k = 0), or the in-process drafter
-    in_process_drafter: str | None = None  # a drafter kind run inside this process (built by the caller)
-    transport: str = "auto"
-    drafter_timeout_s: float = 10.0
-    drafter_wait_s: float = 60.0           # at start-up, how long SERVING waits for the drafter link
-    step_channel: str = "auto"             # auto: the drafter's local lane on this host | grpc
-    max_context: int = 4096
-    max_running: int = 16
-    max_queued: int = DEFAULT_MAX_QUEUED   # requests waiting beyond max_running; more: RESOURCE_EXHAUSTED
-    max_batched_tokens: int = 512
-    prefill_chunk: int = 256
-    block_size: int = 16
-    kv_blocks: int = 0                     # 0: enough for max_running sequences of max_context
-    metrics_port: int = 0                  # 0: no Prometheus endpoint
-    forced_acceptance_length: float = 0.0  # benchmarks only, with unsafe_forced_acceptance
-    unsafe_forced_acceptance: bool = False
-    enforce_eager: bool = False            # no CUDA graphs
-    overlap: bool = True                   # launch a draft-free step before reading the last one's tokens
-    warm_up: bool = True                   # run verifier_service.warm_up before reporting SERVING
-    trace_steps: str | None = None         # diagnostics: a specdec.step_trace file
-
-    def context_and_blocks(self, loaded: LoadedModel) -> tuple[int, int]:
-        """(the longest sequence served, KV blocks to hold max_running of them unless kv_blocks says)."""
-        max_context = min(self.max_context, loaded.config.max_position_embeddings)
-        return max_context, self.kv_blocks or self.max_running * math.ceil(max_context / self.block_size)
-
-
-# Builds the in-process drafter around the loaded target (the CLI passes one: this package imports no drafter).
-DrafterFactory = Callable[[LoadedModel, VerifierConfig], Drafter]
-
-
-def build_engine(config: VerifierConfig, make_drafter: DrafterFactory | None = None) -> SpecEngine:
-    if config.in_process_drafter and (config.drafter_address or make_drafter is None):
-        raise ValueError("an in-process drafter needs its factory and no --drafter-address")
-    loaded = load_model(config.model_dir, dtype=config.dtype, device=config.device)
-    max_context, blocks = config.context_and_blocks(loaded)
-    runner = ModelRunner(loaded, blocks, config.block_size, config.max_running, config.num_drafts, config.device,
-                         max_model_len=max_context, max_batched_tokens=config.max_batched_tokens,
-                         enforce_eager=config.enforce_eager)
-    trace = StepTrace(config.trace_steps, "verifier")
-    drafter = None
-    if config.drafter_address and config.num_drafts > 0:
-        model = loaded.model
-        drafter = RemoteDrafter(
-            DrafterLinkConfig(config.drafter_address, config.num_drafts, config.transport, config.drafter_timeout_s,
-                              step_channel=config.step_channel),
-            loaded.config.hidden_size, loaded.config.vocab_size, model.embed_tokens.weight.dtype,
-            torch.device(config.device), config.max_batched_tokens,
-            {"embed_tokens": model.embed_tokens.weight, "lm_head": model.lm_head.weight}, loaded.config.model_type,
-            vocabulary_fingerprint(config.model_dir), trace, max_seqs=config.max_running)
-    elif config.in_process_drafter and config.num_drafts > 0:
-        drafter = make_drafter(loaded, config)
-        log.info("in-process drafter %s (%s), k=%d: no drafter service", config.in_process_drafter,
-                 type(drafter).__name__, config.num_drafts)
-    forced = None
-    if config.forced_acceptance_length:
-        forced = ForcedAcceptance(config.forced_acceptance_length, config.num_drafts,
-                                  enabled=config.unsafe_forced_acceptance)
-        log.warning("FORCED ACCEPTANCE (mean length %.2f): output is not the target's; benchmarks only",
-                    config.forced_acceptance_length)
-    scheduler = SchedulerConfig(config.max_running, config.max_batched_tokens, config.prefill_chunk)
-    return SpecEngine(runner, drafter, EngineConfig(config.num_drafts, scheduler, forced, max_context, config.overlap),
-                      trace)
 
 
 async def start(engine: SpecEngine, config: VerifierConfig, host: str,
@@ -118,7 +37,7 @@ async def start(engine: SpecEngine, config: VerifierConfig, host: str,
         if running is not None:
             asyncio.run_coroutine_threadsafe(running.set_serving(False), event_loop)
     loop = EngineLoop(engine, on_step=metrics.observe, on_fatal=on_fatal, max_queued=config.max_queued).start()
-    cfg = engine.runner.config
+    cfg = engine.executor.config
     has_tokenizer = (Path(config.model_dir) / "tokenizer.json").is_file()
     info = gateway_pb2.InfoResponse(model=Path(config.model_dir).name, model_type=cfg.model_type,
                                     max_context=engine.max_len, vocab_size=cfg.vocab_size, has_tokenizer=has_tokenizer)

@@ -86,10 +86,10 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
 
     async def Stats(self, request, context):
         engine = self.loop.engine
-        runner, s, drafter = engine.runner, engine.stats, engine.drafter
+        blocks, s, drafter = engine.executor.blocks, engine.stats, engine.drafter
         return verifier_pb2.StatsResponse(
-            free_kv_blocks=runner.blocks.num_free, total_kv_blocks=runner.blocks.size,
-            free_gdn_slots=runner.gdn_slots.num_free, total_gdn_slots=runner.gdn_slots.size,
+            free_kv_blocks=blocks.kv_blocks.num_free, total_kv_blocks=blocks.kv_blocks.size,
+            free_gdn_slots=blocks.gdn_slots.num_free, total_gdn_slots=blocks.gdn_slots.size,
             running=len(engine.scheduler.running), waiting=len(engine.scheduler.waiting),
             drafter_connected=bool(getattr(drafter, "connected", drafter is not None)),
             drafter_kind=getattr(drafter, "kind", "none") if drafter is not None else "none",

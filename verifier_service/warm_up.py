@@ -3,8 +3,8 @@ request waits for a kernel to compile. Triton compiles a variant per shape class
 (paged attention picks its query tile and split count from the step's batch, the norms their rows per program);
 the CUDA graphs compile what their steps need while they are captured (decode, verify, a prompt chunk alone, and
 prompt chunks mixed with decodes up to the mixed buckets' 1024 tokens and 256-token chunks), but larger steps run
-eagerly, and on a cold cache the first compile of an eager mixed step stalled every running request for up to
-1.4 s at batch 64 on an H100. The mixed steps below replay their graphs where one holds them.
+eagerly, and on a cold cache the first compile of an eager mixed step stalls every running request for as long as
+it takes. The mixed steps below replay their graphs where one holds them.
 
 What runs (every sequence is gone afterwards, the counters start afresh):
   - short generations: prefills of several lengths; greedy and sampled rows (the sampler kernel's greedy and
@@ -67,7 +67,7 @@ def warm_up(engine: SpecEngine, mixed: bool | None = None) -> None:
                         "first requests may wait for kernels to compile", engine.max_len, MIN_CONTEXT)
         else:
             _short_generations(engine)
-            if mixed if mixed is not None else engine.runner.device.type == "cuda":
+            if mixed if mixed is not None else engine.executor.device.type == "cuda":
                 _chunked_prefill(engine)
                 _mixed_steps(engine, k)
             while engine.has_work:   # an overlapped step still running: its aborted requests' tokens are dropped
@@ -75,7 +75,7 @@ def warm_up(engine: SpecEngine, mixed: bool | None = None) -> None:
     finally:
         engine.drafter = drafter
         log.info("warm-up: %d steps in %.1f s", engine.step_count - steps, time.perf_counter() - start)
-        engine.stats, engine.step_count, engine.drafter_fallback_steps = AcceptanceStats(), 0, 0
+        engine.stats, engine.step_count, engine.drafting.fallback_steps = AcceptanceStats(), 0, 0
         engine.scheduler.num_preemptions = 0
 
 
@@ -92,7 +92,7 @@ def _mixed_steps(engine: SpecEngine, k: int) -> None:
 
 
 def _short_generations(engine: SpecEngine) -> None:
-    vocab, room = engine.runner.config.vocab_size, engine.max_len - 8
+    vocab, room = engine.executor.config.vocab_size, engine.max_len - 8
     lengths = sorted({min(n, room) for n in (3, 17, 70)})
     prompts = [[(7 * i + j) % vocab for j in range(n)] for i, n in enumerate(lengths)]
     params = [SamplingParams(max_tokens=4, ignore_eos=True),
@@ -107,14 +107,14 @@ def _chunked_prefill(engine: SpecEngine) -> None:
     reach the chunked GDN path (prefill chunk, token budget and context); else nothing."""
     config, size = engine.scheduler.config, CHUNKED_PREFILL_MIN_TOKENS
     if min(engine.max_len - 4, config.prefill_chunk, config.max_batched_tokens) >= size:
-        vocab = engine.runner.config.vocab_size
+        vocab = engine.executor.config.vocab_size
         engine.generate([[(3 * j + 1) % vocab for j in range(size)]], [SamplingParams(max_tokens=4, ignore_eos=True)])
 
 
 def _mixed_step(engine: SpecEngine, decoders: int, prefill: int, count: int) -> None:
     """`decoders` sequences decoding (verifying drafts when k > 0), then one step that adds `count` prompts of
     `prefill` tokens beside them (as many chunks as the token budget takes); all of them are aborted after."""
-    vocab, config = engine.runner.config.vocab_size, engine.scheduler.config
+    vocab, config = engine.executor.config.vocab_size, engine.scheduler.config
     decoders = min(decoders, config.max_running - 1)
     count = max(1, min(count, config.max_running - decoders))
     prefill = max(1, min(prefill, engine.max_len - 8, config.max_batched_tokens - decoders * (engine.num_drafts + 1)))

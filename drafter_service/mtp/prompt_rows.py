@@ -1,8 +1,8 @@
 """The front rows of a step's long chunks (prompt chunks), ingested into the MTP KV cache ahead of the step's
 catch-up, so that the catch-up keeps each chunk's last row only and fits a batch bucket's CUDA graph beside the
 decoding sequences (chained_catch_up.py, `skip`). Without it, a step that admits prompts beside decoding
-sequences runs the whole draft loop eagerly: about 6 ms of the drafter's host time on an H100 at batch 16, which
-the verifier waits for through the drafter service (bench/step_split.py, pass starts).
+sequences runs the whole draft loop eagerly, milliseconds of the drafter's host time that the verifier waits for
+through the drafter service (bench/step_split.py, pass starts).
 
 Row t of the ingest is row rows[t] of the target's batch, never the last of its sequence (that one stays with
 the catch-up), so each pair is (the next row's token, this row's hidden state), as in the whole chunk's catch-up:

@@ -5,8 +5,8 @@ draft loop also runs eagerly: the front rows of prompt chunks beside decoding se
 steps) and catch-ups that fit no bucket (several prompts at once, a synchronous step after a reconnect). Triton
 compiles a new variant of a kernel for each new class of shape it meets there: paged attention's query tile
 (from the longest chunk) and split count (from the number of sequences), the norms' rows per program, and every
-integer argument that is 1, divisible by 16 or neither. On a fresh H100 stack those compiles stalled the first
-bursts at batch 2, 8 and 16 after SERVING (tests/test_gpu_warm_up.py counts them).
+integer argument that is 1, divisible by 16 or neither. On a fresh stack those compiles stalled the first bursts
+at new batch sizes after SERVING (tests/test_gpu_warm_up.py counts them).
 
 So the warm-up runs the eager loop over every number of sequences up to the largest graph bucket, each with
 chunks of lengths that reach each class (1, 2, 3, 5, 9, 16, 17, 33, ...), with no draft steps and with k, in

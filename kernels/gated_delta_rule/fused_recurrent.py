@@ -164,11 +164,9 @@ def _gdn_recurrent_kernel(
 
 def launch_config(num_seqs: int, max_tokens: int) -> tuple[int, int, bool]:
     """(BV, warps, pipelined token loops) for `num_seqs` sequences of at most `max_tokens` virtual tokens (replayed
-    drafts + the step's tokens). Measured on an H100 at the 4B shape (bench/results/h100_2026-11-25/gdn/split_loops/
-    ab.log, ms per call): one warp per 16-wide value slice at every batch (verify, 3 replayed + 4 tokens: b1 0.0068,
-    b16 0.0419, b64 0.1717, against 0.0091 / 0.0525 / 0.2196 at BV 32 / 2 warps and 0.0070 / 0.0565 / 0.2099 at
-    BV 8, pipelined); pipelined except for single tokens up to 16 sequences (decode b1: 0.0032 ms against 0.0040
-    pipelined; b64: 0.1052 against 0.1103 unpipelined)."""
+    drafts + the step's tokens), as measured on an H100 at the 4B shape (`python bench/kernels.py`): one warp per
+    16-wide value slice at every batch beat BV 32 / 2 warps and BV 8; the pipelined token loop wins except for single
+    tokens up to 16 sequences."""
     return 16, 1, max_tokens > 1 or num_seqs > 16
 
 

@@ -10,8 +10,8 @@ from the bucket's host ints only and walk each sequence by its cu_seqlens on the
 than the bucket's max_seqlen, or a padding one, costs programs that exit early. A decode or verify step takes a
 uniform bucket; a prompt chunk alone (at batch 1 the chunks of every prompt longer than the largest q) the
 smallest prefill bucket; a mixed step (new prompts arriving beside decoding sequences) the smallest mixed bucket
-of at least its sequences and its tokens. An eager step is bound by launching ~900 kernels (24 ms for 128 tokens at
-the 4B shape on an H100, 7 ms of GPU work). Steps past every bucket (chunks longer than the largest prefill
+of at least its sequences and its tokens. An eager step is bound by launching its ~900 kernels (several times its
+GPU work at the 4B shape). Steps past every bucket (chunks longer than the largest prefill
 bucket, more tokens than the largest mixed bucket, more logit rows than k + 1 per sequence) run eagerly.
 
 The captured callable is `step(batch) -> tuple of tensors`; its outputs are static buffers, overwritten by the

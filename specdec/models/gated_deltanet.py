@@ -6,12 +6,10 @@ raw a, b projections) → w · rmsnorm(o) · silu(z) → out_proj.
 Qwen3-Next's fused in_proj_qkvz / in_proj_ba are split into these projections by the loader; the four run as
 one GEMM here (FusedLinear), their outputs read in place as column slices.
 Steps without drafts whose longest sequence has at least CHUNKED_PREFILL_MIN_TOKENS tokens run the chunked
-prefill kernel (fla-core's when installed); every other step the fused recurrent one. The threshold is measured
-(H100, 4B shape, 32 layers, whole eager prefill steps, `bench/profile_steps.py`,
-bench/results/h100_2026-11-25/gdn/prefill_steps.log): fla-core 0.6.0's chunk call costs about 2.5 ms of host time
-per layer, so steps with it take 66-83 ms from 128 to 4096 tokens, while the pipelined recurrent kernel's grow
-with the longest sequence: 1 x 512: 24.5 vs 80.1 ms; 4 x 512: 41.8 vs 67.2 ms; 1 x 2048: 77.3 vs 66.1 ms;
-1 x 4096: 154.8 vs 82.7 ms. Linear between 512 and 2048, the two cross near 1800 tokens.
+prefill kernel (fla-core's when installed); every other step the fused recurrent one. The threshold is where the
+two cross on an H100 at the 4B shape (whole eager prefill steps, `bench/profile_steps.py` prints both): fla-core
+0.6.0's chunk call has a large fixed host cost per layer, while the pipelined recurrent kernel's time grows with the
+longest sequence.
 """
 import torch
 from torch import nn

@@ -2,7 +2,7 @@
 by hand so every step is timed.
 
 Step split (the words of docs/architecture.md), mean over decode steps (those after every request has its first token):
-    target_forward      runner.forward: GPU time between CUDA events around it (host time on a CPU), at least
+    target_forward      executor.forward: GPU time between CUDA events around it (host time on a CPU), at least
                         its host time
     sampling            the engine's "verify" phase (rejection sampling; its one host sync waits for the
                         target's remaining GPU work, which is counted in target_forward instead)
@@ -23,16 +23,13 @@ from typing import Callable
 
 import torch
 
-from drafter_service.mtp.mtp_drafter import MTPDrafter
-from drafter_service.mtp.options import MTPOptions
-from drafter_service.ngram import NgramDrafter
-from specdec.drafting.draft_vocab import load_draft_vocab
 from specdec.models.loader import LoadedModel
 from specdec.sampling_params import SamplingParams
-from verifier_service.engine import EngineConfig, SpecEngine
-from verifier_service.forced_acceptance import ForcedAcceptance
-from verifier_service.model_runner import ModelRunner
+from verifier_service.builder import VerifierConfig, build_engine
+from verifier_service.engine import SpecEngine
 from verifier_service.scheduler import SchedulerConfig
+
+from ..commands.in_process_drafter import IN_PROCESS_KINDS, in_process_drafter
 
 from .latency import RequestTrace, summarize
 from .memory import PeakMemory
@@ -90,20 +87,17 @@ class InprocBench:
         self.loaded, self.device, self.overlap = loaded, device, overlap
 
     def build_engine(self, w: Workload) -> SpecEngine:
-        k, blocks, scheduler = w.num_drafts, blocks_for(w), scheduler_for(w)
-        runner = ModelRunner(self.loaded, blocks, BLOCK, w.concurrency, k, self.device,
-                             max_batched_tokens=scheduler.max_batched_tokens)
-        drafter = None
-        if w.drafter == "mtp":
-            vocab = load_draft_vocab(w.draft_vocab, self.loaded.config.vocab_size) if w.draft_vocab else None
-            options = MTPOptions(max_seqs=w.concurrency, max_context=w.prompt_tokens + w.max_tokens + k + 1,
-                                 draft_vocab=vocab)
-            drafter = MTPDrafter(self.loaded, k, num_blocks=blocks, block_size=BLOCK, device=self.device,
-                                 options=options)
-        elif w.drafter == "ngram":
-            drafter = NgramDrafter(k)
-        forced = ForcedAcceptance(w.forced_length, k, seed=0, enabled=True) if w.forced_length else None
-        engine = SpecEngine(runner, drafter, EngineConfig(k, scheduler, forced, overlap=self.overlap))
+        """The verifier's engine (verifier_service.builder.build_engine) sized for `w`, its drafter in process."""
+        k, scheduler = w.num_drafts, scheduler_for(w)
+        drafter = w.drafter if w.drafter in IN_PROCESS_KINDS else None
+        config = VerifierConfig(
+            model_dir="", device=str(self.device), num_drafts=k, in_process_drafter=drafter,
+            max_context=w.prompt_tokens + w.max_tokens, max_running=w.concurrency,
+            max_batched_tokens=scheduler.max_batched_tokens, prefill_chunk=scheduler.prefill_chunk, block_size=BLOCK,
+            kv_blocks=blocks_for(w), forced_acceptance_length=w.forced_length or 0.0,
+            unsafe_forced_acceptance=bool(w.forced_length), overlap=self.overlap, warm_up=False)
+        make = in_process_drafter(drafter, w.draft_vocab if drafter == "mtp" else None) if drafter else None
+        engine = build_engine(config, make, self.loaded)
         warm = [SamplingParams(max_tokens=k + 2, ignore_eos=True),
                 SamplingParams(max_tokens=k + 2, temperature=0.8, seed=1, ignore_eos=True)]
         engine.generate([[1, 2, 3, 4], [5, 6, 7]], warm)  # every path once: prefill, verify, sampling, drafter
@@ -121,7 +115,7 @@ class InprocBench:
                                                  ignore_eos=True) for i in range(len(prompts))])
         warmup_s = round(time.perf_counter() - warm_start, 2)
         target_clock, drafter_clock = CallClock(self.device), CallClock(self.device)
-        engine.runner.forward = target_clock.wrap(engine.runner.forward)
+        engine.executor.forward = target_clock.wrap(engine.executor.forward)
         if engine.drafter is not None:
             engine.drafter.propose = drafter_clock.wrap(engine.drafter.propose)
             if hasattr(engine.drafter, "draft_on_device"):   # overlapped steps draft through this one

@@ -23,9 +23,9 @@ def add_parser(sub) -> None:
         epilog="examples:\n"
                "  specdec bench --quick --device cpu                      # CPU smoke run on the demo model\n"
                "  specdec bench --preset baseline --model /tmp/q35 --make-tiny qwen3.5-4b --layers 32 \\\n"
-               "      --time-budget 480 --profile --out $OUT           # the GPU baseline (bench/gpu_baseline.sh)\n"
+               "      --time-budget 480 --profile --out $OUT           # the GPU baseline (bench/device/table.sh)\n"
                "  specdec bench --model DIR --paths inproc --drafters none mtp@3.39 --concurrency 1 16\n"
-               "  specdec bench --render bench/results/bench_baseline_h100.json --markdown")
+               "  specdec bench --render bench/results/h100/bench_baseline_h100.json --markdown")
     add_model_args(p)
     p.add_argument("--preset", default="full", choices=["full", "baseline", "quick"],
                    help="full: the whole matrix (default); baseline: the subset that fits one 9-minute GPU call on "

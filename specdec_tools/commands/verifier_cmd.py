@@ -26,9 +26,10 @@ def add_parser(sub) -> None:
                         "host offers (a Unix socket, no gRPC threads in between; gRPC where it cannot be reached), "
                         "grpc always the gRPC stream")
     p.add_argument("--drafter-timeout", type=float, default=10.0, help="seconds before a drafter step counts as failed")
-    p.add_argument("--drafter-wait", type=float, default=60.0, metavar="SECONDS",
+    p.add_argument("--drafter-wait", type=float, default=10.0, metavar="SECONDS",
                    help="at start-up, report SERVING only once the drafter is connected, waiting at most this long "
-                        "(default 60; then it serves without drafts until the drafter comes; 0: do not wait)")
+                        "(default 10; then it serves without drafts until the drafter comes; 0: do not wait). A "
+                        "drafter that is down keeps a restarted verifier unavailable for this long")
     p.add_argument("--max-context", type=int, default=4096)
     p.add_argument("--max-running", type=int, default=16, help="sequences decoded together")
     p.add_argument("--max-queued", type=int, default=256,
@@ -54,7 +55,8 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from verifier_service.server import VerifierConfig, serve
+    from verifier_service.builder import VerifierConfig
+    from verifier_service.server import serve
     for name in ("max_running", "max_batched_tokens", "prefill_chunk"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")

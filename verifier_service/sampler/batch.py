@@ -8,7 +8,7 @@ import torch
 
 from specdec.models.pinned_upload import PinnedUpload
 
-from .sequence import Sequence
+from ..sequence import Sequence
 
 
 @dataclass

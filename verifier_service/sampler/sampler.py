@@ -1,25 +1,38 @@
-"""Rejection sampling of one engine step: logits of the verify rows → accepted drafts and emitted tokens.
+"""The speculative rule of one verify step, on the device: logits of the verify rows → accepted drafts and the
+emitted token of every sampled sequence, in one entry point (`sample`), for every kind of request.
 
-Rows of sequence b are its k_b draft positions then the bonus position (R = Σ (k_b + 1)). Per row: penalties
-(counting the drafts before the row), temperature / top-k / top-p / min-p (logits_processors), then the
-accept / emit rule of kernels.sampling (coupled draw for one-hot drafters, min(1, p/q) for drafters that send
-q, argmax for greedy rows). Vectorised over rows; the step's one host transfer happens at the end.
+Rows of sequence b are its k_b draft positions then its bonus position (R = Σ (k_b + 1)). The words, as in
+docs/sampling.md: a draft is *accepted* while the target agrees; at the first rejection the target's own token is
+emitted (*recovered*); when every draft is accepted the token after them is the *bonus*.
+  - every request greedy, none with penalties or logprobs: argmax per row and the leading run of drafts equal to
+    it (kernels.sampling.greedy_accept, one launch);
+  - otherwise, per row: penalties (counting the drafts before the row), temperature / top-k / top-p / min-p
+    (processors.py), then kernels.sampling.speculative_sample: the coupled draw x = argmax p / E for one-hot
+    drafters and greedy rows, min(1, p/q) with a residual draw for drafters that send q; draws keyed by (seed,
+    output position), never by batch row.
+Nothing here reads the device: `Verdict.read` is the step's one host transfer (the engine calls it one step late
+when steps overlap).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 from kernels.sampling import greedy_accept, speculative_sample
 from kernels.sampling.reference import row_layout
 
-from .logits_processors import Penalties, RowParams, apply_penalties, processed_logits
-from .sampling_batch import SamplingBatch
+from .batch import SamplingBatch
+from .processors import Penalties, RowParams, apply_penalties, processed_logits
 
 
-BeforeSync = Callable[[torch.Tensor | None], None]   # accepted counts [B] on the device (None: all zero)
+@dataclass
+class VerifyRows:
+    """The drafts a step verifies, per sampled sequence (all on the device)."""
+    drafts: torch.Tensor           # [S, K] int64, padded with -1
+    num_drafts: torch.Tensor       # [S] int64
+    cu_rows: torch.Tensor          # [S + 1] int64: sequence b's rows are cu_rows[b] .. cu_rows[b + 1] - 1
+    width: int                     # K, the most drafts of any sequence (host)
 
 
 @dataclass
@@ -31,16 +44,73 @@ class TokenLogprob:
 
 
 @dataclass
-class Verdict:
-    num_accepted: list[int]                          # [B] accepted drafts per sequence
-    tokens: list[list[int]]                          # [B] accepted drafts + one recovered or bonus token
-    logprobs: list[list[TokenLogprob] | None]        # [B] per emitted token, for sequences that asked
+class DeviceLogprobs:
+    """Per row (device): the emitted-or-drafted token's logprob and the top-n alternatives, under the row's
+    processed distribution."""
+    chosen: torch.Tensor           # [R] float32
+    top_logprobs: torch.Tensor     # [R, n] float32
+    top_ids: torch.Tensor          # [R, n] int64
+    row_tokens: torch.Tensor       # [R] int64
+    cu_rows: torch.Tensor          # [S + 1] int64
+    wanted: list[int | None]       # [S] n per sequence (host), None: no logprobs
+
+    def read(self, num_accepted: list[int]) -> list[list[TokenLogprob] | None]:
+        """Each sequence's emitted tokens' logprobs (tokens cut by top-k / top-p / min-p have logprob −inf and are
+        left out of the alternatives). Reads the device."""
+        chosen, top_logp, top_ids = self.chosen.tolist(), self.top_logprobs.tolist(), self.top_ids.tolist()
+        row_tokens, starts = self.row_tokens.tolist(), self.cu_rows.tolist()
+        out: list[list[TokenLogprob] | None] = []
+        for b, n in enumerate(self.wanted):
+            if n is None:
+                out.append(None)
+                continue
+            rows = range(starts[b], starts[b] + num_accepted[b] + 1)
+            out.append([TokenLogprob(row_tokens[r], chosen[r],
+                                     [i for i, lp in zip(top_ids[r][:n], top_logp[r][:n]) if lp != float("-inf")],
+                                     [lp for lp in top_logp[r][:n] if lp != float("-inf")]) for r in rows])
+        return out
 
 
-def _rows(num_drafts: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(cu_rows [B+1], seq_of_row [R], pos [R]) for k_b + 1 rows per sequence."""
-    cu_rows = torch.nn.functional.pad(torch.cumsum(num_drafts + 1, 0), (1, 0))
-    return (cu_rows, *row_layout(cu_rows, num_rows))
+@dataclass
+class DeviceVerdict:
+    """The verdict of a step's sampled sequences, on the device."""
+    tokens: torch.Tensor                 # [S, W] int64: accepted drafts, then the emitted token, padded with -1
+    accepted: torch.Tensor | None        # [S] int64 accepted drafts; None when no sequence verified drafts
+    logprobs: DeviceLogprobs | None = None
+
+
+def sample(logits: torch.Tensor, rows: VerifyRows, sampling: SamplingBatch | None,
+           draft_probs: torch.Tensor | None = None, forced_accepts: torch.Tensor | None = None) -> DeviceVerdict:
+    """logits [R, V] fp32 of the sampled sequences' rows. `sampling` None: every sequence is greedy without
+    penalties or logprobs (no sampling state is built). draft_probs [R, V]: q on the draft rows of sequences
+    with sampling.uses_q, else None. `forced_accepts` [S] (benchmarks only) imposes the accepted count; the
+    emitted token is still the target's."""
+    if sampling is None:
+        argmax = logits.argmax(-1)                                                              # [R]
+        if rows.width == 0:      # plain decoding: one row per sequence, its argmax is the token
+            return DeviceVerdict(argmax[:, None], None)
+        tokens, accepted = greedy_accept(argmax, rows.drafts, rows.num_drafts, rows.cu_rows, forced_accepts)
+        return DeviceVerdict(tokens, accepted)
+    vocab, num_rows = logits.shape[-1], logits.shape[0]
+    seq_of_row, pos = row_layout(rows.cu_rows, num_rows)
+    if sampling.penalised:
+        logits = apply_penalties(logits, _penalties(sampling, rows.drafts, seq_of_row, pos, vocab))
+    processed = None
+    if not sampling.all_greedy or sampling.max_logprobs is not None:
+        params = RowParams(greedy=sampling.greedy[seq_of_row], temperature=sampling.temperature[seq_of_row],
+                           top_k=sampling.top_k[seq_of_row], top_p=sampling.top_p[seq_of_row],
+                           min_p=sampling.min_p[seq_of_row])
+        processed = processed_logits(logits, params, sort=sampling.truncates)                    # [R, V]
+    tokens, accepted, row_tokens = speculative_sample(
+        processed, logits.argmax(-1), draft_probs, rows.drafts, rows.num_drafts, rows.cu_rows, sampling.greedy,
+        sampling.uses_q, sampling.seeds, sampling.offsets, forced_accepts)
+    logprobs = None
+    if sampling.max_logprobs is not None:
+        logp = processed.log_softmax(-1)
+        top_logp, top_ids = logp.topk(max(sampling.max_logprobs, 1), dim=-1)                      # [R, n]
+        chosen = logp.gather(-1, row_tokens.clamp(min=0)[:, None])[:, 0]                         # [R]
+        logprobs = DeviceLogprobs(chosen, top_logp, top_ids, row_tokens, rows.cu_rows, sampling.logprobs)
+    return DeviceVerdict(tokens, accepted if rows.width else None, logprobs)
 
 
 def _penalties(s: SamplingBatch, drafts: torch.Tensor, seq_of_row: torch.Tensor, pos: torch.Tensor,
@@ -54,87 +124,3 @@ def _penalties(s: SamplingBatch, drafts: torch.Tensor, seq_of_row: torch.Tensor,
     return Penalties(output_counts=s.output_counts[seq_of_row] + extra[:, :vocab],
                      prompt_mask=s.prompt_mask[seq_of_row], repetition=s.repetition[seq_of_row],
                      presence=s.presence[seq_of_row], frequency=s.frequency[seq_of_row])
-
-
-def rejection_sample(logits: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor, sampling: SamplingBatch,
-                     draft_probs: torch.Tensor | None = None, forced_accepts: torch.Tensor | None = None,
-                     before_sync: BeforeSync | None = None) -> Verdict:
-    """logits [R, V] fp32; drafts [B, K] int64 padded with -1; num_drafts [B] int64; draft_probs [R, V] (q on
-    the draft rows of sequences with sampling.uses_q) or None. `forced_accepts` [B] (benchmarks only) imposes
-    the accepted count; the emitted token is still the target's. `before_sync` gets the accepted counts [B] on the
-    device before the host reads them (to queue work that depends on them)."""
-    tokens, num_accepted, row_tokens, processed, cu_rows = decide_on_device(logits, drafts, num_drafts, sampling,
-                                                                            draft_probs, forced_accepts)
-    if before_sync is not None:
-        before_sync(num_accepted)
-    host = torch.cat([tokens, num_accepted[:, None]], dim=1).tolist()                         # the one sync
-    logprobs = [None] * len(host)
-    if sampling.max_logprobs is not None:
-        logprobs = _logprobs(processed.log_softmax(-1), row_tokens, cu_rows, [row[-1] for row in host], sampling)
-    return _verdict(host, logprobs)
-
-
-def decide_on_device(logits: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor, sampling: SamplingBatch,
-                     draft_probs: torch.Tensor | None = None, forced_accepts: torch.Tensor | None = None
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """rejection_sample up to its host read: (tokens [B, K+1] padded with -1, accepted [B], row tokens [R],
-    processed logits [R, V] or None when every row is greedy without logprobs, cu_rows [B+1]), all on the device.
-    The launched (overlapped) steps use it alone."""
-    vocab, num_rows = logits.shape[-1], logits.shape[0]
-    cu_rows, seq_of_row, pos = _rows(num_drafts, num_rows)
-    if sampling.penalised:
-        logits = apply_penalties(logits, _penalties(sampling, drafts, seq_of_row, pos, vocab))
-    processed = None
-    if not sampling.all_greedy or sampling.max_logprobs is not None:
-        rows = RowParams(greedy=sampling.greedy[seq_of_row], temperature=sampling.temperature[seq_of_row],
-                         top_k=sampling.top_k[seq_of_row], top_p=sampling.top_p[seq_of_row],
-                         min_p=sampling.min_p[seq_of_row])
-        processed = processed_logits(logits, rows, sort=sampling.truncates)                   # [R, V]
-    tokens, num_accepted, row_tokens = speculative_sample(
-        processed, logits.argmax(-1), draft_probs, drafts, num_drafts, cu_rows, sampling.greedy, sampling.uses_q,
-        sampling.seeds, sampling.offsets, forced_accepts)
-    return tokens, num_accepted, row_tokens, processed, cu_rows
-
-
-def greedy_verdict(logits: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor, cu_rows: torch.Tensor,
-                   forced_accepts: torch.Tensor | None = None, before_sync: BeforeSync | None = None) -> Verdict:
-    """rejection_sample's verdict when every sequence is greedy without penalties or logprobs: argmax per row
-    and the leading run of drafts that match it (one Triton launch on CUDA). cu_rows [B+1] from
-    kernels.sampling.cu_rows_of. `before_sync`: as in rejection_sample (None for the counts when there are no
-    drafts)."""
-    if drafts.shape[1] == 0:  # plain decoding: one row per sequence, its argmax is the token (one launch)
-        argmax = logits.argmax(-1)
-        if before_sync is not None:
-            before_sync(None)
-        return Verdict(num_accepted=[0] * drafts.shape[0], tokens=[[t] for t in argmax.tolist()],
-                       logprobs=[None] * drafts.shape[0])
-    tokens, num_accepted = greedy_accept(logits.argmax(-1), drafts, num_drafts, cu_rows, forced_accepts)
-    if before_sync is not None:
-        before_sync(num_accepted)
-    return _verdict(torch.cat([tokens, num_accepted[:, None]], dim=1).tolist(), [None] * drafts.shape[0])
-
-
-def _verdict(host: list[list[int]], logprobs: list) -> Verdict:
-    """host rows [tokens padded with -1 ..., num_accepted] → the Verdict."""
-    accepted = [row[-1] for row in host]
-    return Verdict(num_accepted=accepted, tokens=[row[:j + 1] for row, j in zip(host, accepted)], logprobs=logprobs)
-
-
-def _logprobs(logp: torch.Tensor, row_tokens: torch.Tensor, cu_rows: torch.Tensor, accepted: list[int],
-              sampling: SamplingBatch) -> list[list[TokenLogprob] | None]:
-    """Each emitted token's logprob under its row's processed distribution, and the top-n alternatives
-    (tokens cut by top-k / top-p / min-p have logprob −inf and are left out)."""
-    chosen = logp.gather(-1, row_tokens.clamp(min=0)[:, None])[:, 0]                           # [R]
-    top_logp, top_ids = logp.topk(max(sampling.max_logprobs, 1), dim=-1)                       # [R, n]
-    chosen, top_logp, top_ids = chosen.tolist(), top_logp.tolist(), top_ids.tolist()
-    row_tokens, starts = row_tokens.tolist(), cu_rows.tolist()
-    out: list[list[TokenLogprob] | None] = []
-    for b, n in enumerate(sampling.logprobs):
-        if n is None:
-            out.append(None)
-            continue
-        rows = range(starts[b], starts[b] + accepted[b] + 1)
-        out.append([TokenLogprob(row_tokens[r], chosen[r],
-                                 [i for i, lp in zip(top_ids[r][:n], top_logp[r][:n]) if lp != float("-inf")],
-                                 [lp for lp in top_logp[r][:n] if lp != float("-inf")]) for r in rows])
-    return out

@@ -1,0 +1,99 @@
+"""The one way to assemble a verifier's engine from its config: the server, the benchmarks and every script call
+`build_engine` (what a drafter service, an in-process drafter or none needs is decided here)."""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from specdec.drafting import Drafter, vocabulary_fingerprint
+from specdec.models.loader import LoadedModel, load_model
+from specdec.step_trace import StepTrace
+
+from .drafter_client import DrafterLinkConfig, RemoteDrafter
+from .engine import EngineConfig, SpecEngine
+from .engine_loop import DEFAULT_MAX_QUEUED
+from .executor import Executor
+from .forced_acceptance import ForcedAcceptance
+from .scheduler import SchedulerConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class VerifierConfig:
+    model_dir: str
+    device: str = "cpu"
+    dtype: str = "float32"
+    num_drafts: int = 3
+    drafter_address: str | None = None     # None: plain decoding (k = 0), or the in-process drafter
+    in_process_drafter: str | None = None  # a drafter kind run inside this process (built by the caller)
+    transport: str = "auto"
+    drafter_timeout_s: float = 10.0
+    drafter_wait_s: float = 10.0           # at start-up, how long SERVING waits for the drafter link
+    step_channel: str = "auto"             # auto: the drafter's local lane on this host | grpc
+    max_context: int = 4096
+    max_running: int = 16
+    max_queued: int = DEFAULT_MAX_QUEUED   # requests waiting beyond max_running; more: RESOURCE_EXHAUSTED
+    max_batched_tokens: int = 512
+    prefill_chunk: int = 256
+    block_size: int = 16
+    kv_blocks: int = 0                     # 0: enough for max_running sequences of max_context
+    metrics_port: int = 0                  # 0: no Prometheus endpoint
+    forced_acceptance_length: float = 0.0  # benchmarks only, with unsafe_forced_acceptance
+    unsafe_forced_acceptance: bool = False
+    enforce_eager: bool = False            # no CUDA graphs
+    overlap: bool = True                   # launch a draft-free step before reading the last one's tokens
+    warm_up: bool = True                   # run verifier_service.warm_up before reporting SERVING
+    trace_steps: str | None = None         # diagnostics: a specdec.step_trace file
+
+    def context_and_blocks(self, loaded: LoadedModel) -> tuple[int, int]:
+        """(the longest sequence served, KV blocks to hold max_running of them unless kv_blocks says)."""
+        max_context = min(self.max_context, loaded.config.max_position_embeddings)
+        return max_context, self.kv_blocks or self.max_running * math.ceil(max_context / self.block_size)
+
+
+# Builds the in-process drafter around the loaded target (the CLI passes one: this package imports no drafter).
+DrafterFactory = Callable[[LoadedModel, VerifierConfig], Drafter]
+
+
+def build_engine(config: VerifierConfig, make_drafter: DrafterFactory | None = None,
+                 loaded: LoadedModel | None = None) -> SpecEngine:
+    """The engine `config` describes. `make_drafter`: the factory of `config.in_process_drafter` (the composition
+    layer passes one: this package imports no drafter). `loaded`: the target, when the caller loaded it already
+    (a benchmark that builds several engines), else read from config.model_dir."""
+    if config.in_process_drafter and (config.drafter_address or make_drafter is None):
+        raise ValueError("an in-process drafter needs its factory and no --drafter-address")
+    if loaded is None:
+        loaded = load_model(config.model_dir, dtype=config.dtype, device=config.device)
+    max_context, blocks = config.context_and_blocks(loaded)
+    executor = Executor.build(loaded, blocks, config.block_size, config.max_running, config.num_drafts,
+                              config.device, max_model_len=max_context, max_batched_tokens=config.max_batched_tokens,
+                              enforce_eager=config.enforce_eager)
+    trace = StepTrace(config.trace_steps, "verifier")
+    drafter = None
+    if config.drafter_address and config.num_drafts > 0:
+        model = loaded.model
+        drafter = RemoteDrafter(
+            DrafterLinkConfig(config.drafter_address, config.num_drafts, config.transport, config.drafter_timeout_s,
+                              step_channel=config.step_channel),
+            loaded.config.hidden_size, loaded.config.vocab_size, model.embed_tokens.weight.dtype,
+            torch.device(config.device), config.max_batched_tokens,
+            {"embed_tokens": model.embed_tokens.weight, "lm_head": model.lm_head.weight}, loaded.config.model_type,
+            vocabulary_fingerprint(config.model_dir), trace, max_seqs=config.max_running)
+    elif config.in_process_drafter and config.num_drafts > 0:
+        drafter = make_drafter(loaded, config)
+        log.info("in-process drafter %s (%s), k=%d: no drafter service", config.in_process_drafter,
+                 type(drafter).__name__, config.num_drafts)
+    forced = None
+    if config.forced_acceptance_length:
+        forced = ForcedAcceptance(config.forced_acceptance_length, config.num_drafts,
+                                  enabled=config.unsafe_forced_acceptance)
+        log.warning("FORCED ACCEPTANCE (mean length %.2f): output is not the target's; benchmarks only",
+                    config.forced_acceptance_length)
+    scheduler = SchedulerConfig(config.max_running, config.max_batched_tokens, config.prefill_chunk)
+    return SpecEngine(executor, drafter,
+                      EngineConfig(config.num_drafts, scheduler, forced, max_context, config.overlap), trace)

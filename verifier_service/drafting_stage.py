@@ -1,0 +1,297 @@
+"""The drafter's side of each engine step: what the drafter is told, when its answers are read, and what a failure
+costs (nothing but speed: a step without drafts).
+
+Two ways to ask, chosen per step by the engine:
+  - after a step is read (`ask_after_read`): the drafter gets each sequence's newly committed tokens (a DraftBatch,
+    with their hidden rows when it needs them, gathered on the device before the step's sync: HiddenStaging).
+    An in-process drafter answers at once; one that answers later (a drafter service) is read at the start of the
+    next step (`collect`), so the step's tokens go out to the clients while it drafts.
+  - at launch, from the step's unread verdict (`ask_on_device`): a drafter that drafts on the device gets the
+    step's rows there (DeviceDraftStep) and leaves [S, K] drafts on the device; the answer is a
+    `DeviceDraftsAnswer`, settled when the engine next needs the drafts.
+A drafter that lacks a sequence's earlier context (it reconnected, or is a new process after a swap) says so; the
+sequence is re-sent whole to a token-only drafter, or recomputed (`needs_recompute`) for one that needs hidden
+states, so that the drafter sees every hidden state again as the prefill runs.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Callable
+
+import numpy as np
+import torch
+
+from specdec.drafting import (AnswersLater, DeviceDrafts, DeviceDraftStep, DraftBatch, DraftInput, DraftOutput, Drafter,
+                              DraftsOnDevice, DraftsOnDeviceLater, device_drafts_problem, proposal_problem)
+from specdec.models.batch_staging import concat_ranges
+from specdec.models.forward_batch import ForwardBatch
+from specdec.models.pinned_upload import PinnedUpload
+from specdec.step_trace import OFF, StepTrace
+
+from .hidden_staging import HiddenStaging
+from .scheduler import ScheduledSeq
+from .sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class AwaitedDrafts:
+    """Drafts asked for after a step was read, read at the start of the next."""
+    answer: Callable[[], DraftOutput]   # the drafter interface's answer (AnswersLater), or its propose to call
+    batch: DraftBatch
+    seqs: list[Sequence]          # batch.seqs's sequences, in order
+
+
+@dataclass
+class DeviceAnswer:
+    """A drafter's drafts for a launched step (DeviceDraftsAnswer): `settle` waits for a drafter service's answer,
+    checks it and returns the sampled rows' drafts ([S, K] on the device, or None) and their counts."""
+    stage: "DraftingStage"
+    answer: Callable[[], DeviceDrafts]  # DraftsOnDeviceLater's answer, or draft_on_device to call
+    step: DeviceDraftStep
+    rows: list[int]               # the plan places of the sampled entries
+    sampled: torch.Tensor         # [S] the same, on the device
+
+    def settle(self) -> tuple[torch.Tensor | None, list[int]]:
+        return self.stage.checked_device_drafts(self)
+
+
+@dataclass
+class DraftingStage:
+    drafter: Drafter | None
+    max_drafts: int               # the engine's k
+    vocab_size: int
+    staging_rows: int             # the most rows of one step (for the hidden rows' staging buffer)
+    upload_rows: PinnedUpload
+    fallback_steps: int = 0       # steps decoded with k = 0 although a drafter is configured
+    seconds: float = 0.0          # this step's host time asking and reading answers
+    compute_seconds: float | None = None   # this step's drafting time as the drafter measured it (a remote one)
+    awaited: AwaitedDrafts | None = None   # drafts asked for after a read, not read yet
+    context_lost: set[int] = field(default_factory=set)   # seq ids whose context the drafter reported missing
+    staging: HiddenStaging | None = None
+    last_failure: str = ""
+    trace: StepTrace = OFF
+
+    @property
+    def k(self) -> int:
+        """k for this step: the configured k, capped by what the drafter can do (0 while it is away)."""
+        return 0 if self.drafter is None else min(self.max_drafts, self.drafter.max_drafts)
+
+    @property
+    def drafts_on_device(self) -> bool:
+        """The drafter drafts on the device from an unread verdict right now."""
+        d = self.drafter
+        return isinstance(d, DraftsOnDevice) and d.drafts_on_device and self.k > 0
+
+    def forget(self, seqs: list[Sequence]) -> None:
+        """These sequences' context is gone (preempted, finished, aborted): the drafter may free it."""
+        if self.drafter is not None and seqs:
+            self.drafter.release([s.seq_id for s in seqs])
+
+    # ---- after a step is read -------------------------------------------------------------------
+    def layout_hidden(self, entries: list[ScheduledSeq], hidden: torch.Tensor) -> HiddenStaging | None:
+        """Before the sync: lay out this step's hidden rows for a drafter that takes them (HiddenStaging), or
+        None."""
+        if self.staging is not None:
+            self.staging.staged = False
+        if self.drafter is None or self.k == 0 or not self.drafter.needs_hidden:
+            return None
+        rows = hidden.shape[0]
+        if self.staging is None or self.staging.max_rows < rows or self.staging.buffer.dtype != hidden.dtype:
+            self.staging = HiddenStaging(max(rows, self.staging_rows), hidden.shape[1], hidden.dtype, hidden.device)
+        self.staging.layout([len(p.chunk) for p in entries], [p.num_drafts for p in entries],
+                          [i for i, p in enumerate(entries) if p.samples])
+        return self.staging
+
+    def ask_after_read(self, step: int, committed: list[tuple[ScheduledSeq, int]], hidden: torch.Tensor
+                       ) -> list[Sequence]:
+        """Send the drafter what each live sequence committed this step (entry, num_cached before the step);
+        its proposals are for the next step (read now from an in-process drafter, at the start of the next step
+        from one that answers later). Returns the sequences to recompute for the drafter."""
+        drafter, k = self.drafter, self.k
+        if drafter is not None and k == 0 and self.max_drafts > 0:
+            self.failed("the drafter is not connected")  # this step decodes without drafts
+        inputs, live, row_starts, row_counts, first_row, rebuild = [], [], [], [], 0, []
+        for p, old in committed:
+            seq = p.seq
+            if seq.finish_reason is None:
+                seq.proposed([], None)
+                item = self._draft_input(seq, old, k)
+                if item is None and k > 0 and seq.seq_id in self.context_lost:
+                    rebuild.append(seq)
+                elif item is not None:
+                    inputs.append(item)
+                    live.append(seq)
+                    if item.start_pos == old:  # the committed tokens' hidden rows
+                        row_starts.append(first_row)
+                        row_counts.append(seq.num_cached - old)
+            first_row += len(p.chunk)
+        for seq in rebuild:
+            self.context_lost.discard(seq.seq_id)
+        if drafter is None or k == 0 or not live:
+            return rebuild
+        rows = None
+        if drafter.needs_hidden:  # every sequence's committed rows in batch order: staged before the sync
+            staged = self.staging is not None and self.staging.staged and len(row_starts) == len(committed)
+            rows = self.staging.rows(sum(row_counts)) if staged else \
+                hidden[self.upload_rows(concat_ranges(row_starts, row_counts))]
+        self.trace.mark("draft.inputs")
+        start = time.perf_counter()
+        batch = DraftBatch(step, inputs, rows)
+        later = isinstance(drafter, AnswersLater)
+        self.awaited = AwaitedDrafts(self._send(drafter, batch) if later else partial(drafter.propose, batch),
+                                     batch, live)
+        self.seconds += time.perf_counter() - start
+        if not later:  # an in-process drafter answers now
+            self.collect()
+        return rebuild
+
+    def prune_lost(self, running: set[int]) -> None:
+        """Forget lost contexts of sequences no longer running (finished or aborted meanwhile)."""
+        self.context_lost &= running
+
+    def collect(self) -> None:
+        """Read the awaited answer (if any) into its sequences' drafts."""
+        awaited, self.awaited = self.awaited, None
+        if awaited is None:
+            return
+        start = time.perf_counter()
+        try:
+            out = awaited.answer()
+        except Exception as e:  # a drafter's bug must not take the verifier down
+            out = self._raised(e, len(awaited.batch.seqs))
+        out = self._checked(out, awaited.batch)
+        self.seconds += time.perf_counter() - start
+        self.compute_seconds = out.compute_seconds
+        self.context_lost.update(out.missing)
+        start = 0
+        for seq, drafts in zip(awaited.seqs, out.drafts):  # a sequence that ended meanwhile leaves them unused
+            n = len(drafts)
+            seq.proposed(list(drafts), out.probs[start:start + n] if out.probs is not None else None)
+            start += n
+
+    # ---- at launch, on the device ---------------------------------------------------------------
+    def ask_on_device(self, step: int, entries: list[ScheduledSeq], batch: ForwardBatch, hidden: torch.Tensor,
+                      emitted: torch.Tensor | None, accepted: torch.Tensor | None) -> DeviceAnswer | None:
+        """Ask the drafter for the sampled entries' next drafts from the launched step's unread verdict (None:
+        no drafter or k = 0). An in-process drafter has queued them when this returns; a drafter service
+        answers later: its host work runs while the engine reads the last step and delivers its tokens."""
+        if self.drafter is None or self.k == 0:
+            return None
+        start = time.perf_counter()
+        device_step, sampled = chained_draft_step(step, entries, batch, hidden, emitted, accepted, self.k,
+                                                  self.upload_rows)
+        drafter = self.drafter
+        try:
+            if isinstance(drafter, DraftsOnDeviceLater):
+                answer = drafter.draft_on_device_later(device_step)
+            else:   # in process: queued now, read (no sync) when settled
+                answer = _answered(drafter.draft_on_device(device_step))
+        except Exception as e:  # a drafter's bug must not take the verifier down
+            answer = self._device_raised(e, len(entries))
+        self.seconds += time.perf_counter() - start
+        return DeviceAnswer(self, answer, device_step, [i for i, p in enumerate(entries) if p.samples], sampled)
+
+    def checked_device_drafts(self, a: DeviceAnswer) -> tuple[torch.Tensor | None, list[int]]:
+        """The drafter's answer checked, and its rows of the sampled entries."""
+        start = time.perf_counter()
+        try:
+            out = a.answer()
+        except Exception as e:  # a drafter's bug must not take the verifier down
+            out = self._device_raised(e, len(a.step.seq_ids))()
+        self.seconds += time.perf_counter() - start
+        problem = out.failure or device_drafts_problem(out, a.step, self.k)
+        if problem:
+            self.failed(problem)
+            return None, [0] * len(a.rows)
+        self.context_lost.update(out.missing)   # (pruned to the running ones; the next step recomputes them)
+        # ids outside the vocabulary cannot be checked on the host without a sync: clamped on the device (the
+        # target verifies every draft, so a wrong id costs acceptance, never correctness)
+        return out.tokens[a.sampled].clamp_(0, self.vocab_size - 1), [out.counts[i] for i in a.rows]
+
+    # ---- failures -------------------------------------------------------------------------------
+    def failed(self, reason: str) -> None:
+        self.fallback_steps += 1
+        if reason != self.last_failure or self.fallback_steps % 100 == 0:
+            log.warning("drafter failure (%d steps so far without drafts): %s", self.fallback_steps, reason)
+            self.last_failure = reason
+
+    def _send(self, drafter: AnswersLater, batch: DraftBatch) -> Callable[[], DraftOutput]:
+        """Ask a drafter that answers later; a send that raises is a failed answer."""
+        try:
+            return drafter.propose_later(batch)
+        except Exception as e:  # a drafter's bug must not take the verifier down
+            return _answered(self._raised(e, len(batch.seqs)))
+
+    def _raised(self, error: Exception, num_seqs: int) -> DraftOutput:
+        kind = getattr(self.drafter, "kind", "(detached)")  # an answer read after the drafter was detached
+        log.exception("drafter %s raised; this step decodes without drafts", kind, exc_info=error)
+        return DraftOutput.failed(num_seqs, f"{type(error).__name__}: {error}")
+
+    def _device_raised(self, error: Exception, num_seqs: int) -> Callable[[], DeviceDrafts]:
+        kind = getattr(self.drafter, "kind", "(detached)")
+        log.exception("drafter %s raised; the next step decodes without drafts", kind, exc_info=error)
+        return _answered(DeviceDrafts(None, [0] * num_seqs, failure=f"{type(error).__name__}: {error}"))
+
+    def _checked(self, out: DraftOutput, batch: DraftBatch) -> DraftOutput:
+        """A failed, broken or malformed answer is a drafter failure for this step (no drafts for anyone:
+        k = 0), logged, never an error for a request."""
+        problem = out.failure or proposal_problem(out, batch.seqs, self.vocab_size)
+        if problem:
+            self.failed(problem)
+            return DraftOutput.failed(len(batch.seqs), problem)
+        return out
+
+    def _draft_input(self, seq: Sequence, old: int, k: int) -> DraftInput | None:
+        """What the drafter gets for `seq` this step: the tokens committed since `old` (the whole context if the
+        drafter lost it and can take tokens alone), or None (no drafter, or a recompute is needed first)."""
+        if self.drafter is None or k == 0:
+            return None
+        want = max(0, min(k, seq.remaining - 1)) if seq.is_decoding else 0
+        if seq.seq_id in self.context_lost and old > 0:
+            if self.drafter.needs_hidden:
+                return None
+            self.context_lost.discard(seq.seq_id)
+            return DraftInput(seq.seq_id, 0, seq.token_ids[:seq.num_cached + 1], want)
+        self.context_lost.discard(seq.seq_id)
+        return DraftInput(seq.seq_id, old, seq.token_ids[old:seq.num_cached + 1], want)
+
+
+def _answered(out):
+    """An answer that is in already, in the shape of the drafter interface's answers (a call)."""
+    return lambda: out
+
+
+def chained_draft_step(step: int, plan: list[ScheduledSeq], batch: ForwardBatch, hidden: torch.Tensor,
+                       emitted: torch.Tensor | None, accepted: torch.Tensor | None, max_drafts: int,
+                       upload: PinnedUpload) -> tuple[DeviceDraftStep, torch.Tensor]:
+    """What an on-device drafter gets for this step: every sequence's committed rows (its chunk less the drafts
+    it did not accept) and the token after them (`emitted` [S] by the verdict, or the next prompt token). Also
+    returns the sampled entries' places in the plan, [S] on the device."""
+    b = len(plan)
+    sampled = np.fromiter((i for i, p in enumerate(plan) if p.samples), np.int64)
+    chunk_lens = np.fromiter((len(p.chunk) for p in plan), np.int64, count=b)
+    base = chunk_lens - np.fromiter((p.num_drafts for p in plan), np.int64, count=b)   # committed before drafts
+    following = np.fromiter((_next_prompt_token(p) for p in plan), np.int64, count=b)
+    flat = upload(np.concatenate([base, following, sampled]))
+    base_dev, next_dev, sampled_dev = flat[:b], flat[b:2 * b], flat[2 * b:]
+    committed = base_dev if accepted is None else base_dev.index_add(0, sampled_dev, accepted)
+    next_token = next_dev if emitted is None else next_dev.index_copy(0, sampled_dev, emitted)
+    wanted = np.array([max_drafts if p.samples else 0 for p in plan], np.int64)
+    return DeviceDraftStep(
+        step=step, seq_ids=[p.seq.seq_id for p in plan],
+        start_pos=np.fromiter((p.seq.num_cached for p in plan), np.int64, count=b),
+        max_shift=np.fromiter((p.seq.unread_accepts for p in plan), np.int64, count=b),
+        chunk_lens=chunk_lens, num_drafts=wanted, input_ids=batch.input_ids, positions=batch.positions,
+        hidden=hidden, committed=committed, next_token=next_token), sampled_dev
+
+
+def _next_prompt_token(p: ScheduledSeq) -> int:
+    """The token after a prefill chunk that does not sample (the prompt goes on); 0 where the verdict decides."""
+    if p.samples:
+        return 0
+    return p.seq.token_ids[p.seq.num_cached + len(p.chunk)]

@@ -1,0 +1,77 @@
+"""The engine's one door to the target model: it runs a step of scheduled sequences and owns what that takes, the
+block manager (which sequence holds which cache blocks and slot) and the model runner (the model, its caches,
+the staging area and the CUDA graphs).
+
+Today one process drives one device. The step crosses this boundary as a StepPlan (numpy arrays: token ids,
+positions, block tables, slots, drafts, logit rows), which a multi-process executor can broadcast to every rank
+so that each runs the identical step on its shard, with rank 0 keeping the scheduling and the sampling.
+"""
+from __future__ import annotations
+
+from itertools import chain
+
+import numpy as np
+import torch
+
+from specdec.models.batch_staging import StepPlan, logit_rows_per_seq
+from specdec.models.forward_batch import ForwardBatch, as_array
+from specdec.models.loader import LoadedModel
+
+from .block_manager import BlockManager
+from .model_runner import BeforeStep, ModelRunner
+from .sequence import Sequence
+
+
+class Executor:
+    def __init__(self, runner: ModelRunner):
+        self.runner = runner
+        self.blocks = BlockManager(runner.num_blocks, runner.block_size, runner.max_seqs, runner.max_blocks_per_seq)
+
+    @staticmethod
+    def build(loaded: LoadedModel, num_blocks: int, block_size: int, max_seqs: int, max_drafts: int = 0,
+              device: str | torch.device = "cpu", max_model_len: int | None = None, max_batched_tokens: int = 512,
+              enforce_eager: bool = False) -> "Executor":
+        return Executor(ModelRunner(loaded, num_blocks, block_size, max_seqs, max_drafts, device, max_model_len,
+                                    max_batched_tokens, enforce_eager))
+
+    @property
+    def config(self):
+        return self.runner.config
+
+    @property
+    def device(self) -> torch.device:
+        return self.runner.device
+
+    @property
+    def block_size(self) -> int:
+        return self.runner.block_size
+
+    @property
+    def last_batch(self) -> ForwardBatch | None:
+        """The staged (padded) batch of the last step."""
+        return self.runner.last_batch
+
+    def forward(self, seqs: list[Sequence], chunks: list[list[int]], num_drafts: list[int] | None = None,
+                logits: str | list[int] = "last", before: BeforeStep | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run `chunks[i]` (tokens after seqs[i].num_cached) for every sequence; returns (hidden [T, H], logits
+        [N, V]), valid until the next step. The caller advances num_cached / gdn_read_offset once it knows what
+        was committed. `logits`: "last", "all", or logit rows per sequence (its last tokens)."""
+        for seq, chunk in zip(seqs, chunks):
+            self.blocks.reserve(seq, seq.num_cached + len(chunk))
+        self.runner.reset_slots(self.blocks.take_fresh_slots())
+        return self.runner.run(self.plan(seqs, chunks, num_drafts, logits), before)
+
+    def plan(self, seqs: list[Sequence], chunks: list[list[int]], num_drafts: list[int] | None,
+             logits: str | list[int]) -> StepPlan:
+        b = len(seqs)
+        lens = np.fromiter(map(len, chunks), np.int64, count=b)
+        slots = np.fromiter((s.gdn_slot for s in seqs), np.int32, count=b)
+        drafts = np.zeros(b, np.int32) if num_drafts is None else as_array(num_drafts, "num_drafts", b, np.int32)
+        return StepPlan(
+            token_ids=np.fromiter(chain.from_iterable(chunks), np.int64, count=int(lens.sum())),
+            seq_lens=lens, start_positions=np.fromiter((s.num_cached for s in seqs), np.int64, count=b),
+            block_tables=self.blocks.tables(slots),
+            table_lens=np.fromiter((len(s.block_table) for s in seqs), np.int64, count=b),
+            gdn_slots=slots, gdn_read_offsets=np.fromiter((s.gdn_read_offset for s in seqs), np.int32, count=b),
+            num_drafts=drafts, logits_per_seq=logit_rows_per_seq(logits, lens))
