@@ -43,8 +43,8 @@ def test_table_defaults_are_the_h100_tables_workloads_and_env_narrows_them():
     recorded = record["command"].split()
     for flag in ("--preset", "--make-tiny", "--layers", "--max-tokens", "--repeats"):
         assert cmd[cmd.index(flag) + 1] == recorded[recorded.index(flag) + 1], flag
-    for flag, values in (("--paths", ["gateway", "colocated"]), ("--drafters", ["none", "mtp@3.39"]),
-                         ("--concurrency", ["1", "16"])):
+    for flag, values in (("--paths", ["gateway", "peer"]), ("--drafters", ["none", "mtp@3.39"]),
+                         ("--concurrency", ["1", "16", "64"])):
         i, j = cmd.index(flag), recorded.index(flag)
         assert cmd[i + 1:i + 1 + len(values)] == recorded[j + 1:j + 1 + len(values)] == values
     assert "--draft-vocab" in cmd and "--trace-steps" not in cmd

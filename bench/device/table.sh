@@ -15,13 +15,13 @@
 #   OUT          output folder (the device tool sets it)
 #   COMMIT       the commit to record in device.txt; default: `git rev-parse` of the copy, marked as such (the
 #                device copy's .git can lag its working tree, and the JSON's git_commit field reads that .git)
-#   PRESET [baseline]   PATHS [gateway colocated]   DRAFTERS [none mtp@3.39]   CONC [1 16]   PROMPT [128]
-#   TEMPS [0]   MAX_TOKENS [1024]   REPEATS [7]      the `specdec bench` filters of the same names
+#   PRESET [baseline]   PATHS [gateway peer]   DRAFTERS [none mtp@3.39]   CONC [1 16 64] PROMPT [128]
+#   TEMPS [0]   MAX_TOKENS [256]   REPEATS [2]      the `specdec bench` filters of the same names
 #   DV [1]       1: every mtp workload also runs with a 32k-id draft vocabulary (the +dv rows)
 #   TRACE [0]    1: --trace-steps; step_split.txt (gateway against colocated, per step) and steps.tgz
 #   PROFILE [0]  1: --profile (torch.profiler summary of in-process decode steps; needs inproc in PATHS)
 #   LAYERS [32]   MAKE_TINY [qwen3.5-4b]   CKPT [/tmp/specdec-q35-4b-L$LAYERS]   DEVICE [cuda]
-#   BUDGET [540]       --time-budget: seconds for the bench, checkpoint included (a workload that might not
+#   BUDGET [530]       --time-budget: seconds for the bench, checkpoint included (a workload that might not
 #                      finish in time is skipped and listed)
 #   HARD_LIMIT [BUDGET+25]  seconds after which the bench gets SIGINT (it keeps the finished workloads)
 #   TAG [the device: h100, h200]   file-name suffix         EXTRA [""]   more `specdec bench` flags
@@ -37,13 +37,13 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)    # the repository hol
 tree=$PWD                                                    # the code that runs
 layers=${LAYERS:-32}
 preset=${PRESET:-baseline}
-budget=${BUDGET:-540}
+budget=${BUDGET:-530}
 ckpt=${CKPT:-/tmp/specdec-q35-4b-L$layers}
 dv_file=/tmp/specdec-dv32k.json
 cmd=(python3 -m specdec bench --preset "$preset" --device "${DEVICE:-cuda}" --model "$ckpt"
-     --make-tiny "${MAKE_TINY:-qwen3.5-4b}" --layers "$layers" --paths ${PATHS:-gateway colocated}
-     --drafters ${DRAFTERS:-none mtp@3.39} --concurrency ${CONC:-1 16} --prompt-tokens ${PROMPT:-128}
-     --temperatures ${TEMPS:-0} --max-tokens "${MAX_TOKENS:-1024}" --repeats "${REPEATS:-7}"
+     --make-tiny "${MAKE_TINY:-qwen3.5-4b}" --layers "$layers" --paths ${PATHS:-gateway peer}
+     --drafters ${DRAFTERS:-none mtp@3.39} --concurrency ${CONC:-1 16 64} --prompt-tokens ${PROMPT:-128}
+     --temperatures ${TEMPS:-0} --max-tokens "${MAX_TOKENS:-256}" --repeats "${REPEATS:-2}"
      --time-budget "$budget")
 [ "${DV:-1}" = 1 ] && cmd+=(--draft-vocab "$dv_file")
 [ "${TRACE:-0}" = 1 ] && cmd+=(--trace-steps /tmp/specdec-steps)
