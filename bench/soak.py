@@ -34,24 +34,7 @@ from load_test import leaks, random_prompts, rss_mb, sequential_references  # no
 
 from specdec.rpc.health_probe import is_serving  # noqa: E402
 from specdec.rpc.v1 import gateway_pb2, gateway_pb2_grpc  # noqa: E402
-
-SERVICES = (b"verifier", b"drafter", b"gateway")
-
-
-def services(serve_pid: int) -> dict[str, int]:
-    """serve's live services by name (from their command lines)."""
-    out = {}
-    for task in Path(f"/proc/{serve_pid}/task").iterdir():
-        for kid in (task / "children").read_text().split():
-            try:
-                argv = Path(f"/proc/{kid}/cmdline").read_bytes().split(b"\0")
-            except FileNotFoundError:
-                continue
-            name = next((a.decode() for a in argv if a in SERVICES), None)
-            if name:
-                out[name] = int(kid)
-    return out
-
+from specdec_tools.local_stack import services_of as services  # noqa: E402
 
 @dataclass
 class Usage:

@@ -52,6 +52,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def services_of(serve_pid: int) -> dict[str, int]:
+    """The live services of a `specdec serve` process by name, from its children's command lines (Linux /proc):
+    for tools and tests that kill one and watch it come back."""
+    out = {}
+    for task in Path(f"/proc/{serve_pid}/task").iterdir():
+        for kid in (task / "children").read_text().split():
+            try:
+                argv = Path(f"/proc/{kid}/cmdline").read_bytes().split(b"\0")
+            except FileNotFoundError:
+                continue
+            name = next((a.decode() for a in argv if a in (b"verifier", b"drafter", b"gateway")), None)
+            if name:
+                out[name] = int(kid)
+    return out
+
+
 def ephemeral_port_floor() -> int:
     """The first port of the kernel's ephemeral range (32768 where it cannot be read)."""
     try:

@@ -12,7 +12,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from specdec_tools.local_stack import LocalStack, StackConfig
+from specdec_tools.local_stack import LocalStack, StackConfig, services_of
 from specdec.rpc.v1 import gateway_pb2, verifier_pb2, verifier_pb2_grpc
 
 REPO = Path(__file__).resolve().parent.parent
@@ -103,19 +103,7 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-def children(pid: int) -> dict[str, int]:
-    """serve's services by name (from their command lines)."""
-    out = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        for kid in (task / "children").read_text().split():
-            try:
-                argv = Path(f"/proc/{kid}/cmdline").read_bytes().split(b"\0")
-            except FileNotFoundError:
-                continue
-            name = next((a.decode() for a in argv if a in (b"verifier", b"drafter", b"gateway")), None)
-            if name:
-                out[name] = int(kid)
-    return out
+children = services_of   # serve's services by name
 
 
 def state(pid: int) -> str | None:
