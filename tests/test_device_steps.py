@@ -104,7 +104,7 @@ def test_a_drafter_service_drafts_on_the_device_like_the_in_process_head(demo):
         run(in_process, requests)
         assert log == in_process_log   # the same drafts verified at the same points: the same MTP head's
         assert engine.stats.accepted == in_process.stats.accepted > 0
-        whole, as_changes = remote.device_steps_sent
+        whole, as_changes = remote.device_steps.sent
         assert whole == 1 and as_changes >= engine.overlapped_draft_steps   # after the first: changes only
 
 
@@ -123,7 +123,7 @@ def test_device_steps_go_as_changes_around_synchronous_steps(demo):
         out = run(engine, requests, add_later={6: ("lp", prompt, asking)})
         assert out.pop("lp")[0] == alone["lp"][0] and out == expected
         assert synchronous and engine.fallback_steps == 0 and engine.stats.accepted > 0
-        whole, as_changes = remote.device_steps_sent
+        whole, as_changes = remote.device_steps.sent
         assert whole == 1 and as_changes > 10
 
 

@@ -141,9 +141,9 @@ def test_a_stale_streams_end_leaves_the_current_connection(tiny_model):
     old, current = _Connection(stream, None), _Connection(stream, None)
     try:
         remote._connection = current
-        remote._stream_ended(old, "the old drafter went away")
+        remote.stream_ended(old, "the old drafter went away")
         assert remote.connected and remote._connection is current and not closed
-        remote._stream_ended(current, "this one went away")
+        remote.stream_ended(current, "this one went away")
         assert not remote.connected and closed == [True]
     finally:
         remote.close()

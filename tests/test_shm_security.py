@@ -273,7 +273,7 @@ def test_the_verifier_unlinks_its_files_once_the_drafter_answered(tiny_model, ti
 
         # A reconnect retires the unlinked files (already gone) and names new ones, unlinked in their turn.
         old = remote._connection
-        remote._disconnect(old)
+        remote.disconnect(old)
         _wait(lambda: remote.connected and remote._connection is not old)
         second = connection_files(remote)
         assert second and not second & first and second <= own_files()

@@ -1,6 +1,6 @@
-"""The drafter link's device steps (drafter.proto DeviceStep): RemoteDrafter as a DraftsOnDevice drafter, when the
-drafter it reaches takes them (same host, shm or CUDA IPC buffers: device_exchange.py). This file is that half of
-RemoteDrafter; drafter_client.py has the connection and the synchronous steps."""
+"""The drafter link's device steps (drafter.proto DeviceStep): what makes RemoteDrafter a DraftsOnDevice drafter when
+the drafter it reaches takes them (same host, shm or CUDA IPC buffers: device_exchange.py). A component of the
+link (drafter_client.py has the connection and the synchronous steps), sharing its StepBook."""
 from __future__ import annotations
 
 import time
@@ -12,25 +12,31 @@ from specdec.rpc.v1 import drafter_pb2 as pb
 from .link_messages import link_message
 
 if TYPE_CHECKING:
-    from .drafter_client import _Connection
+    from .drafter_client import RemoteDrafter, _Connection
 
 
-class DeviceStepLink:
+class DeviceSteps:
+    """A RemoteDrafter's device steps (DraftsOnDevice): the link's connection, lock, answer reader and step book
+    through its public members."""
+
+    def __init__(self, link: RemoteDrafter):
+        self.link = link
+        self.held = None        # (connection, the schedule its drafter holds after the last device step sent on it)
+        self.sent = [0, 0]      # device steps sent [whole, as changes]
+
     @property
-    def drafts_on_device(self) -> bool:
+    def available(self) -> bool:
         """Connected to a drafter that takes device steps (same host, shm or CUDA IPC)."""
-        connection = self._connection
+        connection = self.link.current
         return connection is not None and connection.exchange is not None
 
-    def draft_on_device(self, step: DeviceDraftStep) -> DeviceDrafts:
-        return self.draft_on_device_later(step)()
-
-    def draft_on_device_later(self, step: DeviceDraftStep) -> Callable[[], DeviceDrafts]:
+    def draft_later(self, step: DeviceDraftStep) -> Callable[[], DeviceDrafts]:
         """Write the step's rows into the exchange buffers and send its schedule now; the returned call waits for
         the answer, which the drafter sends once it has queued its work (device_exchange.py): the drafts are then
         on the device, and the current stream waits for them. A failure of any kind is no drafts for this step
         (and a reconnect)."""
-        connection, b = self._connection, len(step.seq_ids)
+        link, b = self.link, len(step.seq_ids)
+        connection = link.current
 
         def failed(why: str) -> Callable[[], DeviceDrafts]:
             out = DeviceDrafts(None, [0] * b, failure=why)
@@ -42,43 +48,39 @@ class DeviceStepLink:
             return failed(too_large)
         for seq_id, start in zip(step.seq_ids, step.start_pos):
             if start == 0:
-                self._known.add(seq_id)
-        self._step += 1
-        number = self._step
-        release, self._to_release = self._to_release, []
-        held = self._held[1] if self._held is not None and self._held[0] is connection else None
+                link.book.known.add(seq_id)
+        number, release = link.book.next_step()
+        held = self.held[1] if self.held is not None and self.held[0] is connection else None
         changes, holds = changes_between(held, step.schedule) if connection.changes_only else (None, step.schedule)
         message = pb.StepInput(step=number, release_seq_ids=release,
                                device=device_message(holds if changes is None else changes))
-        self.trace.mark("link.message", number)
-        with self._lock:   # a reconnect closes the replaced connection's buffers under this lock
-            if connection is not self._connection:
+        link.trace.mark("link.message", number)
+        with link.lock:   # a reconnect closes the replaced connection's buffers under this lock
+            if connection is not link.current:
                 return failed("the drafter connection was replaced")
             connection.exchange.write(step)
             ref = connection.sender.send(step.hidden[:step.num_tokens])
             if changes is None:   # (a step sent as changes points at the same rows of the same buffer)
                 message.hidden.CopyFrom(link_message(pb.TensorRef, ref))
         start = time.perf_counter()
-        self.trace.mark("link.sent", number)
+        link.trace.mark("link.sent", number)
         try:
             connection.stream.send(pb.DraftStepRequest(step=message))
         except OSError as e:   # the local lane's drafter is gone
-            self._stream_ended(connection, f"the local lane: {e}")
+            link.stream_ended(connection, f"the local lane: {e}")
             return failed("the drafter is not connected")
-        self._held = (connection, holds)   # what the drafter holds once it read this step
-        self.device_steps_sent[changes is not None] += 1
-        return lambda: self._device_answer(connection, number, start, step)
+        self.held = (connection, holds)   # what the drafter holds once it read this step
+        self.sent[changes is not None] += 1
+        return lambda: self._answer(connection, number, start, step)
 
-    def _device_answer(self, connection: _Connection, number: int, start: float,
-                       step: DeviceDraftStep) -> DeviceDrafts:
-        b = len(step.seq_ids)
-        response = self._response(connection, number, start)
+    def _answer(self, connection: _Connection, number: int, start: float, step: DeviceDraftStep) -> DeviceDrafts:
+        b, link = len(step.seq_ids), self.link
+        response = link.response(connection, number, start)
         if response is None or len(response.draft_counts) != b:
-            self._disconnect(connection)
+            link.disconnect(connection)
             return DeviceDrafts(None, [0] * b, failure=f"drafter step {number} got no valid answer")
-        lost = [i for i in response.missing_seq_ids if i in self._known]
-        self._known.difference_update(lost)
-        missing = dict.fromkeys([i for i in step.seq_ids if i not in self._known] + lost)   # (in order, once)
+        lost = link.book.lost(response.missing_seq_ids)
+        missing = dict.fromkeys([i for i in step.seq_ids if i not in link.book.known] + lost)   # (in order, once)
         return DeviceDrafts(connection.exchange.drafts(b), list(response.draft_counts), list(missing))
 
 

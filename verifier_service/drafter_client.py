@@ -13,13 +13,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import grpc
 import torch
 
-from specdec.drafting import DraftBatch, DrafterInfo, DraftOutput, ModelFacts, refusal_reason
+from specdec.drafting import (DeviceDrafts, DeviceDraftStep, DraftBatch, DrafterInfo, DraftOutput, ModelFacts,
+                              refusal_reason)
 from specdec.rpc.serving import channel_options
 from specdec.rpc.v1 import drafter_pb2 as pb
 from specdec.rpc.v1 import drafter_pb2_grpc
@@ -28,7 +29,7 @@ from specdec.transport import tensor_bytes
 from specdec.transport.host import host_id
 
 from .device_exchange import DeviceExchange
-from .device_step_link import DeviceStepLink
+from .device_step_link import DeviceSteps
 from .hidden_sender import HiddenSender, offered_transports
 from .link_messages import TRANSPORTS, link_message
 from .step_streams import GrpcStepStream, LocalStepStream
@@ -66,6 +67,27 @@ class _Connection:
                 held.unlink()
 
 
+@dataclass
+class StepBook:
+    """What a link's synchronous and device steps share: the step counter (the drafter refuses a replay), the
+    sequences this connection holds from position 0, and the releases waiting to travel with the next step."""
+    step: int = 0
+    known: set[int] = field(default_factory=set)
+    to_release: list[int] = field(default_factory=list)
+
+    def next_step(self) -> tuple[int, list[int]]:
+        """The next step's number and the seq ids it releases (they travel with it: no extra round trip)."""
+        self.step += 1
+        release, self.to_release = self.to_release, []
+        return self.step, release
+
+    def lost(self, missing_seq_ids) -> list[int]:
+        """The drafter says it lacks these: those it was known to hold are no longer."""
+        lost = [i for i in missing_seq_ids if i in self.known]
+        self.known.difference_update(lost)
+        return lost
+
+
 @dataclass(frozen=True)
 class DrafterLinkConfig:
     address: str
@@ -76,7 +98,7 @@ class DrafterLinkConfig:
     step_channel: str = "auto"     # auto: the drafter's local lane when it offers one (same host) | grpc
 
 
-class RemoteDrafter(DeviceStepLink):
+class RemoteDrafter:
     def __init__(self, config: DrafterLinkConfig, hidden_size: int, vocab_size: int, dtype: torch.dtype,
                  device: torch.device, max_rows: int, shared_weights: dict[str, torch.Tensor], model_type: str,
                  vocab_fingerprint: str = "", trace: StepTrace = OFF, max_seqs: int = 64):
@@ -95,20 +117,38 @@ class RemoteDrafter(DeviceStepLink):
         self._sender: HiddenSender | None = None      # likewise (the drafter may still read its buffers)
         self._exchange: DeviceExchange | None = None  # likewise
         self._retired: list[DeviceExchange] = []      # replaced CUDA exchanges a late drafter may still write
-        self._to_release: list[int] = []
-        self._known: set[int] = set()   # seq ids this connection has seen from position 0
+        self.book = StepBook()
         self._answered = False          # this connection answered a step: the next outage starts a fresh backoff
         self._last_problem = ""
         self._wake = threading.Event()
         self._closed = False
-        self._step = 0
-        self._held = None   # (connection, the schedule its drafter holds after the last device step sent on it)
-        self.device_steps_sent = [0, 0]   # device steps sent [whole, as changes]
+        self.device_steps = DeviceSteps(self)   # steps drafted on the device (device_step_link.py)
         threading.Thread(target=self._connect_loop, name="drafter-link", daemon=True).start()
 
     @property
     def connected(self) -> bool:
         return self._connection is not None
+
+    @property
+    def current(self) -> _Connection | None:
+        """This step's connection (one reference per step: the link thread may replace it meanwhile)."""
+        return self._connection
+
+    @property
+    def lock(self) -> threading.Lock:
+        """Held while a reconnect replaces the connection and closes the old one's buffers."""
+        return self._lock
+
+    # ---- DraftsOnDevice: the device steps' half, as a component ------------------------------------------------
+    @property
+    def drafts_on_device(self) -> bool:
+        return self.device_steps.available
+
+    def draft_on_device(self, step: DeviceDraftStep) -> DeviceDrafts:
+        return self.device_steps.draft_later(step)()
+
+    def draft_on_device_later(self, step: DeviceDraftStep) -> Callable[[], DeviceDrafts]:
+        return self.device_steps.draft_later(step)
 
     # ---- connection ----------------------------------------------------------------------
     def _connect_loop(self) -> None:
@@ -198,8 +238,8 @@ class RemoteDrafter(DeviceStepLink):
                 self._retire(self._exchange)
             if self._channel is not None:
                 self._channel.close()
-            self._to_release.clear()   # the new drafter holds no context: cleared before the engine sees it
-            self._known.clear()
+            self.book.to_release.clear()   # the new drafter holds no context: cleared before the engine sees it
+            self.book.known.clear()
             self._answered = False
             self.kind, self.needs_hidden, self.facts = info.kind, info.needs_hidden, info.facts
             self.max_drafts = info.max_drafts
@@ -210,7 +250,7 @@ class RemoteDrafter(DeviceStepLink):
                  self.config.address, info.max_drafts, self.transport_name, info.needs_hidden,
                  connection.stream.channel, ", device steps" if exchange else "")
         # Read only once the connection is published: a stream that fails at once must find itself current.
-        connection.stream.start(lambda why: self._stream_ended(connection, why))
+        connection.stream.start(lambda why: self.stream_ended(connection, why))
 
     def _retire(self, exchange: DeviceExchange) -> None:
         """A replaced connection's exchange: shared-memory files are unlinked (a late drafter writes its own
@@ -230,12 +270,12 @@ class RemoteDrafter(DeviceStepLink):
                 log.info("drafter's local lane not reachable from here (%s): steps go over gRPC", e)
         return GrpcStepStream(stub, setup, self.trace)
 
-    def _stream_ended(self, connection: _Connection, why: str) -> None:
+    def stream_ended(self, connection: _Connection, why: str) -> None:
         if self._connection is connection:
             log.warning("drafter stream ended: %s", why)
-        self._disconnect(connection)
+        self.disconnect(connection)
 
-    def _disconnect(self, connection: _Connection | None) -> None:
+    def disconnect(self, connection: _Connection | None) -> None:
         with self._lock:
             if connection is None or self._connection is not connection:
                 return
@@ -259,9 +299,7 @@ class RemoteDrafter(DeviceStepLink):
         if not sent:
             out = DraftOutput(drafts=[[] for _ in batch.seqs], missing=missing)
             return lambda: out
-        self._step += 1
-        step = self._step
-        release, self._to_release = self._to_release, []
+        step, release = self.book.next_step()
         message = pb.StepInput(step=step, release_seq_ids=release, seqs=[
             pb.SeqInput(seq_id=s.seq_id, start_pos=s.start_pos, token_ids=s.token_ids, num_drafts=s.num_drafts)
             for s in (batch.seqs[i] for i in sent)])
@@ -277,7 +315,7 @@ class RemoteDrafter(DeviceStepLink):
         try:
             connection.stream.send(pb.DraftStepRequest(step=message))
         except OSError as e:   # the local lane's drafter is gone
-            self._stream_ended(connection, f"the local lane: {e}")
+            self.stream_ended(connection, f"the local lane: {e}")
             out = DraftOutput.failed(len(batch.seqs), "the drafter is not connected")
             return lambda: out
         return lambda: self._answer(connection, step, start, len(batch.seqs), sent, missing)
@@ -285,18 +323,17 @@ class RemoteDrafter(DeviceStepLink):
     def _answer(self, connection: _Connection, step: int, start: float, num_seqs: int, sent: list[int],
                 missing: list[int]) -> DraftOutput:
         """The drafter's answer to step `step` (a failure if it is late, wrong or the stream ended)."""
-        response = self._response(connection, step, start)
+        response = self.response(connection, step, start)
         if response is None or len(response.drafts) != len(sent):
-            self._disconnect(connection)
+            self.disconnect(connection)
             return DraftOutput.failed(num_seqs, f"drafter step {step} got no valid answer")
         drafts: list[list[int]] = [[] for _ in range(num_seqs)]
         for i, d in zip(sent, response.drafts):
             drafts[i] = list(d.token_ids)
-        lost = [i for i in response.missing_seq_ids if i in self._known]
-        self._known.difference_update(lost)
+        lost = self.book.lost(response.missing_seq_ids)
         return DraftOutput(drafts=drafts, missing=missing + lost, compute_seconds=response.drafter_ms / 1e3)
 
-    def _response(self, connection: _Connection, step: int, start: float) -> pb.DraftStepResponse | None:
+    def response(self, connection: _Connection, step: int, start: float) -> pb.DraftStepResponse | None:
         """The drafter's answer to step `step`, None if it is late, of another step or the stream ended."""
         left = start + self.config.step_timeout_s - time.perf_counter()
         response = connection.stream.receive(max(0.0, left))
@@ -315,11 +352,12 @@ class RemoteDrafter(DeviceStepLink):
     def _known_part(self, batch: DraftBatch) -> tuple[list[int], list[int], torch.Tensor | None]:
         """(indices of the sequences this connection can take, seq ids it lacks the context of, their hidden
         rows). A sequence is known once it was sent from position 0 on this connection."""
+        known = self.book.known
         for s in batch.seqs:
             if s.start_pos == 0:
-                self._known.add(s.seq_id)
-        sent = [i for i, s in enumerate(batch.seqs) if s.seq_id in self._known]
-        missing = [s.seq_id for s in batch.seqs if s.seq_id not in self._known]
+                known.add(s.seq_id)
+        sent = [i for i, s in enumerate(batch.seqs) if s.seq_id in known]
+        missing = [s.seq_id for s in batch.seqs if s.seq_id not in known]
         hidden = batch.hidden
         if missing and hidden is not None:
             ends = torch.tensor([len(s.token_ids) - 1 for s in batch.seqs]).cumsum(0).tolist()
@@ -328,15 +366,15 @@ class RemoteDrafter(DeviceStepLink):
         return sent, missing, hidden
 
     def release(self, seq_ids: list[int]) -> None:
-        self._known.difference_update(seq_ids)
-        self._to_release.extend(seq_ids)  # travels with the next step: no extra round trip
+        self.book.known.difference_update(seq_ids)
+        self.book.to_release.extend(seq_ids)  # travels with the next step: no extra round trip
 
     def clear(self) -> None:
-        self._to_release.clear()
+        self.book.to_release.clear()
 
     def close(self) -> None:
         self._closed = True
-        self._disconnect(self._connection)
+        self.disconnect(self._connection)
         if self._sender is not None:
             self._sender.close()
         if self._exchange is not None:
