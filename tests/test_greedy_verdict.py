@@ -1,5 +1,5 @@
 """The all-greedy fast path of verification (kernels.sampling.greedy, its Triton launch,
-rejection_sampler.greedy_verdict) returns exactly what the general speculative rule returns for greedy rows,
+verifier_service.sampler.sample without a sampling state) returns exactly what the general speculative rule returns for greedy rows,
 forced acceptance included."""
 import numpy as np
 import pytest

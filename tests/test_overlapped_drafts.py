@@ -4,10 +4,12 @@ read offsets move by the accepted counts on the device. Greedy output must equal
 accepted count, admissions, chunked prefill, stops, preemption, aborts, a full context and a switch to
 synchronous steps (penalties); seeded sampled requests run overlapped too and must equal plain decoding."""
 import pytest
+import torch
 from device_reference_drafter import DeviceReferenceDrafter
 from engine_factory import BLOCK, make_drafter, make_engine, random_prompts, synchronous_launches
 from test_overlapped_steps import run
 
+from specdec.drafting import DraftOutput
 from specdec.sampling_params import SamplingParams
 from verifier_service.in_flight import InFlightStep
 
@@ -314,3 +316,45 @@ def test_gpu_sampled_requests_overlapped_equal_synchronous_steps(tmp_path, cuda,
     assert results[0] == results[1]
     if dtype == "float32":
         assert results[0] == plain(loaded, requests, **kwargs)
+
+
+class ReferenceWithQ(DeviceReferenceDrafter):
+    """Drafts on the device (one-hot) and, in synchronous steps, also sends its distribution q."""
+
+    def propose(self, batch):
+        out = super().propose(batch)
+        rows = sum(len(d) for d in out.drafts)
+        q = torch.full((rows, self.vocab), 1.0 / self.vocab)
+        return DraftOutput(drafts=out.drafts, probs=q)
+
+
+def test_overlapped_steps_never_verify_with_a_q_from_a_synchronous_step(tiny_model, monkeypatch):
+    """A drafter that sends q in synchronous steps and drafts one-hot on the device: once the steps overlap again,
+    no verdict takes the min(1, p/q) path with the q of an earlier step (the drafts it verifies are not that q's)."""
+    import verifier_service.engine as engine_module
+    k, vocab = 3, tiny_model.config.vocab_size
+    prompts = random_prompts([6, 9], vocab, seed=21)
+    sampled = SamplingParams(max_tokens=24, temperature=0.8, seed=3, ignore_eos=True)
+    penalised = SamplingParams(max_tokens=4, temperature=0.8, seed=4, repetition_penalty=1.2, ignore_eos=True)
+    expected = make_engine(tiny_model).generate(prompts, [sampled, penalised])
+    drafter = ReferenceWithQ(k, vocab)
+    engine = make_engine(tiny_model, drafter, k)
+    for i, (prompt, params) in enumerate(zip(prompts, [sampled, penalised])):
+        engine.add_request(f"r{i}", prompt, params)
+        drafter.follow(engine.by_request[f"r{i}"].seq_id, prompt + expected[i])
+    seen, launching, real = [], [None], engine_module.sample
+
+    def spy(logits, rows, sampling, draft_probs=None, forced_accepts=None):
+        seen.append((launching[0], draft_probs is not None))    # (overlapped launch, verified with a q)
+        return real(logits, rows, sampling, draft_probs, forced_accepts)
+    monkeypatch.setattr(engine_module, "sample", spy)
+    launch = engine._launch
+
+    def launch_spy(entries, previous, overlap):
+        launching[0] = overlap
+        return launch(entries, previous, overlap)
+    engine._launch = launch_spy
+    while engine.has_work:
+        engine.step()
+    assert any(q for _, q in seen) and any(o for o, _ in seen)   # q in synchronous steps, overlapped ones later
+    assert not any(o and q for o, q in seen), seen

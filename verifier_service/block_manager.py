@@ -1,7 +1,8 @@
 """Which sequence holds which part of the target's caches: KV blocks of `block_size` positions, and one GDN /
-conv state slot per running sequence. The scheduler reserves and releases through it; the model runner only reads
-the tables it keeps (block_rows: one host row per slot, updated as blocks are added, so a step's tables are one
-fancy-indexing read) and resets the state of slots newly taken (`take_fresh_slots`) before the next step runs."""
+conv state slot per running sequence. The scheduler reserves and releases through it; the executor reads the
+tables it keeps (block_rows: one host row per slot, updated as blocks are added, so a step's tables are one
+fancy-indexing read) into each StepPlan, and has the model runner reset the state of slots newly taken
+(`take_fresh_slots`) before the step that uses them."""
 from __future__ import annotations
 
 import math

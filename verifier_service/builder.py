@@ -46,7 +46,7 @@ class VerifierConfig:
     forced_acceptance_length: float = 0.0  # benchmarks only, with unsafe_forced_acceptance
     unsafe_forced_acceptance: bool = False
     enforce_eager: bool = False            # no CUDA graphs
-    overlap: bool = True                   # launch a draft-free step before reading the last one's tokens
+    overlap: bool = True                   # launch a step before reading the last one's tokens (when it can)
     warm_up: bool = True                   # run verifier_service.warm_up before reporting SERVING
     trace_steps: str | None = None         # diagnostics: a specdec.step_trace file
 

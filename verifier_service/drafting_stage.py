@@ -10,8 +10,8 @@ Two ways to ask, chosen per step by the engine:
     step's rows there (DeviceDraftStep) and leaves [S, K] drafts on the device; the answer is a
     `DeviceDraftsAnswer`, settled when the engine next needs the drafts.
 A drafter that lacks a sequence's earlier context (it reconnected, or is a new process after a swap) says so; the
-sequence is re-sent whole to a token-only drafter, or recomputed (`needs_recompute`) for one that needs hidden
-states, so that the drafter sees every hidden state again as the prefill runs.
+sequence is re-sent whole to a token-only drafter, or recomputed (the sequences `ask_after_read` returns) for one
+that needs hidden states, so that the drafter sees every hidden state again as the prefill runs.
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ class AwaitedDrafts:
 
 
 @dataclass
-class DeviceAnswer:
+class DeviceDraftsAnswer:
     """A drafter's drafts for a launched step (DeviceDraftsAnswer): `settle` waits for a drafter service's answer,
     checks it and returns the sampled rows' drafts ([S, K] on the device, or None) and their counts."""
     stage: "DraftingStage"
@@ -63,7 +63,7 @@ class DeviceAnswer:
 @dataclass
 class DraftingStage:
     drafter: Drafter | None
-    max_drafts: int               # the engine's k
+    num_drafts: int               # the engine's configured k
     vocab_size: int
     staging_rows: int             # the most rows of one step (for the hidden rows' staging buffer)
     upload_rows: PinnedUpload
@@ -79,7 +79,7 @@ class DraftingStage:
     @property
     def k(self) -> int:
         """k for this step: the configured k, capped by what the drafter can do (0 while it is away)."""
-        return 0 if self.drafter is None else min(self.max_drafts, self.drafter.max_drafts)
+        return 0 if self.drafter is None else min(self.num_drafts, self.drafter.max_drafts)
 
     @property
     def drafts_on_device(self) -> bool:
@@ -107,13 +107,13 @@ class DraftingStage:
                           [i for i, p in enumerate(entries) if p.samples])
         return self.staging
 
-    def ask_after_read(self, step: int, committed: list[tuple[ScheduledSeq, int]], hidden: torch.Tensor
+    def ask_after_read(self, step_number: int, committed: list[tuple[ScheduledSeq, int]], hidden: torch.Tensor
                        ) -> list[Sequence]:
         """Send the drafter what each live sequence committed this step (entry, num_cached before the step);
         its proposals are for the next step (read now from an in-process drafter, at the start of the next step
         from one that answers later). Returns the sequences to recompute for the drafter."""
         drafter, k = self.drafter, self.k
-        if drafter is not None and k == 0 and self.max_drafts > 0:
+        if drafter is not None and k == 0 and self.num_drafts > 0:
             self.failed("the drafter is not connected")  # this step decodes without drafts
         inputs, live, row_starts, row_counts, first_row, rebuild = [], [], [], [], 0, []
         for p, old in committed:
@@ -141,7 +141,7 @@ class DraftingStage:
                 hidden[self.upload_rows(concat_ranges(row_starts, row_counts))]
         self.trace.mark("draft.inputs")
         start = time.perf_counter()
-        batch = DraftBatch(step, inputs, rows)
+        batch = DraftBatch(step_number, inputs, rows)
         later = isinstance(drafter, AnswersLater)
         self.awaited = AwaitedDrafts(self._send(drafter, batch) if later else partial(drafter.propose, batch),
                                      batch, live)
@@ -175,15 +175,15 @@ class DraftingStage:
             start += n
 
     # ---- at launch, on the device ---------------------------------------------------------------
-    def ask_on_device(self, step: int, entries: list[ScheduledSeq], batch: ForwardBatch, hidden: torch.Tensor,
-                      emitted: torch.Tensor | None, accepted: torch.Tensor | None) -> DeviceAnswer | None:
+    def ask_on_device(self, step_number: int, entries: list[ScheduledSeq], batch: ForwardBatch, hidden: torch.Tensor,
+                      emitted: torch.Tensor | None, accepted: torch.Tensor | None) -> DeviceDraftsAnswer | None:
         """Ask the drafter for the sampled entries' next drafts from the launched step's unread verdict (None:
         no drafter or k = 0). An in-process drafter has queued them when this returns; a drafter service
         answers later: its host work runs while the engine reads the last step and delivers its tokens."""
         if self.drafter is None or self.k == 0:
             return None
         start = time.perf_counter()
-        device_step, sampled = chained_draft_step(step, entries, batch, hidden, emitted, accepted, self.k,
+        device_step, sampled = chained_draft_step(step_number, entries, batch, hidden, emitted, accepted, self.k,
                                                   self.upload_rows)
         drafter = self.drafter
         try:
@@ -194,9 +194,9 @@ class DraftingStage:
         except Exception as e:  # a drafter's bug must not take the verifier down
             answer = self._device_raised(e, len(entries))
         self.seconds += time.perf_counter() - start
-        return DeviceAnswer(self, answer, device_step, [i for i, p in enumerate(entries) if p.samples], sampled)
+        return DeviceDraftsAnswer(self, answer, device_step, [i for i, p in enumerate(entries) if p.samples], sampled)
 
-    def checked_device_drafts(self, a: DeviceAnswer) -> tuple[torch.Tensor | None, list[int]]:
+    def checked_device_drafts(self, a: DeviceDraftsAnswer) -> tuple[torch.Tensor | None, list[int]]:
         """The drafter's answer checked, and its rows of the sampled entries."""
         start = time.perf_counter()
         try:

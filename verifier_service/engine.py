@@ -15,7 +15,8 @@ step n + 1 is launched before step n is read, its inputs written on the device f
 host's work between two steps runs while the GPU computes. Otherwise a step is read right after its launch. Both
 are the same path; only which step is read differs.
 
-A sequence's state changes only through its own methods (sequence.py), called here at launch and at read.
+A sequence's state changes only through its own methods (sequence.py): here at launch and at read, in the
+scheduler, the block manager and the drafting stage at their own moments.
 """
 from __future__ import annotations
 
@@ -228,7 +229,7 @@ class SpecEngine:
                                                logits=[p.num_drafts + 1 if p.samples else 0 for p in entries],
                                                before=chained)
         staging = None if overlap else self.drafting.layout_hidden(entries, hidden)
-        verdict = self._verdict(entries, sampled, logits, forced, unread) if sampled else None
+        verdict = self._verdict(entries, sampled, logits, forced, unread, overlap) if sampled else None
         if staging is not None:      # the drafter's hidden rows placed by the accepted counts, before the sync
             staging.gather(hidden, verdict.accepted if verdict is not None else None)
         self.trace.mark("forward.launched")
@@ -243,10 +244,11 @@ class SpecEngine:
         return launched
 
     def _verdict(self, entries: list[ScheduledSeq], sampled: list[ScheduledSeq], logits: torch.Tensor,
-                 forced: list[int] | None, unread: InFlightStep | None) -> DeviceVerdict:
+                 forced: list[int] | None, unread: InFlightStep | None, overlap: bool) -> DeviceVerdict:
         """The sampler on this step's logit rows ([R, V]: k_b + 1 per sampled entry). The drafts are read back from
         the staged input ids on the device (written there from the unread step when overlapped, never seen by
-        the host)."""
+        the host). Overlapped steps verify drafts made on the device, always one-hot: a q a drafter sent in an
+        earlier synchronous step is not theirs."""
         s = len(sampled)
         starts = np.cumsum([0] + [len(p.chunk) for p in entries])[:-1]
         firsts = np.fromiter((at + 1 for at, p in zip(starts, entries) if p.samples), np.int64, count=s)
@@ -263,7 +265,8 @@ class SpecEngine:
         forced_accepts = None if forced is None else flat[at + 2 * s + 1:]
         if all(p.seq.params.argmax_only for p in sampled):   # no sampling state, no draws
             return sample(logits, rows, None, None, forced_accepts)
-        uses_q = [p.seq.draft_probs is not None and p.num_drafts > 0 and not p.seq.params.greedy for p in sampled]
+        uses_q = [not overlap and p.seq.draft_probs is not None and p.num_drafts > 0 and not p.seq.params.greedy
+                  for p in sampled]
         sampling = SamplingBatch.of([p.seq for p in sampled], uses_q, logits.shape[-1], self._upload_sampling)
         if unread is not None and unread.sampled:   # + the unread step's tokens, which only the device knows
             sampling = dataclasses.replace(sampling, offsets=sampling.offsets + unread_emitted(
@@ -303,7 +306,7 @@ class SpecEngine:
         self.trace.mark("committed")
         if step.hidden is not None:
             rebuild = self.drafting.ask_after_read(self.step_count, list(zip(step.entries, step.cached_before)),
-                                                   step.hidden)
+                                                   step.hidden)   # (the step's number: the drafter's replay check)
             for seq in reversed(rebuild):   # they prefill again, and the drafter sees all their hidden states
                 self.scheduler.preempt(seq, "the drafter lost its hidden states")
         return outputs
@@ -322,7 +325,7 @@ class SpecEngine:
                 break
         seq.emitted(kept)
         if p.decoding:  # a verify step (the step that completes a prefill is not one)
-            seq.stats.record(p.num_drafts, num_accepted, len(kept))
+            seq.verified(p.num_drafts, num_accepted, len(kept))
             self.stats.record(p.num_drafts, num_accepted, len(kept))
         if reason:
             self._end(seq, reason)

@@ -11,7 +11,7 @@ The host copy of the verdict is queued right behind it, so reading it waits for 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -24,6 +24,9 @@ from specdec.models.pinned_upload import PinnedUpload
 from .sampler import DeviceLogprobs, DeviceVerdict, TokenLogprob
 from .scheduler import ScheduledSeq
 
+if TYPE_CHECKING:
+    from .drafting_stage import DeviceDraftsAnswer
+
 
 @dataclass
 class StepResult:
@@ -32,12 +35,6 @@ class StepResult:
     num_accepted: int
     drafts: list[int]                   # the drafter's proposals for its next step (drafted on the device)
     logprobs: list[TokenLogprob] | None = None   # per emitted token, when the request asked
-
-
-class DeviceDraftsAnswer(Protocol):
-    """The drafter's drafts for a launched step's sampled rows, once asked (drafting_stage.py)."""
-
-    def settle(self) -> tuple[torch.Tensor | None, list[int]]: ...
 
 
 @dataclass
@@ -136,7 +133,7 @@ class ChainedInputs:
     """Step n + 1's inputs that only the device knows: for each planned sequence whose last step is unread,
     its emitted token and drafts (written into the staged input ids) and its accepted count (by which its
     positions, KV rows and GDN read offsets move). Built on the host from the plan and the previous step's row
-    numbers; applied to the staged batch before the step runs (`ModelRunner.forward(before=...)`)."""
+    numbers; applied to the staged batch before the step runs (`Executor.forward(before=...)`)."""
 
     def __init__(self, plan: list[ScheduledSeq], previous: InFlightStep | None, upload: PinnedUpload,
                  block_size: int):

@@ -2,8 +2,8 @@
 
 Every change of a sequence's state is one of the methods below, called by the one component that owns that
 moment: the block manager (`took_slot`, `took_blocks`, `caches_released`), the scheduler (`admitted`,
-`preempted`), the engine (`launched`, `read`, `emitted`, `finished`) and the drafting stage (`proposed`,
-`drafted_on_device`). A step's life for one sequence:
+`preempted`), the engine (`launched`, `drafted_on_device`, `read`, `emitted`, `verified`, `finished`) and the
+drafting stage (`proposed`). A step's life for one sequence:
 
     launched(chunk)   the forward of [cached tokens..., chunk] is queued: the committed part of the chunk is
                       cached; when the chunk samples, a verdict is unread (unread_steps += 1) whose accepted drafts
@@ -113,6 +113,10 @@ class Sequence:
         if self.penalty is not None and tokens:
             ids = torch.tensor(tokens, dtype=torch.long).to(self.penalty.output_counts.device, non_blocking=True)
             self.penalty.output_counts.index_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
+
+    def verified(self, num_drafts: int, num_accepted: int, num_emitted: int) -> None:
+        """A verify step of it was committed: its acceptance statistics count it."""
+        self.stats.record(num_drafts, num_accepted, num_emitted)
 
     def proposed(self, drafts: list[int], probs: torch.Tensor | None) -> None:
         """A drafter's proposals for the next step (q: [len(drafts), V], or None for argmax drafters)."""

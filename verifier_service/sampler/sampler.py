@@ -10,8 +10,9 @@ emitted (*recovered*); when every draft is accepted the token after them is the 
     (processors.py), then kernels.sampling.speculative_sample: the coupled draw x = argmax p / E for one-hot
     drafters and greedy rows, min(1, p/q) with a residual draw for drafters that send q; draws keyed by (seed,
     output position), never by batch row.
-Nothing here reads the device: `Verdict.read` is the step's one host transfer (the engine calls it one step late
-when steps overlap).
+`sample` reads nothing from the device: the engine copies the verdict to the host and reads it once (in_flight.py,
+one step late when steps overlap); logprobs, asked for only in synchronous steps, are read with it
+(`DeviceLogprobs.read`).
 """
 from __future__ import annotations
 
