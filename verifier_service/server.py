@@ -79,7 +79,8 @@ def wait_for_drafter(drafter: RemoteDrafter, wait_s: float) -> bool:
     while not drafter.connected and time.monotonic() - start < wait_s:
         time.sleep(0.05)
     if drafter.connected:
-        log.info("drafter %s connected %.1f s after the warm-up", drafter.kind, time.monotonic() - start)
+        log.info("the %s drafter's link is up %.1f s after the warm-up: reporting SERVING", drafter.kind,
+                 time.monotonic() - start)
     elif wait_s > 0:
         log.warning("no drafter at %s after %.0f s (--drafter-wait): serving without drafts until it connects",
                     drafter.config.address, wait_s)
