@@ -72,24 +72,40 @@ def gated_delta_rule_ref(
     split = [num_k_heads * head_k, num_v_heads * head_v, num_v_heads, num_v_heads]
     s = state[slot].clone()                                                              # [B, HV, K, V]
     out = torch.zeros(num_tokens + 1, num_v_heads, head_v, dtype=torch.float32, device=v.device)
-    for u in range(ring // 2 - 1 + (0 if replay_only else max_seqlen)):
-        replayed, t = u < j, bos + u - j                                                 # [B]
-        real = (u >= j) & (t < eos) & (not replay_only)
-        row = torch.where(real, t, num_tokens)
-        rows = torch.where(replayed[:, None], pending[slot, (pos0 - j + u).clamp(min=0) % ring], raw[row])
-        kk, vv, aa, bb = rows.split(split, dim=1)
-        kf = l2norm(kk.view(-1, num_k_heads, head_k).float()).repeat_interleave(group, dim=1)   # [B, HV, K]
-        g, beta = gdn_gating(aa, bb, A_log, dt_bias)                                     # [B, HV]
-        decayed = s * g.exp()[:, :, None, None]
-        delta = beta[:, :, None] * (vv.view(-1, num_v_heads, head_v).float()
-                                    - torch.einsum("bhkv,bhk->bhv", decayed, kf))
-        stepped = decayed + kf[:, :, :, None] * delta[:, :, None, :]                     # [B, HV, K, V]
-        s = torch.where((replayed | real)[:, None, None, None], stepped, s)
-        out[row] = torch.einsum("bhkv,bhk->bhv", s, qf[row])
-        commit = real & (t == first_saved)
-        state[slot] = torch.where(commit[:, None, None, None], s, state[slot])
-        entry = (pos0 + t - bos).clamp(min=0) % ring
-        pending[slot, entry] = torch.where((real & (t > first_saved))[:, None], rows, pending[slot, entry])
+    # The virtual tokens of each sequence, u = 0, 1, ...: its j replayed drafts (from the ring), then its own tokens.
+    # Their inputs are gathered and prepared for every u at once; only the recurrence walks u. The number of u's is
+    # read on the host (cheap on a CPU, where this runs in production; on CUDA the Triton kernel runs instead and
+    # this is its test oracle).
+    steps = int((j + (0 if replay_only else eos - bos)).max()) if j.numel() else 0
+    us = torch.arange(steps, device=q.device)                                            # [U]
+    replayed = us[None, :] < j[:, None]                                                  # [B, U]
+    t = bos[:, None] + us[None, :] - j[:, None]                                          # [B, U] token row
+    real = (us[None, :] >= j[:, None]) & (t < eos[:, None]) & (not replay_only)          # [B, U]
+    row = torch.where(real, t, num_tokens)                                               # [B, U] (T: padding)
+    ring_rows = pending[slot[:, None], (pos0[:, None] - j[:, None] + us[None, :]).clamp(min=0) % ring]
+    rows = torch.where(replayed[:, :, None], ring_rows, raw[row])                       # [B, U, W]
+    kk, vv, aa, bb = rows.split(split, dim=2)
+    kf = l2norm(kk.reshape(*row.shape, num_k_heads, head_k).float()).repeat_interleave(group, dim=2)  # [B, U, HV, K]
+    g, beta = gdn_gating(aa, bb, A_log, dt_bias)                                         # [B, U, HV]
+    decay = g.exp()                                                                      # [B, U, HV]
+    vf = vv.reshape(*row.shape, num_v_heads, head_v).float()                            # [B, U, HV, V]
+    qq = qf[row]                                                                         # [B, U, HV, K]
+    moves = replayed | real                                                              # [B, U]
+    commit_at = torch.where(live, first_saved - bos + j, -1)                             # [B] u of the last kept token
+    for u in range(steps):
+        decayed = s * decay[:, u, :, None, None]
+        delta = beta[:, u, :, None] * (vf[:, u] - torch.einsum("bhkv,bhk->bhv", decayed, kf[:, u]))
+        stepped = decayed + kf[:, u, :, :, None] * delta[:, :, None, :]                 # [B, HV, K, V]
+        s = torch.where(moves[:, u, None, None, None], stepped, s)
+        out[row[:, u]] = torch.einsum("bhkv,bhk->bhv", s, qq[:, u])
+        commit = real[:, u] & (commit_at == u)
+        if commit.any():
+            state[slot] = torch.where(commit[:, None, None, None], s, state[slot])
+    stash = real & (t > first_saved[:, None])                                            # [B, U] drafts to keep
+    if stash.any():
+        b_idx, u_idx = stash.nonzero(as_tuple=True)
+        entry = (pos0[b_idx] + t[b_idx, u_idx] - bos[b_idx]) % ring
+        pending[slot[b_idx], entry] = rows[b_idx, u_idx]
     if replay_only:
         state[slot] = torch.where(live[:, None, None, None], s, state[slot])
     return out[:num_tokens].to(v.dtype)
