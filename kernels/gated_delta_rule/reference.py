@@ -87,20 +87,27 @@ def gated_delta_rule_ref(
     kk, vv, aa, bb = rows.split(split, dim=2)
     kf = l2norm(kk.reshape(*row.shape, num_k_heads, head_k).float()).repeat_interleave(group, dim=2)  # [B, U, HV, K]
     g, beta = gdn_gating(aa, bb, A_log, dt_bias)                                         # [B, U, HV]
-    decay = g.exp()                                                                      # [B, U, HV]
+    moves = replayed | real                                                              # [B, U]
+    # A virtual token that does not move its sequence (padding past its end) decays by 1 and writes nothing
+    # (beta 0, its inputs are zeros): the step below then leaves that state exactly as it was.
+    decay = torch.where(moves[:, :, None], g.exp(), 1.0)                                 # [B, U, HV]
+    beta = torch.where(moves[:, :, None], beta, 0.0)                                     # [B, U, HV]
     vf = vv.reshape(*row.shape, num_v_heads, head_v).float()                            # [B, U, HV, V]
     qq = qf[row]                                                                         # [B, U, HV, K]
-    moves = replayed | real                                                              # [B, U]
     commit_at = torch.where(live, first_saved - bos + j, -1)                             # [B] u of the last kept token
+    commit_steps = set(commit_at.tolist())                                               # read once (a CPU's path)
+    outs = []
     for u in range(steps):
+        k_u = kf[:, u, :, None, :]                                                       # [B, HV, 1, K]
         decayed = s * decay[:, u, :, None, None]
-        delta = beta[:, u, :, None] * (vf[:, u] - torch.einsum("bhkv,bhk->bhv", decayed, kf[:, u]))
-        stepped = decayed + kf[:, u, :, :, None] * delta[:, :, None, :]                 # [B, HV, K, V]
-        s = torch.where(moves[:, u, None, None, None], stepped, s)
-        out[row[:, u]] = torch.einsum("bhkv,bhk->bhv", s, qq[:, u])
-        commit = real[:, u] & (commit_at == u)
-        if commit.any():
-            state[slot] = torch.where(commit[:, None, None, None], s, state[slot])
+        delta = beta[:, u, :, None] * (vf[:, u] - (k_u @ decayed)[:, :, 0])              # [B, HV, V]
+        s = decayed + k_u.transpose(-1, -2) * delta[:, :, None, :]                      # [B, HV, K, V]
+        outs.append((qq[:, u, :, None, :] @ s)[:, :, 0])                                 # [B, HV, V]
+        if u in commit_steps:
+            commit = ((commit_at == u) & real[:, u])[:, None, None, None]
+            state[slot] = torch.where(commit, s, state[slot])
+    if outs:
+        out[row.reshape(-1)] = torch.stack(outs, dim=1).reshape(-1, num_v_heads, head_v)
     stash = real & (t > first_saved[:, None])                                            # [B, U] drafts to keep
     if stash.any():
         b_idx, u_idx = stash.nonzero(as_tuple=True)
