@@ -1,7 +1,9 @@
 """Benchmark drafter: proposes a recorded plain-decoding continuation of the same request, corrupting each
 proposed token with probability 1 − a, where a is chosen so that the expected tokens per verify step,
 Σ_{i=0..k} a^i = (1 − a^{k+1}) / (1 − a), equals the requested mean acceptance length (greedy requests).
-Verification stays real: the target still checks every token."""
+Verification stays real: the target still checks every token. Where no reference covers a context (or past its
+end) it still proposes as many drafts as asked, random tokens the target rejects, so that every verify step has
+the shape (and the cost) of k drafts."""
 from __future__ import annotations
 
 import random
@@ -39,8 +41,10 @@ class SyntheticDrafter:
             reference = self.bound.get(s.seq_id)
             if reference is None or reference[s.start_pos:len(context)] != s.token_ids:  # only new tokens checked
                 reference = self.bound[s.seq_id] = self.reference_for(context) or []
-            upcoming = reference[len(context):len(context) + min(s.num_drafts, self.max_drafts)]
-            drafts.append([t if rng.random() < self.accept_rate else self.corrupt(t, rng) for t in upcoming])
+            want = min(s.num_drafts, self.max_drafts)
+            upcoming = reference[len(context):len(context) + want]
+            drafts.append([t if rng.random() < self.accept_rate else self.corrupt(t, rng) for t in upcoming]
+                          + [rng.randrange(self.vocab_size) for _ in range(want - len(upcoming))])
         return DraftOutput(drafts=drafts)
 
     def corrupt(self, token: int, rng: random.Random) -> int:

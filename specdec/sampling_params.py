@@ -45,6 +45,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()        # stop strings (the gateway applies them to text)
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    speculation: bool = True          # False: this request verifies no drafts (others in its batch still do)
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -97,8 +98,9 @@ class SamplingParams:
             _integer("seed", self.seed, low=0, high=SEED_LIMIT - 1)
         if self.logprobs is not None:
             _integer("logprobs", self.logprobs, low=0, high=MAX_LOGPROBS)
-        if not isinstance(self.ignore_eos, bool):
-            raise SamplingError(f"ignore_eos must be a boolean, got {self.ignore_eos!r}")
+        for name in ("ignore_eos", "speculation"):
+            if not isinstance(getattr(self, name), bool):
+                raise SamplingError(f"{name} must be a boolean, got {getattr(self, name)!r}")
         self._validate_stops(vocab_size)
         return self
 

@@ -161,6 +161,33 @@ def test_seed_reproduces_and_matches_grpc(client, stub):
     assert len({sample(seed) for seed in (1, 2, 3)} | {first}) > 1    # the seed matters
 
 
+def test_speculation_false_verifies_no_drafts_while_the_batch_beside_it_speculates(client, stub):
+    """`speculation: false` (HTTP extra field, gRPC SamplingParams field) turns drafts off for that request only: its
+    usage counts no drafts, the request running beside it at the same time drafts, and both texts are the same
+    as with speculation (lossless)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def http(speculation):
+        extra = {} if speculation is None else {"speculation": speculation}
+        answer = client.completions.create(model="demo_model", prompt=PROMPT, max_tokens=40, temperature=0,
+                                           extra_body={"ignore_eos": True, **extra})
+        return answer.choices[0].text, answer.usage.model_extra["spec_decode"]["draft_tokens"]
+
+    def rpc(speculation):
+        sampling = dict(max_tokens=40, ignore_eos=True) | ({} if speculation is None else {"speculation": speculation})
+        text, last = grpc_generate(stub, prompt=PROMPT, sampling=sampling)
+        return text, last.usage.draft_tokens
+
+    reference, drafted = http(None)
+    assert drafted > 0
+    for off, on in ((http, rpc), (rpc, http)):     # each API's request opted out while the other's speculates
+        with ThreadPoolExecutor(2) as pool:
+            quiet, busy = pool.submit(off, False), pool.submit(on, None)
+            (quiet_text, quiet_drafts), (busy_text, busy_drafts) = quiet.result(), busy.result()
+        assert quiet_drafts == 0 and busy_drafts > 0, (off.__name__, quiet_drafts, busy_drafts)
+        assert quiet_text == busy_text == reference
+
+
 def test_stream_options_include_usage(client):
     chunks = list(client.completions.create(model="demo_model", prompt=PROMPT, max_tokens=8, temperature=0,
                                             stream=True, stream_options={"include_usage": True}))
@@ -171,7 +198,8 @@ def test_stream_options_include_usage(client):
 def test_400_names_the_field(client):
     cases = [(dict(temperature=-1.0), "temperature"), (dict(top_p=0.0), "top_p"), (dict(n=2), "n"),
              (dict(extra_body={"temperature": "hot"}), "temperature"), (dict(logprobs=21), "logprobs"),
-             (dict(extra_body={"echo": True}), "echo"), (dict(stop=[""]), "stop")]
+             (dict(extra_body={"echo": True}), "echo"), (dict(stop=[""]), "stop"),
+             (dict(extra_body={"speculation": "no"}), "speculation")]
     for kwargs, field in cases:
         with pytest.raises(openai.BadRequestError) as error:
             client.completions.create(model="demo_model", prompt=PROMPT, max_tokens=4, **kwargs)

@@ -13,6 +13,7 @@ class AcceptanceStats:
     drafted: int = 0
     accepted: int = 0
     emitted: int = 0
+    rejected_steps: int = 0     # verify steps that rejected one of their drafts (an acceptance run's end)
     drafted_at: list[int] = field(default_factory=list)   # [position] drafts proposed at draft position i
     accepted_at: list[int] = field(default_factory=list)  # [position] of which accepted
 
@@ -21,6 +22,7 @@ class AcceptanceStats:
         self.drafted += num_drafts
         self.accepted += num_accepted
         self.emitted += num_emitted
+        self.rejected_steps += num_accepted < num_drafts
         grow = num_drafts - len(self.drafted_at)
         if grow > 0:
             self.drafted_at += [0] * grow

@@ -13,6 +13,7 @@ from specdec.drafting import Drafter, vocabulary_fingerprint
 from specdec.models.loader import LoadedModel, load_model
 from specdec.step_trace import StepTrace
 
+from .draft_policy import POLICIES
 from .drafter_client import DrafterLinkConfig, RemoteDrafter
 from .engine import EngineConfig, SpecEngine
 from .engine_loop import DEFAULT_MAX_QUEUED
@@ -29,6 +30,8 @@ class VerifierConfig:
     device: str = "cpu"
     dtype: str = "float32"
     num_drafts: int = 3
+    draft_policy: str = "auto"             # fixed: every step verifies k | adaptive: draft_policy.py | auto: adaptive
+                                           # on a GPU, fixed on the CPU
     drafter_address: str | None = None     # None: plain decoding (k = 0), or the in-process drafter
     in_process_drafter: str | None = None  # a drafter kind run inside this process (built by the caller)
     transport: str = "auto"
@@ -49,6 +52,13 @@ class VerifierConfig:
     overlap: bool = True                   # launch a step before reading the last one's tokens (when it can)
     warm_up: bool = True                   # run verifier_service.warm_up before reporting SERVING
     trace_steps: str | None = None         # diagnostics: a specdec.step_trace file
+
+    @property
+    def adaptive_drafts(self) -> bool:
+        if self.draft_policy not in POLICIES:
+            raise ValueError(f"draft policy must be one of {', '.join(POLICIES)}, not {self.draft_policy!r}")
+        return self.draft_policy == "adaptive" or (self.draft_policy == "auto"
+                                                    and torch.device(self.device).type == "cuda")
 
     def context_and_blocks(self, loaded: LoadedModel) -> tuple[int, int]:
         """(the longest sequence served, KV blocks to hold max_running of them unless kv_blocks says)."""
@@ -95,5 +105,9 @@ def build_engine(config: VerifierConfig, make_drafter: DrafterFactory | None = N
         log.warning("FORCED ACCEPTANCE (mean length %.2f): output is not the target's; benchmarks only",
                     config.forced_acceptance_length)
     scheduler = SchedulerConfig(config.max_running, config.max_batched_tokens, config.prefill_chunk)
-    return SpecEngine(executor, drafter,
-                      EngineConfig(config.num_drafts, scheduler, forced, max_context, config.overlap), trace)
+    engine_config = EngineConfig(config.num_drafts, config.adaptive_drafts, scheduler, forced, max_context,
+                                 config.overlap)
+    if drafter is not None:
+        log.info("draft policy: %s (--draft-policy %s)", "adaptive k in 0..%d" % config.num_drafts
+                 if engine_config.adaptive_drafts else "fixed k = %d" % config.num_drafts, config.draft_policy)
+    return SpecEngine(executor, drafter, engine_config, trace)

@@ -67,6 +67,7 @@ class DraftingStage:
     vocab_size: int
     staging_rows: int             # the most rows of one step (for the hidden rows' staging buffer)
     upload_rows: PinnedUpload
+    step_drafts: int = 0          # drafts asked per sequence this step (the draft policy's k; k when fixed)
     fallback_steps: int = 0       # steps decoded with k = 0 although a drafter is configured
     seconds: float = 0.0          # this step's host time asking and reading answers
     compute_seconds: float | None = None   # this step's drafting time as the drafter measured it (a remote one)
@@ -183,8 +184,8 @@ class DraftingStage:
         if self.drafter is None or self.k == 0:
             return None
         start = time.perf_counter()
-        device_step, sampled = chained_draft_step(step_number, entries, batch, hidden, emitted, accepted, self.k,
-                                                  self.upload_rows)
+        device_step, sampled = chained_draft_step(step_number, entries, batch, hidden, emitted, accepted,
+                                                  min(self.k, self.step_drafts), self.upload_rows)
         drafter = self.drafter
         try:
             if isinstance(drafter, DraftsOnDeviceLater):
@@ -251,7 +252,7 @@ class DraftingStage:
         drafter lost it and can take tokens alone), or None (no drafter, or a recompute is needed first)."""
         if self.drafter is None or k == 0:
             return None
-        want = max(0, min(k, seq.remaining - 1)) if seq.is_decoding else 0
+        want = max(0, min(k, self.step_drafts, seq.remaining - 1)) if seq.is_decoding and seq.params.speculation else 0
         if seq.seq_id in self.context_lost and old > 0:
             if self.drafter.needs_hidden:
                 return None
@@ -270,7 +271,8 @@ def chained_draft_step(step: int, plan: list[ScheduledSeq], batch: ForwardBatch,
                        emitted: torch.Tensor | None, accepted: torch.Tensor | None, max_drafts: int,
                        upload: PinnedUpload) -> tuple[DeviceDraftStep, torch.Tensor]:
     """What an on-device drafter gets for this step: every sequence's committed rows (its chunk less the drafts
-    it did not accept) and the token after them (`emitted` [S] by the verdict, or the next prompt token). Also
+    it did not accept) and the token after them (`emitted` [S] by the verdict, or the next prompt token); it is
+    asked for `max_drafts` drafts for each sampled sequence that speculates (none for the others). Also
     returns the sampled entries' places in the plan, [S] on the device."""
     b = len(plan)
     sampled = np.fromiter((i for i, p in enumerate(plan) if p.samples), np.int64)
@@ -281,7 +283,7 @@ def chained_draft_step(step: int, plan: list[ScheduledSeq], batch: ForwardBatch,
     base_dev, next_dev, sampled_dev = flat[:b], flat[b:2 * b], flat[2 * b:]
     committed = base_dev if accepted is None else base_dev.index_add(0, sampled_dev, accepted)
     next_token = next_dev if emitted is None else next_dev.index_copy(0, sampled_dev, emitted)
-    wanted = np.array([max_drafts if p.samples else 0 for p in plan], np.int64)
+    wanted = np.array([max_drafts if p.samples and p.seq.params.speculation else 0 for p in plan], np.int64)
     return DeviceDraftStep(
         step=step, seq_ids=[p.seq.seq_id for p in plan],
         start_pos=np.fromiter((p.seq.num_cached for p in plan), np.int64, count=b),

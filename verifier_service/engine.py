@@ -38,6 +38,7 @@ from specdec.sampling_params import SamplingParams
 from specdec.step_trace import OFF, StepTrace
 
 from .acceptance_stats import AcceptanceStats
+from .draft_policy import DraftPolicy
 from .drafting_stage import DraftingStage
 from .executor import Executor
 from .forced_acceptance import ForcedAcceptance
@@ -52,6 +53,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class EngineConfig:
     num_drafts: int = 3                        # k; 0 = plain decoding
+    adaptive_drafts: bool = False              # each step verifies the k in 0..num_drafts of draft_policy.py
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     forced_acceptance: ForcedAcceptance | None = None  # benchmarks only, see ForcedAcceptance
     max_context: int = 0                       # prompt + completion limit; 0: what the KV cache holds
@@ -87,6 +89,7 @@ class SpecEngine:
         self.drafting = DraftingStage(drafter, config.num_drafts, executor.config.vocab_size,
                                       config.scheduler.max_batched_tokens, PinnedUpload(device), trace=trace)
         self.stats = AcceptanceStats()
+        self.policy = DraftPolicy(config.num_drafts, config.adaptive_drafts)   # its costs: warm_up.py
         self.step_count = 0
         self.last_step_seconds: dict[str, float] = {}
         self.overlapped_draft_steps = 0          # steps that verified drafts, launched before the last one was read
@@ -180,7 +183,7 @@ class SpecEngine:
         self.drafting.collect()               # a drafter service's answer to the last step read
         if previous is not None:
             self._settle(previous)            # its drafts, which this step's sequences verify
-        schedule = self.scheduler.schedule()  # a sequence whose last step is unread decodes from the device
+        schedule = self.scheduler.schedule(self._choose_drafts())  # a sequence whose last step is unread
         self.drafting.forget(schedule.preempted)
         asked, start = self.drafting.seconds, time.perf_counter()
         launched = self._launch(schedule.entries, previous, overlap) if schedule.entries else None
@@ -199,6 +202,19 @@ class SpecEngine:
         self.drafting.seconds, self.drafting.compute_seconds = 0.0, None
         self.trace.mark("step.end")
         return outputs
+
+    def _choose_drafts(self) -> int:
+        """This step's k (draft_policy.py), from the decoding sequences: what they verify now and what the drafter
+        is asked for, for the next step."""
+        k = self.drafting.k
+        if k == 0:
+            return 0
+        decoding = [s for s in self.scheduler.running if s.is_decoding]
+        if decoding:
+            speculating = [s.stats for s in decoding if s.params.speculation]
+            k = min(k, self.policy.choose(speculating, self.stats, len(decoding) - len(speculating)))
+        self.drafting.step_drafts = k
+        return k
 
     def _overlaps(self) -> bool:
         """Can this step be launched before the last one's tokens are read? Only when no request has penalties

@@ -26,7 +26,10 @@ class VerifierMetrics:
         self.fallbacks = Gauge("specdec_drafter_fallbacks", "Steps decoded without drafts (drafter away)", registry=r)
         self.engine_failures = Counter("specdec_engine_failures", "Times the engine loop stopped on an internal "
                                        "error (the verifier then reports NOT_SERVING)", registry=r)
+        self.draft_length = Counter("specdec_steps_by_draft_length", "Decode steps by the drafts per sequence the "
+                                    "draft policy gave them (fixed: always k)", ["k"], registry=r)
         self._seen = (0, 0, 0, 0)
+        self._chosen: list[int] = []
 
     def serve(self, port: int) -> None:
         start_http_server(port, registry=self.registry)
@@ -43,6 +46,13 @@ class VerifierMetrics:
         for i, rate in enumerate(s.per_position_acceptance):
             self.accepted_at.labels(position=str(i)).set(rate)
         self.mean_length.set(s.mean_acceptance_length)
+        chosen = engine.policy.chosen
+        if len(self._chosen) != len(chosen):
+            self._chosen = [0] * len(chosen)
+        for k, (now, seen) in enumerate(zip(chosen, self._chosen)):
+            if now > seen:
+                self.draft_length.labels(k=str(k)).inc(now - seen)
+        self._chosen = list(chosen)
         for phase, t in engine.last_step_seconds.items():
             self.step_time.labels(phase=phase).observe(t)
         blocks = engine.executor.blocks

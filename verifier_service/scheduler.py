@@ -67,12 +67,13 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def _chunk(self, seq: Sequence, budget: int) -> tuple[list[int], int]:
+    def _chunk(self, seq: Sequence, budget: int, max_drafts: int) -> tuple[list[int], int]:
+        limit = min(max_drafts if seq.params.speculation else 0, budget - 1, seq.remaining - 1)
         if seq.is_decoding and seq.unread_steps:  # its token and drafts are on the device: the engine fills them in
-            drafts = max(0, min(seq.device_drafts, budget - 1, seq.remaining - 1))
+            drafts = max(0, min(seq.device_drafts, limit))
             return [UNREAD_TOKEN] * (1 + drafts), drafts
         if seq.is_decoding:   # never more drafts than tokens it may still emit after the first
-            drafts = seq.drafts[:max(0, min(budget - 1, seq.remaining - 1))]
+            drafts = seq.drafts[:max(0, limit)]
             return [seq.token_ids[-1]] + drafts, len(drafts)
         size = min(self.config.prefill_chunk, budget, len(seq.token_ids) - seq.num_cached)
         return seq.token_ids[seq.num_cached:seq.num_cached + size], 0
@@ -103,14 +104,16 @@ class Scheduler:
         finished by length when that token is read."""
         return seq.remaining > 0 and (not seq.unread_steps or seq.is_decoding)
 
-    def schedule(self) -> Schedule:
+    def schedule(self, max_drafts: int) -> Schedule:
+        """This step's entries; a decoding sequence verifies at most `max_drafts` of its drafts (none if it opted
+        out of speculation)."""
         plan: list[ScheduledSeq] = []
         preempted: list[Sequence] = []
         budget = self.config.max_batched_tokens
         for seq in list(self.running):
             if seq not in self.running or budget <= 0 or not self._can_run(seq):
                 continue
-            chunk, d = self._chunk(seq, budget)
+            chunk, d = self._chunk(seq, budget, max_drafts)
             while not self.blocks.fits(seq, self._reach(seq, chunk)) and seq in self.running:
                 self._preempt_for_blocks(self.running[-1], preempted)
             if seq not in self.running:
@@ -122,7 +125,7 @@ class Scheduler:
             seq = self.waiting[0]
             if not self._can_run(seq):
                 break
-            chunk, d = self._chunk(seq, budget)
+            chunk, d = self._chunk(seq, budget, max_drafts)
             if not self.blocks.can_admit(seq, seq.num_cached + len(chunk)):
                 break
             self.waiting.popleft()

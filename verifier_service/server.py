@@ -17,7 +17,7 @@ from .engine import SpecEngine
 from .engine_loop import EngineLoop
 from .metrics import VerifierMetrics
 from .servicer import VerifierServicer
-from .warm_up import warm_up
+from .warm_up import measure_step_costs, warm_up
 
 log = logging.getLogger(__name__)
 SERVICE = verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].full_name
@@ -97,6 +97,8 @@ def serve(config: VerifierConfig, host: str, port: int, make_drafter: DrafterFac
         warm_up(engine)
     if isinstance(engine.drafter, RemoteDrafter):
         wait_for_drafter(engine.drafter, config.drafter_wait_s)
+    if engine.policy.adaptive and engine.drafter is not None:
+        measure_step_costs(engine)
     freeze_startup_heap("verifier")
     engine.trace.mark("serving")   # trace-report leaves the warm-up's steps out
     asyncio.run(_serve(engine, config, host, port))

@@ -15,12 +15,18 @@ What runs (every sequence is gone afterwards, the counters start afresh):
     proposes k copies of each last token, so no drafter needs to be up), then decoding without drafts (as while a
     drafter is away), in steps mixed with one prefill chunk of each of a few sizes, and with four prompts of half
     a prefill chunk at once (several sequences prefilling in one step, as when a burst of requests arrives).
+
+`measure_step_costs` (the adaptive draft policy's costs, draft_policy.py) runs after the warm-up, once the drafter
+is connected: for each batch bucket B and k in 0..K, B sequences decode verifying k drafts each, through the
+engine and the drafter as they serve, and the wall time of a few steps is kept per (B, k).
 """
 from __future__ import annotations
 
 import logging
 import time
 
+import numpy as np
+import torch
 from tqdm import tqdm
 
 from specdec.drafting import DraftBatch, DraftOutput
@@ -29,11 +35,14 @@ from specdec.models.gated_deltanet import CHUNKED_PREFILL_MIN_TOKENS
 from specdec.sampling_params import SamplingParams
 
 from .acceptance_stats import AcceptanceStats
+from .draft_policy import DraftPolicy, StepCosts
 from .engine import SpecEngine
 
 log = logging.getLogger(__name__)
 PREFILL_SIZES = (16, 64, 256)   # prefill chunks mixed with the decoders: attention query tiles 16, and the splits
 MIN_CONTEXT = 40                # the mixed steps' decoders take 3 prompt tokens and up to 32 new ones
+COST_STEPS = 6                  # steps timed per (batch, k)
+COST_SETTLE = 3                 # steps after the prefill before the timing (the drafts of the first are in)
 
 
 class EchoDrafter:
@@ -75,8 +84,67 @@ def warm_up(engine: SpecEngine, mixed: bool | None = None) -> None:
     finally:
         engine.drafter = drafter
         log.info("warm-up: %d steps in %.1f s", engine.step_count - steps, time.perf_counter() - start)
-        engine.stats, engine.step_count, engine.drafting.fallback_steps = AcceptanceStats(), 0, 0
-        engine.scheduler.num_preemptions = 0
+        reset_counters(engine)
+
+
+def reset_counters(engine: SpecEngine) -> None:
+    """The engine's statistics start afresh: what a warm-up did is not served traffic."""
+    engine.stats, engine.step_count, engine.drafting.fallback_steps = AcceptanceStats(), 0, 0
+    engine.scheduler.num_preemptions = 0
+    engine.policy.forget()
+
+
+def measure_step_costs(engine: SpecEngine) -> StepCosts | None:
+    """The adaptive policy's step costs (see the module docstring), given to engine.policy and returned; None
+    when no drafter drafts now (k = 0) or no batch fits the token budget and the KV cache."""
+    num_drafts = engine.drafting.k
+    config, vocab = engine.scheduler.config, engine.executor.config.vocab_size
+    max_tokens = (COST_SETTLE + COST_STEPS + 3) * (num_drafts + 1)
+    length = 4 + max_tokens + num_drafts + 1
+    capacity = engine.executor.blocks.kv_blocks.size * engine.executor.block_size
+    sizes = [b for b in sorted({min(b, config.max_running) for b in buckets_for(config.max_running)})
+             if b * (num_drafts + 1) <= config.max_batched_tokens and b * (length + engine.executor.block_size)
+             <= capacity and length <= engine.max_len]
+    if num_drafts == 0 or not sizes:
+        log.warning("adaptive draft length: %s; every step verifies k = %d",
+                    "no drafter is connected" if num_drafts == 0 else "no batch fits the step costs' measurement",
+                    engine.config.num_drafts)
+        return None
+    start, policy, rows = time.perf_counter(), engine.policy, []
+    device = engine.executor.device
+    try:
+        for b in tqdm(sizes, desc="measuring step costs", unit="batch", leave=False):
+            rows.append([])
+            for k in range(num_drafts + 1):
+                engine.policy = DraftPolicy(k, adaptive=False)
+                ids = [f"step-cost-{b}-{k}-{i}" for i in range(b)]
+                for i, rid in enumerate(ids):
+                    engine.add_request(rid, [(13 * i + j + 1) % vocab for j in range(4)],
+                                       SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+                for _ in range(1 + COST_SETTLE):   # the prefill, then decoding until drafts are verified
+                    engine.step()
+                _sync(device)
+                t0 = time.perf_counter()
+                for _ in range(COST_STEPS):
+                    engine.step()
+                _sync(device)
+                rows[-1].append((time.perf_counter() - t0) / COST_STEPS)
+                for rid in ids:
+                    engine.abort(rid)
+                while engine.has_work:
+                    engine.step()
+    finally:
+        engine.policy = policy
+        reset_counters(engine)
+    policy.costs = StepCosts(tuple(sizes), np.array(rows))
+    log.info("adaptive draft length: step costs measured in %.1f s (ms per step, B sequences verifying k drafts "
+             "each, drafter included):\n%s", time.perf_counter() - start, policy.costs.table())
+    return policy.costs
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _mixed_steps(engine: SpecEngine, k: int) -> None:

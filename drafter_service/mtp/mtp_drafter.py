@@ -154,8 +154,12 @@ class MTPDrafter:
             self.loop.run(front.plan(tables, table_lens), front.hidden(), 0, front)
         catch_up = ChainedCatchUp(step, held, self.block_size, self._upload, skip)
         tables, table_lens = self.tables.rows([i for i, ok in zip(step.seq_ids, held) if ok])
-        drafts = self.loop.run(catch_up.plan(tables, table_lens, held), catch_up.hidden(), self.max_drafts,
-                               catch_up)
+        # A step that asks for no drafts (the verifier's draft policy chose k = 0) only catches up: one head
+        # forward, no draft steps and no lm_head (eagerly: the graphs draft max_drafts).
+        steps = self.max_drafts if max(counts, default=0) > 0 else 0
+        drafts = self.loop.run(catch_up.plan(tables, table_lens, held), catch_up.hidden(), steps, catch_up)
+        if steps == 0:
+            drafts = torch.zeros(drafts.shape[0], self.max_drafts, dtype=torch.long, device=self.device)
         return DeviceDrafts(catch_up.scatter(drafts), counts, missing)
 
     def release(self, seq_ids: list[int]) -> None:

@@ -5,7 +5,7 @@ Types are strict (``"0.5"`` is not a number, ``true`` is not an integer). Fields
 the OpenAI API's many optional fields come and go; fields we know but cannot honour (``n`` > 1, ``echo``,
 ``logit_bias``, ``tools`` ...) are refused by name in ``unsupported``. Beyond OpenAI's fields, vLLM's sampling
 extras are accepted: ``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos`` and (chat)
-``chat_template_kwargs``.
+``chat_template_kwargs``; and ours, ``speculation`` (false: this request verifies no drafts).
 """
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ class _Sampling(_Body):
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool | None = None
+    speculation: bool | None = None       # ours: false = no drafts verified for this request
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
@@ -44,7 +45,7 @@ class _Sampling(_Body):
 
     def sampling_fields(self) -> dict:
         """SamplingParams fields that were set (max_tokens and logprobs are the endpoints' business)."""
-        names = ("temperature", "top_p", "top_k", "min_p", "seed", "stop_token_ids", "ignore_eos",
+        names = ("temperature", "top_p", "top_k", "min_p", "seed", "stop_token_ids", "ignore_eos", "speculation",
                  "presence_penalty", "frequency_penalty", "repetition_penalty")
         values = {name: getattr(self, name) for name in names}
         values["stop"] = [self.stop] if isinstance(self.stop, str) else self.stop

@@ -4,7 +4,7 @@ output and records what fails under "problems"; the CI smoke test asserts there 
     completion tokens = verify steps + accepted drafts + prefills   (one token per prefill, 1 + accepted per
                                                                      verify step; ignore_eos, no stop strings)
     mean acceptance length = (completion - prefills) / verify steps
-    accepted <= drafted <= k · verify steps; no drafts without a drafter
+    accepted <= drafted <= k · verify steps; no drafts without a drafter; mean drafts = drafted / verify steps
     tokens/s = tokens / seconds; TTFT <= seconds; p50 <= p99
     in-process step split: target + sampling + drafter round trip + host = step total
     every measured number > 0 (counts that may be 0: ZERO_OK)
@@ -15,7 +15,14 @@ import math
 
 from specdec_tools.bench.latency import SECONDS_DIGITS
 
-ZERO_OK = {"draft_tokens", "accepted_tokens", "preemptions", "decode_steps"}
+ZERO_OK = {"draft_tokens", "accepted_tokens", "preemptions", "decode_steps", "mean_drafts"}
+ZERO_OK_UNDER = "steps_by_k"   # steps per chosen k: a fixed policy never chooses most k
+
+
+def may_be_zero(key: str) -> bool:
+    """A dotted key (numbers()) whose value may be 0."""
+    parts = key.split(".")
+    return parts[-1] in ZERO_OK or ZERO_OK_UNDER in parts[:-1]
 
 
 def _close(a: float, b: float, rel: float = 1e-3, abs_: float = 1e-6) -> bool:
@@ -47,7 +54,7 @@ def check_result(result: dict) -> list[str]:
     w, m = result["workload"], result["metrics"]
     name = result.get("name", w.get("path"))
     problems = [f"{name}: {key} = {v} is not > 0" for key, v in numbers({"metrics": m, "bw": result["bandwidth"]})
-                if not v > 0 and key.rsplit(".", 1)[-1] not in ZERO_OK]
+                if not v > 0 and not may_be_zero(key)]
     expected = w["concurrency"] * w["max_tokens"]
     if not m["truncated"]:
         if m["completion_tokens"] != expected:
@@ -84,6 +91,8 @@ def _check_speculation(name: str, w: dict, m: dict) -> list[str]:
                             f"(completion - prefills) / verify_steps")
     if accepted > drafted:
         problems.append(f"{name}: accepted_tokens {accepted} > draft_tokens {drafted}")
+    if m.get("mean_drafts") is not None and verify and not _close(m["mean_drafts"], drafted / verify, 1e-3):
+        problems.append(f"{name}: mean_drafts {m['mean_drafts']} != draft_tokens / verify_steps")
     if drafted > w["k"] * verify:
         problems.append(f"{name}: draft_tokens {drafted} > k x verify_steps {w['k'] * verify}")
     if w["drafter"] == "none" and drafted:

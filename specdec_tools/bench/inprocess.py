@@ -23,11 +23,13 @@ from typing import Callable
 
 import torch
 
+from drafter_service.synthetic import SyntheticDrafter
 from specdec.models.loader import LoadedModel
 from specdec.sampling_params import SamplingParams
 from verifier_service.builder import VerifierConfig, build_engine
 from verifier_service.engine import SpecEngine
 from verifier_service.scheduler import SchedulerConfig
+from verifier_service.warm_up import measure_step_costs, reset_counters
 
 from ..commands.in_process_drafter import IN_PROCESS_KINDS, in_process_drafter
 
@@ -87,20 +89,28 @@ class InprocBench:
         self.loaded, self.device, self.overlap = loaded, device, overlap
 
     def build_engine(self, w: Workload) -> SpecEngine:
-        """The verifier's engine (verifier_service.builder.build_engine) sized for `w`, its drafter in process."""
+        """The verifier's engine (verifier_service.builder.build_engine) sized for `w`, its drafter in process; with
+        the adaptive draft policy, its step costs measured (as a verifier does at start-up)."""
         k, scheduler = w.num_drafts, scheduler_for(w)
-        drafter = w.drafter if w.drafter in IN_PROCESS_KINDS else None
+        drafter = w.drafter if w.drafter in IN_PROCESS_KINDS + ("synthetic",) else None
         config = VerifierConfig(
             model_dir="", device=str(self.device), num_drafts=k, in_process_drafter=drafter,
             max_context=w.prompt_tokens + w.max_tokens, max_running=w.concurrency,
             max_batched_tokens=scheduler.max_batched_tokens, prefill_chunk=scheduler.prefill_chunk, block_size=BLOCK,
             kv_blocks=blocks_for(w), forced_acceptance_length=w.forced_length or 0.0,
-            unsafe_forced_acceptance=bool(w.forced_length), overlap=self.overlap, warm_up=False)
-        make = in_process_drafter(drafter, w.draft_vocab if drafter == "mtp" else None) if drafter else None
+            unsafe_forced_acceptance=bool(w.forced_length), overlap=self.overlap, warm_up=False,
+            draft_policy=w.draft_policy)
+        if drafter == "synthetic":   # its references are the warm-up's outputs (run())
+            def make(loaded, config):
+                return SyntheticDrafter([], k, loaded.config.vocab_size, accept_rate=w.accept_rate)
+        else:
+            make = in_process_drafter(drafter, w.draft_vocab if drafter == "mtp" else None) if drafter else None
         engine = build_engine(config, make, self.loaded)
         warm = [SamplingParams(max_tokens=k + 2, ignore_eos=True),
                 SamplingParams(max_tokens=k + 2, temperature=0.8, seed=1, ignore_eos=True)]
         engine.generate([[1, 2, 3, 4], [5, 6, 7]], warm)  # every path once: prefill, verify, sampling, drafter
+        if engine.policy.adaptive:
+            measure_step_costs(engine)
         return engine
 
     def run(self, w: Workload, prompts: list[list[int]], guard_s: float) -> dict:
@@ -111,8 +121,11 @@ class InprocBench:
         # outlive the others' prefill; fla autotunes; this concurrency's graph buckets replay), then the
         # counters are read afresh below.
         warm_start = time.perf_counter()
-        engine.generate(prompts, [SamplingParams(max_tokens=w.max_tokens, temperature=w.temperature, seed=i,
-                                                 ignore_eos=True) for i in range(len(prompts))])
+        outputs = engine.generate(prompts, [SamplingParams(max_tokens=w.max_tokens, temperature=w.temperature, seed=i,
+                                                           ignore_eos=True) for i in range(len(prompts))])
+        if isinstance(engine.drafter, SyntheticDrafter):   # the continuations it corrupts (greedy: the same again)
+            engine.drafter.references = [p + o for p, o in zip(prompts, outputs)]
+            reset_counters(engine)   # the warm-up's drafts had no references: its acceptance is not the workload's
         warmup_s = round(time.perf_counter() - warm_start, 2)
         target_clock, drafter_clock = CallClock(self.device), CallClock(self.device)
         engine.executor.forward = target_clock.wrap(engine.executor.forward)
@@ -120,12 +133,14 @@ class InprocBench:
             engine.drafter.propose = drafter_clock.wrap(engine.drafter.propose)
             if hasattr(engine.drafter, "draft_on_device"):   # overlapped steps draft through this one
                 engine.drafter.draft_on_device = drafter_clock.wrap(engine.drafter.draft_on_device)
-        before = _counts(engine)
+        before, chosen_before = _counts(engine), list(engine.policy.chosen)
         traces, steps, truncated = self._drive(engine, w, prompts, guard_s, (target_clock, drafter_clock))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         verify, drafted, accepted, emitted, preemptions = (
             None if a is None else a - b for a, b in zip(_counts(engine), before))
+        chosen = [a - b for a, b in zip(engine.policy.chosen, chosen_before)]
+        costs = engine.policy.costs
         summary = summarize(list(traces.values()))
         first_all = max((t.times[0] for t in traces.values() if t.times), default=0.0)
         split = step_split(steps, target_clock.seconds_by_step(), drafter_clock.seconds_by_step(),
@@ -140,6 +155,9 @@ class InprocBench:
                 "prefills": sum(1 for t in traces.values() if t.times), "verify_steps": verify,
                 "draft_tokens": drafted, "accepted_tokens": accepted, "emitted_by_verify": emitted,
                 "mean_acceptance_length": round(emitted / verify, 4) if verify else None,
+                "mean_drafts": round(drafted / verify, 4) if verify else None, "steps_by_k": chosen,
+                "step_costs_ms": None if costs is None else {"batch_sizes": list(costs.batch_sizes),
+                                                             "ms": (costs.seconds * 1e3).round(3).tolist()},
                 "engine_steps": len(steps), "preemptions": preemptions, "step_ms": split, "memory": memory,
                 "warmup_s": warmup_s}
 

@@ -10,7 +10,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 COLUMNS = ["path", "drafter", "c", "prompt", "out", "T", "tok/s", "x plain", "x peer", "TTFT p50", "ITL p50",
-           "ITL p99", "acc len", "step ms", "tgt", "samp", "drf rt", "drf cmp", "host", "mem MiB", "BW/copy",
+           "ITL p99", "acc len", "k", "step ms", "tgt", "samp", "drf rt", "drf cmp", "host", "mem MiB", "BW/copy",
            "BW/chain"]
 
 
@@ -52,7 +52,7 @@ def table_rows(results: list[dict]) -> list[list[str]]:
                      str(w["max_tokens"]) + ("*" if m["truncated"] else ""), f"{w['temperature']:g}", _fmt(tps),
                      _fmt(tps / plain if tps and plain else None, 2), _fmt(tps / peer if tps and peer else None, 2),
                      _fmt(m["ttft_ms_p50"]), _fmt(m["itl_ms_p50"]), _fmt(m["itl_ms_p99"]),
-                     _fmt(m.get("mean_acceptance_length"), 2), _fmt(split.get("total")),
+                     _fmt(m.get("mean_acceptance_length"), 2), _fmt(m.get("mean_drafts"), 2), _fmt(split.get("total")),
                      _fmt(split.get("target_forward")), _fmt(split.get("sampling")),
                      _fmt(split.get("drafter_round_trip")), _fmt(split.get("drafter_compute")), _fmt(split.get("host")),
                      _fmt(_memory_mib(m), 0), _percent(bw["vs_copy"]), _percent(bw["vs_chain"])])

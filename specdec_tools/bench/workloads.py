@@ -5,6 +5,10 @@ Paths: `inproc` (SpecEngine in this process, drafter in-process), `gateway` (the
 N concurrent gRPC streams through the gateway), `colocated` (the same through the gateway, with the drafter inside
 the verifier's process: `specdec verifier --in-process-drafter`; gateway / colocated is what the service split
 costs), `peer` (transformers `generate` on the same checkpoint).
+Drafters: none, ngram, mtp (forced to a mean acceptance length: mtp@3.39), and on the inproc path the synthetic
+drafter at a per-token acceptance rate (syn@0.9: a recorded greedy continuation, each token corrupted with
+probability 0.1). Each drafter runs with the fixed draft policy (k every step) or the adaptive one (label
++adaptive: draft_policy.py's k per step, its step costs measured first).
 Every request of a workload is sent at once (N streams, one request each) and asks for exactly `max_tokens`
 tokens (ignore_eos), so the batch stays at N while it decodes.
 """
@@ -32,12 +36,20 @@ class Workload:
     forced_length: float | None = None  # mtp only: forced mean acceptance length (benchmarks only)
     k: int = K
     draft_vocab: str | None = None      # mtp only: a `specdec draft-vocab` file (drafts over those ids only)
+    accept_rate: float | None = None    # synthetic only: per-token acceptance
+    draft_policy: str = "fixed"         # fixed | adaptive
 
     def __post_init__(self):
         if self.path not in PATHS:
             raise ValueError(f"path must be one of {PATHS}, not {self.path!r}")
-        if self.drafter not in ("none", "ngram", "mtp"):
-            raise ValueError(f"drafter must be none | ngram | mtp, not {self.drafter!r}")
+        if self.drafter not in ("none", "ngram", "mtp", "synthetic"):
+            raise ValueError(f"drafter must be none | ngram | mtp | synthetic, not {self.drafter!r}")
+        if (self.drafter == "synthetic") != (self.accept_rate is not None) or (
+                self.drafter == "synthetic" and self.path != "inproc"):
+            raise ValueError("the synthetic drafter runs on the inproc path, with an acceptance rate (and only it)")
+        if self.draft_policy not in ("fixed", "adaptive") or (self.draft_policy == "adaptive"
+                                                               and self.drafter == "none"):
+            raise ValueError(f"draft_policy must be fixed, or adaptive with a drafter: {self}")
         if self.path == "peer" and self.drafter != "none":
             raise ValueError("the peer (transformers generate) runs without a drafter")
         if self.path == "colocated" and self.drafter == "none":
@@ -53,9 +65,12 @@ class Workload:
 
     @property
     def drafter_label(self) -> str:
-        """none | ngram | mtp | mtp@3.39 (forced acceptance length); +dv: with the reduced draft vocabulary."""
+        """none | ngram | mtp | mtp@3.39 (forced acceptance length) | syn@0.9 (synthetic, per-token acceptance); +dv:
+        with the reduced draft vocabulary; +adaptive: the adaptive draft policy."""
         label = f"mtp@{self.forced_length:g}" if self.forced_length else self.drafter
-        return label + "+dv" if self.draft_vocab else label
+        label = f"syn@{self.accept_rate:g}" if self.accept_rate is not None else label
+        label += "+dv" if self.draft_vocab else ""
+        return label + "+adaptive" if self.draft_policy == "adaptive" else label
 
     @property
     def on_stack(self) -> bool:
@@ -70,7 +85,7 @@ class Workload:
     @property
     def stack_key(self) -> tuple:
         """Workloads with the same key share one running stack (gateway and colocated paths)."""
-        return (self.path, self.drafter, self.forced_length, self.num_drafts, self.draft_vocab)
+        return (self.path, self.drafter, self.forced_length, self.num_drafts, self.draft_vocab, self.draft_policy)
 
     @property
     def name(self) -> str:
@@ -80,7 +95,7 @@ class Workload:
     def to_json(self) -> dict:
         return {"path": self.path, "drafter": self.drafter, "drafter_label": self.drafter_label,
                 "forced_acceptance_length": self.forced_length, "k": self.num_drafts,
-                "draft_vocab": self.draft_vocab,
+                "draft_vocab": self.draft_vocab, "accept_rate": self.accept_rate, "draft_policy": self.draft_policy,
                 "concurrency": self.concurrency, "prompt_tokens": self.prompt_tokens,
                 "max_tokens": self.max_tokens, "temperature": self.temperature}
 
@@ -157,7 +172,24 @@ def quick() -> list[Workload]:
     return out
 
 
-PRESETS = {"full": (full, []), "baseline": (baseline, BASELINE_CUT), "quick": (quick, QUICK_CUT)}
+SYNTHETIC_RATES = (0.3, 0.9)
+
+
+def adaptive() -> list[Workload]:
+    """Issue 41's matrix: the fixed and the adaptive draft policy against plain decoding, inproc, concurrency
+    1 / 16 / 64, prompt 128, 256 greedy tokens; the synthetic drafter at per-token acceptance 0.3 and 0.9 and the
+    MTP drafter forced to 1.5 and 3.39."""
+    drafters = [("synthetic", None, a) for a in SYNTHETIC_RATES] + [("mtp", a, None) for a in (1.5, 3.39)]
+    out = []
+    for c in (1, 16, 64):
+        out.append(Workload("inproc", "none", c, 128, 256))
+        out += [Workload("inproc", d, c, 128, 256, forced_length=f, accept_rate=a, draft_policy=p)
+                for d, f, a in drafters for p in ("fixed", "adaptive")]
+    return out
+
+
+PRESETS = {"full": (full, []), "baseline": (baseline, BASELINE_CUT), "quick": (quick, QUICK_CUT),
+           "adaptive": (adaptive, [])}
 
 
 def select(workloads: list[Workload], paths=None, drafters=None, concurrencies=None, prompts=None,
@@ -169,7 +201,8 @@ def select(workloads: list[Workload], paths=None, drafters=None, concurrencies=N
                      for v in ((w, replace(w, draft_vocab=draft_vocab)) if w.drafter == "mtp" else (w,))]
     keep = [w for w in workloads
             if (not paths or w.path in paths)
-            and (not drafters or w.drafter_label in drafters or w.drafter_label.removesuffix("+dv") in drafters)
+            and (not drafters or w.drafter_label in drafters
+                 or w.drafter_label.removesuffix("+adaptive").removesuffix("+dv") in drafters)
             and (not concurrencies or w.concurrency in concurrencies)
             and (not prompts or w.prompt_tokens in prompts)
             and (not temperatures or w.temperature in temperatures)]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .cli_args import add_model_args, add_no_overlap_arg, resolve
 
-PRESET_TIMEOUTS = {"full": 600.0, "baseline": 40.0, "quick": 60.0}
+PRESET_TIMEOUTS = {"full": 600.0, "baseline": 40.0, "quick": 60.0, "adaptive": 60.0}
 
 
 def add_parser(sub) -> None:
@@ -25,11 +25,14 @@ def add_parser(sub) -> None:
                "  specdec bench --preset baseline --model /tmp/q35 --make-tiny qwen3.5-4b --layers 32 \\\n"
                "      --time-budget 480 --profile --out $OUT           # the GPU baseline (bench/device/table.sh)\n"
                "  specdec bench --model DIR --paths inproc --drafters none mtp@3.39 --concurrency 1 16\n"
+               "  specdec bench --preset adaptive --model /tmp/q35 --make-tiny qwen3.5-4b --layers 32 --out $OUT\n"
                "  specdec bench --render bench/results/h100/bench_baseline_h100.json --markdown")
     add_model_args(p)
-    p.add_argument("--preset", default="full", choices=["full", "baseline", "quick"],
+    p.add_argument("--preset", default="full", choices=["full", "baseline", "quick", "adaptive"],
                    help="full: the whole matrix (default); baseline: the subset that fits one 9-minute GPU call on "
-                        "today's eager path (what it cuts is in the JSON); quick: CPU smoke run")
+                        "today's eager path (what it cuts is in the JSON); quick: CPU smoke run; adaptive: the "
+                        "fixed and adaptive draft policies against plain decoding (inproc; synthetic drafter at "
+                        "acceptance 0.3 / 0.9, mtp@1.5 / mtp@3.39; c1 / c16 / c64)")
     p.add_argument("--quick", action="store_const", const="quick", dest="preset", help="same as --preset quick")
     p.add_argument("--make-tiny", default=None, choices=sorted(TINY), metavar="PRESET",
                    help="write a random checkpoint of this make-tiny preset into --model first if it holds none "

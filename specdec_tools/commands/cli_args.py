@@ -15,6 +15,14 @@ def add_enforce_eager_arg(p: argparse.ArgumentParser) -> None:
                    help="run every step eagerly: no CUDA graphs (slower; for debugging and comparisons)")
 
 
+def add_draft_policy_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--draft-policy", default="auto", choices=["auto", "fixed", "adaptive"],
+                   help="how many drafts a step verifies: fixed = always k; adaptive = the k in 0..k that maximises "
+                        "expected tokens per second, from the batch size, each sequence's running acceptance and "
+                        "step costs measured at start-up (lossless either way: only speed changes); auto (default) "
+                        "= adaptive on a GPU, fixed on the CPU")
+
+
 def add_no_overlap_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-overlap", dest="overlap", action="store_false",
                    help="read each step's tokens before launching the next (default: while no request has "

@@ -2,7 +2,7 @@
 import argparse
 import sys
 
-from .cli_args import add_enforce_eager_arg, add_model_args, resolve
+from .cli_args import add_draft_policy_arg, add_enforce_eager_arg, add_model_args, resolve
 from .gateway_cmd import add_public_args, gateway_argv
 
 
@@ -42,6 +42,7 @@ def add_stack_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-model", default=None, metavar="DIR",
                    help="with --drafter draft_model: the smaller model that drafts (same tokenizer as --model)")
     p.add_argument("-k", "--num-drafts", type=int, default=3)
+    add_draft_policy_arg(p)
     p.add_argument("--transport", default="auto", choices=["auto", "cuda_ipc", "shm", "inline"])
     p.add_argument("--draft-vocab", default=None, metavar="FILE",
                    help="with the mtp drafter: draft over the ids of this `specdec draft-vocab` file only")
@@ -65,6 +66,7 @@ def stack_config(args: argparse.Namespace, port: int, log_dir: str | None = None
     drafter_args += ("--draft-vocab", args.draft_vocab) if args.draft_vocab else ()
     drafter_args += ("--enforce-eager",) if args.enforce_eager else ()
     verifier_args = ("--enforce-eager",) if args.enforce_eager else ()
+    verifier_args += ("--draft-policy", args.draft_policy)
     if getattr(args, "verifier_metrics_port", 0):
         verifier_args += ("--metrics-port", str(args.verifier_metrics_port))
     public = getattr(args, "public_args", None)    # `serve`'s gateway flags (`generate` starts a plain stack)

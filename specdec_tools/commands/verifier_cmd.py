@@ -2,7 +2,7 @@
 import argparse
 
 from .cli_args import (add_enforce_eager_arg, add_listen_args, add_model_args, add_no_overlap_arg, add_trace_steps_arg,
-                       resolve)
+                       add_draft_policy_arg, resolve)
 from .in_process_drafter import IN_PROCESS_KINDS, in_process_drafter
 
 
@@ -19,6 +19,7 @@ def add_parser(sub) -> None:
     p.add_argument("--draft-vocab", default=None, metavar="FILE",
                    help="--in-process-drafter mtp: draft over the ids of this `specdec draft-vocab` file only")
     p.add_argument("-k", "--num-drafts", type=int, default=3)
+    add_draft_policy_arg(p)
     p.add_argument("--transport", default="auto", choices=["auto", "cuda_ipc", "shm", "inline"],
                    help="hidden-state transport to the drafter (auto: cuda_ipc on GPU, shm on CPU, else inline)")
     p.add_argument("--step-channel", default="auto", choices=["auto", "grpc"],
@@ -73,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     model, device, dtype = resolve(args)
     config = VerifierConfig(
         model_dir=model, device=device, dtype=dtype, num_drafts=args.num_drafts if drafting else 0,
+        draft_policy=args.draft_policy,
         drafter_address=args.drafter_address, in_process_drafter=args.in_process_drafter, transport=args.transport,
         drafter_timeout_s=args.drafter_timeout, drafter_wait_s=args.drafter_wait, step_channel=args.step_channel,
         max_context=args.max_context, max_running=args.max_running, max_queued=args.max_queued,

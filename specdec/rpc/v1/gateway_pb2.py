@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cspecdec/rpc/v1/gateway.proto\x12\x0especdec.rpc.v1\"\xd8\x03\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\x05\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x12\n\x05min_p\x18\t \x01(\x02H\x05\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\n \x01(\x02H\x06\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x0b \x01(\x02H\x07\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x0c \x01(\x02H\x08\x88\x01\x01\x12\x15\n\x08logprobs\x18\r \x01(\rH\t\x88\x01\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\x08\n\x06_min_pB\x15\n\x13_repetition_penaltyB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x0b\n\t_logprobs\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xb0\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\x05\x12\x30\n\x08sampling\x18\x04 \x01(\x0b\x32\x1e.specdec.rpc.v1.SamplingParams\x12-\n\x08messages\x18\x05 \x03(\x0b\x32\x1b.specdec.rpc.v1.ChatMessage\"\x95\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x14\n\x0c\x64raft_tokens\x18\x03 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x04 \x01(\r\x12\x14\n\x0cverify_steps\x18\x05 \x01(\r\x12\x15\n\rqueue_seconds\x18\x06 \x01(\x01\"^\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x15\n\rtop_token_ids\x18\x03 \x03(\x05\x12\x14\n\x0ctop_logprobs\x18\x04 \x03(\x02\"\xb4\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12$\n\x05usage\x18\x04 \x01(\x0b\x32\x15.specdec.rpc.v1.Usage\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12.\n\x08logprobs\x18\x06 \x03(\x0b\x32\x1c.specdec.rpc.v1.TokenLogprob\"\r\n\x0bInfoRequest\"\xbc\x01\n\x0cInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nmodel_type\x18\x02 \x01(\t\x12\x13\n\x0bmax_context\x18\x03 \x01(\r\x12\x14\n\x0c\x64rafter_kind\x18\x04 \x01(\t\x12\x18\n\x10num_draft_tokens\x18\x05 \x01(\r\x12\x12\n\nvocab_size\x18\x06 \x01(\r\x12\x15\n\rhas_tokenizer\x18\x07 \x01(\x08\x12\x19\n\x11has_chat_template\x18\x08 \x01(\x08\x32\x9d\x01\n\x07Gateway\x12O\n\x08Generate\x12\x1f.specdec.rpc.v1.GenerateRequest\x1a .specdec.rpc.v1.GenerateResponse0\x01\x12\x41\n\x04Info\x12\x1b.specdec.rpc.v1.InfoRequest\x1a\x1c.specdec.rpc.v1.InfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cspecdec/rpc/v1/gateway.proto\x12\x0especdec.rpc.v1\"\x82\x04\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x05H\x03\x88\x01\x01\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x04\x88\x01\x01\x12\x0c\n\x04stop\x18\x06 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\x05\x12\x12\n\nignore_eos\x18\x08 \x01(\x08\x12\x12\n\x05min_p\x18\t \x01(\x02H\x05\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\n \x01(\x02H\x06\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x0b \x01(\x02H\x07\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x0c \x01(\x02H\x08\x88\x01\x01\x12\x15\n\x08logprobs\x18\r \x01(\rH\t\x88\x01\x01\x12\x18\n\x0bspeculation\x18\x0e \x01(\x08H\n\x88\x01\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seedB\x08\n\x06_min_pB\x15\n\x13_repetition_penaltyB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x0b\n\t_logprobsB\x0e\n\x0c_speculation\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xb0\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\x05\x12\x30\n\x08sampling\x18\x04 \x01(\x0b\x32\x1e.specdec.rpc.v1.SamplingParams\x12-\n\x08messages\x18\x05 \x03(\x0b\x32\x1b.specdec.rpc.v1.ChatMessage\"\x95\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x14\n\x0c\x64raft_tokens\x18\x03 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x04 \x01(\r\x12\x14\n\x0cverify_steps\x18\x05 \x01(\r\x12\x15\n\rqueue_seconds\x18\x06 \x01(\x01\"^\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x15\n\rtop_token_ids\x18\x03 \x03(\x05\x12\x14\n\x0ctop_logprobs\x18\x04 \x03(\x02\"\xb4\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12$\n\x05usage\x18\x04 \x01(\x0b\x32\x15.specdec.rpc.v1.Usage\x12\x12\n\nrequest_id\x18\x05 \x01(\t\x12.\n\x08logprobs\x18\x06 \x03(\x0b\x32\x1c.specdec.rpc.v1.TokenLogprob\"\r\n\x0bInfoRequest\"\xbc\x01\n\x0cInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nmodel_type\x18\x02 \x01(\t\x12\x13\n\x0bmax_context\x18\x03 \x01(\r\x12\x14\n\x0c\x64rafter_kind\x18\x04 \x01(\t\x12\x18\n\x10num_draft_tokens\x18\x05 \x01(\r\x12\x12\n\nvocab_size\x18\x06 \x01(\r\x12\x15\n\rhas_tokenizer\x18\x07 \x01(\x08\x12\x19\n\x11has_chat_template\x18\x08 \x01(\x08\x32\x9d\x01\n\x07Gateway\x12O\n\x08Generate\x12\x1f.specdec.rpc.v1.GenerateRequest\x1a .specdec.rpc.v1.GenerateResponse0\x01\x12\x41\n\x04Info\x12\x1b.specdec.rpc.v1.InfoRequest\x1a\x1c.specdec.rpc.v1.InfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,21 +32,21 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'specdec.rpc.v1.gateway_pb2'
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SAMPLINGPARAMS']._serialized_start=49
-  _globals['_SAMPLINGPARAMS']._serialized_end=521
-  _globals['_CHATMESSAGE']._serialized_start=523
-  _globals['_CHATMESSAGE']._serialized_end=567
-  _globals['_GENERATEREQUEST']._serialized_start=570
-  _globals['_GENERATEREQUEST']._serialized_end=746
-  _globals['_USAGE']._serialized_start=749
-  _globals['_USAGE']._serialized_end=898
-  _globals['_TOKENLOGPROB']._serialized_start=900
-  _globals['_TOKENLOGPROB']._serialized_end=994
-  _globals['_GENERATERESPONSE']._serialized_start=997
-  _globals['_GENERATERESPONSE']._serialized_end=1177
-  _globals['_INFOREQUEST']._serialized_start=1179
-  _globals['_INFOREQUEST']._serialized_end=1192
-  _globals['_INFORESPONSE']._serialized_start=1195
-  _globals['_INFORESPONSE']._serialized_end=1383
-  _globals['_GATEWAY']._serialized_start=1386
-  _globals['_GATEWAY']._serialized_end=1543
+  _globals['_SAMPLINGPARAMS']._serialized_end=563
+  _globals['_CHATMESSAGE']._serialized_start=565
+  _globals['_CHATMESSAGE']._serialized_end=609
+  _globals['_GENERATEREQUEST']._serialized_start=612
+  _globals['_GENERATEREQUEST']._serialized_end=788
+  _globals['_USAGE']._serialized_start=791
+  _globals['_USAGE']._serialized_end=940
+  _globals['_TOKENLOGPROB']._serialized_start=942
+  _globals['_TOKENLOGPROB']._serialized_end=1036
+  _globals['_GENERATERESPONSE']._serialized_start=1039
+  _globals['_GENERATERESPONSE']._serialized_end=1219
+  _globals['_INFOREQUEST']._serialized_start=1221
+  _globals['_INFOREQUEST']._serialized_end=1234
+  _globals['_INFORESPONSE']._serialized_start=1237
+  _globals['_INFORESPONSE']._serialized_end=1425
+  _globals['_GATEWAY']._serialized_start=1428
+  _globals['_GATEWAY']._serialized_end=1585
 # @@protoc_insertion_point(module_scope)

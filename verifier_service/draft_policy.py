@@ -1,0 +1,124 @@
+"""How many drafts each step verifies: a fixed k, or the k that maximises expected tokens per second.
+
+Adaptive rule, per step, for the B sequences that decode (those that opted out with `speculation: false` verify
+none and count as one token):
+
+    k* = argmax over k in 0..K of   sum_i E(a_i, k) / T(B, k),    E(a, k) = 1 + a + ... + a^k
+
+where T(B, k) is the measured wall time of a step of B decoding sequences verifying k drafts each, the drafter's
+work included (`measure_step_costs`, run at start-up through the real engine and drafter), and a_i is sequence
+i's per-token acceptance estimate: a draft is accepted with probability a while the ones before it were, so a
+verify step of k drafts that accepted j < k of them saw j successes and one failure, and one that accepted all k
+saw k successes. a_i = (successes + m a) / (successes + failures + m), shrunk towards the engine's recent rate a
+(its successes and observations, each step's weighing RECENT_DECAY of the step before's) with m = PRIOR_WEIGHT
+observations (a new sequence has none). A step that k* = 0 would leave with nothing to learn from
+is given one draft every EXPLORE_EVERY such steps, so that estimates that fell too low can recover. The choice changes only how many drafts are verified,
+never which tokens are emitted: speculation stays lossless.
+"""
+from __future__ import annotations
+
+import bisect
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from .acceptance_stats import AcceptanceStats
+
+log = logging.getLogger(__name__)
+POLICIES = ("auto", "fixed", "adaptive")
+PRIOR_WEIGHT = 4.0          # observations the engine-wide rate counts for, in a sequence's own estimate
+PRIOR_RATE = 0.5            # the engine-wide rate before any draft was verified
+EXPLORE_EVERY = 32          # steps chosen k = 0 in a row before one verifies a draft
+RECENT_DECAY = 0.95         # the engine-wide rate forgets old steps (about the last 20 count)
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """Measured seconds per step: seconds[i, k] for batch_sizes[i] decoding sequences verifying k drafts each."""
+    batch_sizes: tuple[int, ...]          # increasing
+    seconds: np.ndarray                   # [len(batch_sizes), K + 1]
+
+    def at(self, batch: int) -> np.ndarray:
+        """[K + 1] seconds per step for `batch` sequences: linear between measured sizes, beyond the largest
+        scaled with the batch (a step that large is throughput-bound)."""
+        sizes = self.batch_sizes
+        if batch <= sizes[0]:
+            return self.seconds[0]
+        if batch >= sizes[-1]:
+            return self.seconds[-1] * (batch / sizes[-1])
+        hi = bisect.bisect_left(sizes, batch)
+        lo = hi - 1
+        w = (batch - sizes[lo]) / (sizes[hi] - sizes[lo])
+        return self.seconds[lo] * (1 - w) + self.seconds[hi] * w
+
+    def table(self) -> str:
+        """The table as the start-up log prints it (ms)."""
+        head = "batch " + " ".join(f"k={k:<5d}" for k in range(self.seconds.shape[1]))
+        rows = [f"{b:5d} " + " ".join(f"{t * 1e3:7.2f}" for t in row) for b, row in zip(self.batch_sizes, self.seconds)]
+        return "\n".join([head] + rows)
+
+
+def acceptance_rate(stats: AcceptanceStats) -> tuple[float, float]:
+    """(successes, observations) of the per-token acceptance in `stats` (see the module docstring)."""
+    return float(stats.accepted), float(stats.accepted + stats.rejected_steps)
+
+
+def expected_tokens(rates: np.ndarray, max_drafts: int) -> np.ndarray:
+    """[B, K + 1] E(a_i, k) = sum_{j <= k} a_i^j."""
+    powers = rates[:, None] ** np.arange(max_drafts + 1)[None, :]
+    return np.cumsum(powers, axis=1)
+
+
+class DraftPolicy:
+    """`choose` gives the k of a step: `max_drafts` when fixed (or before costs are measured), else the adaptive
+    rule. `chosen` counts steps by the k they were given (the metrics' and the bench's view)."""
+
+    def __init__(self, max_drafts: int, adaptive: bool, costs: StepCosts | None = None):
+        self.max_drafts, self.adaptive, self.costs = max_drafts, adaptive, costs
+        self.chosen = [0] * (max_drafts + 1)
+        self._zeros = 0                   # steps chosen k = 0 since the last exploring one
+        self._recent = np.zeros(2)        # the engine's decayed (successes, observations)
+        self._counted = np.zeros(2)       # the engine's totals at the last step
+
+    @property
+    def name(self) -> str:
+        return "adaptive" if self.adaptive else "fixed"
+
+    def choose(self, seq_stats: list[AcceptanceStats], engine_stats: AcceptanceStats, opted_out: int = 0) -> int:
+        """k for a step of len(seq_stats) sequences that speculate and `opted_out` that do not."""
+        k = self._choose(seq_stats, engine_stats, opted_out)
+        self.chosen[k] += 1
+        return k
+
+    def _choose(self, seq_stats: list[AcceptanceStats], engine_stats: AcceptanceStats, opted_out: int) -> int:
+        if not self.adaptive or self.costs is None or self.max_drafts == 0:
+            return self.max_drafts
+        if not seq_stats:
+            return 0
+        total = np.array(acceptance_rate(engine_stats))
+        if (total < self._counted).any():   # the engine's counters started afresh (after the warm-up)
+            self._counted = np.zeros(2)
+        self._recent = self._recent * RECENT_DECAY + (total - self._counted)
+        self._counted = total
+        hits, seen = self._recent
+        prior = hits / seen if seen > 1e-9 else PRIOR_RATE
+        own = np.array([acceptance_rate(s) for s in seq_stats])                          # [B, 2]
+        rates = np.clip((own[:, 0] + PRIOR_WEIGHT * prior) / (own[:, 1] + PRIOR_WEIGHT), 0.0, 0.999)
+        tokens = expected_tokens(rates, self.max_drafts).sum(axis=0) + opted_out         # [K + 1]
+        k = int(np.argmax(tokens / self.costs.at(len(seq_stats) + opted_out)))
+        if k == 0:
+            self._zeros += 1
+            if self._zeros >= EXPLORE_EVERY:
+                self._zeros, k = 0, 1
+        return k
+
+    def forget(self) -> None:
+        """Start afresh (after the warm-up): no steps counted, no engine-wide rate."""
+        self.chosen = [0] * (self.max_drafts + 1)
+        self._zeros, self._recent, self._counted = 0, np.zeros(2), np.zeros(2)
+
+    @property
+    def mean_chosen(self) -> float | None:
+        steps = sum(self.chosen)
+        return sum(k * n for k, n in enumerate(self.chosen)) / steps if steps else None
