@@ -11,7 +11,7 @@ from test_overlapped_steps import run
 
 from specdec.sampling_params import SamplingParams
 from verifier_service.acceptance_stats import AcceptanceStats
-from verifier_service.draft_policy import EXPLORE_EVERY, DraftPolicy, StepCosts, expected_tokens
+from verifier_service.draft_policy import EXPLORE_EVERY, EXPLORE_STEPS, DraftPolicy, StepCosts, expected_tokens
 from verifier_service.warm_up import measure_step_costs
 
 pytestmark = pytest.mark.timeout(300)
@@ -93,7 +93,8 @@ def test_a_new_sequence_takes_the_engine_rate_and_opted_out_ones_count_as_one_to
 def test_k_zero_explores_one_draft_now_and_then():
     policy = DraftPolicy(K, True, costs([1.0, 5.0, 9.0, 13.0]))
     chosen = [policy.choose([AcceptanceStats()], AcceptanceStats()) for _ in range(2 * EXPLORE_EVERY)]
-    assert chosen.count(1) == 2 and set(chosen) == {0, 1}
+    assert chosen[EXPLORE_EVERY - 1:EXPLORE_EVERY - 1 + EXPLORE_STEPS] == [1] * EXPLORE_STEPS
+    assert chosen.count(1) == EXPLORE_STEPS and set(chosen) == {0, 1}
 
 
 @pytest.fixture(scope="module")
@@ -179,3 +180,21 @@ def test_gpu_any_k_per_step_gives_the_plain_output_with_graphs(tmp_path, cuda):
     engine.policy.choose = lambda *args, **kwargs: next(cycle)
     assert run(engine, reqs) == expected
     assert engine.overlapped_draft_steps > 0 and 0 < engine.stats.drafted < K * engine.stats.verify_steps
+
+
+def test_a_host_token_drafter_is_skipped_at_k_zero_and_sent_what_it_missed(demo):
+    """k = 0 with a drafter of host tokens: the engine overlaps the steps and does not ask it; when drafts resume
+    the drafter is sent every token it missed, so a drafter that replays the plain continuation is accepted whole
+    (it would miss after a gap otherwise)."""
+    from engine_factory import synchronous_launches
+    prompts = random_prompts([6, 11, 8], demo.config.vocab_size, seed=7)
+    reqs = {f"r{i}": (p, SamplingParams(max_tokens=40, ignore_eos=True)) for i, p in enumerate(prompts)}
+    plain = run(make_engine(demo, overlap=False), reqs)
+    references = [p + plain[f"r{i}"][0] for i, p in enumerate(prompts)]
+    engine = make_engine(demo, make_drafter("all-accept", demo, K, references), k=K)
+    synchronous = synchronous_launches(engine)
+    schedule = itertools.chain([3, 3], itertools.repeat(0, 8), itertools.repeat(3))
+    engine.policy.choose = lambda *args, **kwargs: next(schedule)
+    assert run(engine, reqs) == plain
+    assert engine.stats.drafted > 0 and engine.stats.accepted == engine.stats.drafted
+    assert len(synchronous) < engine.step_count - 5     # the k = 0 stretch ran overlapped

@@ -9,11 +9,16 @@ where T(B, k) is the measured wall time of a step of B decoding sequences verify
 work included (`measure_step_costs`, run at start-up through the real engine and drafter), and a_i is sequence
 i's per-token acceptance estimate: a draft is accepted with probability a while the ones before it were, so a
 verify step of k drafts that accepted j < k of them saw j successes and one failure, and one that accepted all k
-saw k successes. a_i = (successes + m a) / (successes + failures + m), shrunk towards the engine's recent rate a
-(its successes and observations, each step's weighing RECENT_DECAY of the step before's) with m = PRIOR_WEIGHT
-observations (a new sequence has none). A step that k* = 0 would leave with nothing to learn from
-is given one draft every EXPLORE_EVERY such steps, so that estimates that fell too low can recover. The choice changes only how many drafts are verified,
-never which tokens are emitted: speculation stays lossless.
+saw k successes. Estimates are shrunk twice, so that one early rejection does not read as a = 0:
+
+    p   = (recent engine successes + M p0) / (recent engine observations + M)      p0 = PRIOR_RATE
+    a_i = (successes_i + M p) / (observations_i + M)                              M = PRIOR_WEIGHT
+
+"recent": each step weighs the engine's counts RECENT_DECAY times the step before. A run of EXPLORE_EVERY steps
+chosen k = 0 is followed by EXPLORE_STEPS steps of one draft (a drafter drafts for the step after the one that
+asks, and a drafter of host tokens skipped at k = 0 is asked again only after a synchronous step: one step would
+verify nothing), so that estimates that fell too low can recover. The choice changes only
+how many drafts are verified, never which tokens are emitted: speculation stays lossless.
 """
 from __future__ import annotations
 
@@ -27,9 +32,10 @@ from .acceptance_stats import AcceptanceStats
 
 log = logging.getLogger(__name__)
 POLICIES = ("auto", "fixed", "adaptive")
-PRIOR_WEIGHT = 4.0          # observations the engine-wide rate counts for, in a sequence's own estimate
-PRIOR_RATE = 0.5            # the engine-wide rate before any draft was verified
-EXPLORE_EVERY = 32          # steps chosen k = 0 in a row before one verifies a draft
+PRIOR_WEIGHT = 4.0          # observations a prior counts for (M above)
+PRIOR_RATE = 0.5            # the rate before any draft was verified (p0)
+EXPLORE_EVERY = 32          # steps chosen k = 0 in a row before drafts are tried again
+EXPLORE_STEPS = 3           # steps of one draft each then
 RECENT_DECAY = 0.95         # the engine-wide rate forgets old steps (about the last 20 count)
 
 
@@ -77,7 +83,8 @@ class DraftPolicy:
     def __init__(self, max_drafts: int, adaptive: bool, costs: StepCosts | None = None):
         self.max_drafts, self.adaptive, self.costs = max_drafts, adaptive, costs
         self.chosen = [0] * (max_drafts + 1)
-        self._zeros = 0                   # steps chosen k = 0 since the last exploring one
+        self._zeros = 0                   # steps chosen k = 0 in a row
+        self._exploring = 0               # exploring steps left
         self._recent = np.zeros(2)        # the engine's decayed (successes, observations)
         self._counted = np.zeros(2)       # the engine's totals at the last step
 
@@ -102,21 +109,24 @@ class DraftPolicy:
         self._recent = self._recent * RECENT_DECAY + (total - self._counted)
         self._counted = total
         hits, seen = self._recent
-        prior = hits / seen if seen > 1e-9 else PRIOR_RATE
+        prior = (hits + PRIOR_WEIGHT * PRIOR_RATE) / (seen + PRIOR_WEIGHT)
         own = np.array([acceptance_rate(s) for s in seq_stats])                          # [B, 2]
         rates = np.clip((own[:, 0] + PRIOR_WEIGHT * prior) / (own[:, 1] + PRIOR_WEIGHT), 0.0, 0.999)
         tokens = expected_tokens(rates, self.max_drafts).sum(axis=0) + opted_out         # [K + 1]
         k = int(np.argmax(tokens / self.costs.at(len(seq_stats) + opted_out)))
-        if k == 0:
-            self._zeros += 1
-            if self._zeros >= EXPLORE_EVERY:
-                self._zeros, k = 0, 1
+        if self._exploring:
+            self._exploring -= 1
+            return max(k, 1)
+        self._zeros = self._zeros + 1 if k == 0 else 0
+        if self._zeros >= EXPLORE_EVERY:
+            self._zeros, self._exploring = 0, EXPLORE_STEPS - 1
+            return 1
         return k
 
     def forget(self) -> None:
         """Start afresh (after the warm-up): no steps counted, no engine-wide rate."""
         self.chosen = [0] * (self.max_drafts + 1)
-        self._zeros, self._recent, self._counted = 0, np.zeros(2), np.zeros(2)
+        self._zeros, self._exploring, self._recent, self._counted = 0, 0, np.zeros(2), np.zeros(2)
 
     @property
     def mean_chosen(self) -> float | None:

@@ -9,6 +9,9 @@ Two ways to ask, chosen per step by the engine:
   - at launch, from the step's unread verdict (`ask_on_device`): a drafter that drafts on the device gets the
     step's rows there (DeviceDraftStep) and leaves [S, K] drafts on the device; the answer is a
     `DeviceDraftsAnswer`, settled when the engine next needs the drafts.
+A step given no drafts (the draft policy's k = 0) does not ask a drafter of host tokens at all (the engine overlaps
+it instead); the drafter is sent every token it has not seen (`sent`) when it is asked again. A drafter that
+takes hidden rows, or drafts on the device, is asked every step (an MTP head then only catches up).
 A drafter that lacks a sequence's earlier context (it reconnected, or is a new process after a swap) says so; the
 sequence is re-sent whole to a token-only drafter, or recomputed (the sequences `ask_after_read` returns) for one
 that needs hidden states, so that the drafter sees every hidden state again as the prefill runs.
@@ -73,6 +76,8 @@ class DraftingStage:
     compute_seconds: float | None = None   # this step's drafting time as the drafter measured it (a remote one)
     awaited: AwaitedDrafts | None = None   # drafts asked for after a read, not read yet
     context_lost: set[int] = field(default_factory=set)   # seq ids whose context the drafter reported missing
+    sent: dict[int, int] = field(default_factory=dict)    # seq id -> where its next DraftInput starts (the tokens
+                                                          # before it were sent to the drafter)
     staging: HiddenStaging | None = None
     last_failure: str = ""
     trace: StepTrace = OFF
@@ -88,8 +93,17 @@ class DraftingStage:
         d = self.drafter
         return isinstance(d, DraftsOnDevice) and d.drafts_on_device and self.k > 0
 
+    @property
+    def skips_drafter(self) -> bool:
+        """This step's drafter may be left out: it asks for no drafts (k = 0) and the drafter takes host tokens
+        only (it is sent what it missed when it is next asked)."""
+        d = self.drafter
+        return d is not None and self.step_drafts == 0 and not d.needs_hidden and not self.drafts_on_device
+
     def forget(self, seqs: list[Sequence]) -> None:
         """These sequences' context is gone (preempted, finished, aborted): the drafter may free it."""
+        for s in seqs:
+            self.sent.pop(s.seq_id, None)
         if self.drafter is not None and seqs:
             self.drafter.release([s.seq_id for s in seqs])
 
@@ -127,6 +141,7 @@ class DraftingStage:
                 elif item is not None:
                     inputs.append(item)
                     live.append(seq)
+                    self.sent[seq.seq_id] = seq.num_cached
                     if item.start_pos == old:  # the committed tokens' hidden rows
                         row_starts.append(first_row)
                         row_counts.append(seq.num_cached - old)
@@ -181,7 +196,7 @@ class DraftingStage:
         """Ask the drafter for the sampled entries' next drafts from the launched step's unread verdict (None:
         no drafter or k = 0). An in-process drafter has queued them when this returns; a drafter service
         answers later: its host work runs while the engine reads the last step and delivers its tokens."""
-        if self.drafter is None or self.k == 0:
+        if self.drafter is None or self.k == 0 or not self.drafts_on_device:   # (skipped: skips_drafter)
             return None
         start = time.perf_counter()
         device_step, sampled = chained_draft_step(step_number, entries, batch, hidden, emitted, accepted,
@@ -248,8 +263,9 @@ class DraftingStage:
         return out
 
     def _draft_input(self, seq: Sequence, old: int, k: int) -> DraftInput | None:
-        """What the drafter gets for `seq` this step: the tokens committed since `old` (the whole context if the
-        drafter lost it and can take tokens alone), or None (no drafter, or a recompute is needed first)."""
+        """What the drafter gets for `seq` this step: the tokens committed since `old` (since it was last sent
+        some, for a drafter of host tokens; the whole context if the drafter lost it and can take tokens alone), or
+        None (no drafter, or a recompute is needed first)."""
         if self.drafter is None or k == 0:
             return None
         want = max(0, min(k, self.step_drafts, seq.remaining - 1)) if seq.is_decoding and seq.params.speculation else 0
@@ -259,7 +275,8 @@ class DraftingStage:
             self.context_lost.discard(seq.seq_id)
             return DraftInput(seq.seq_id, 0, seq.token_ids[:seq.num_cached + 1], want)
         self.context_lost.discard(seq.seq_id)
-        return DraftInput(seq.seq_id, old, seq.token_ids[old:seq.num_cached + 1], want)
+        start = old if self.drafter.needs_hidden else min(old, self.sent.get(seq.seq_id, 0))
+        return DraftInput(seq.seq_id, start, seq.token_ids[start:seq.num_cached + 1], want)
 
 
 def _answered(out):

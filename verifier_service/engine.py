@@ -90,6 +90,7 @@ class SpecEngine:
                                       config.scheduler.max_batched_tokens, PinnedUpload(device), trace=trace)
         self.stats = AcceptanceStats()
         self.policy = DraftPolicy(config.num_drafts, config.adaptive_drafts)   # its costs: warm_up.py
+        self.drafting.step_drafts = config.num_drafts
         self.step_count = 0
         self.last_step_seconds: dict[str, float] = {}
         self.overlapped_draft_steps = 0          # steps that verified drafts, launched before the last one was read
@@ -220,12 +221,14 @@ class SpecEngine:
         """Can this step be launched before the last one's tokens are read? Only when no request has penalties
         or logprobs (they need the tokens on the host each step; greedy and sampled requests are decided on the
         device) and drafts, if any, come from a drafter that drafts on the device from the unread verdict (an
-        in-process MTP head, or an MTP drafter service through device steps); a drafter that needs the tokens on
-        the host (n-gram, a drafter service on another host or counting tokens) and a drafter that lost context
-        run synchronous steps. The engine changes mode between two steps."""
+        in-process MTP head, or an MTP drafter service through device steps), or none are asked for (the last
+        step's k was 0 and the drafter takes host tokens: it is skipped); a drafter that needs the tokens on the
+        host (n-gram, a drafter service on another host or counting tokens) and a drafter that lost context run
+        synchronous steps. The engine changes mode between two steps."""
         if not self.config.overlap or self.drafting.context_lost:
             return False
-        if self.config.num_drafts > 0 and self.drafter is not None and not self.drafting.drafts_on_device:
+        if self.config.num_drafts > 0 and self.drafter is not None and not self.drafting.drafts_on_device \
+                and not self.drafting.skips_drafter:
             return False
         sched = self.scheduler
         return all(s.params.decided_on_device for s in chain(sched.running, sched.waiting))

@@ -29,7 +29,7 @@ from specdec.sampling_params import SamplingParams
 from verifier_service.builder import VerifierConfig, build_engine
 from verifier_service.engine import SpecEngine
 from verifier_service.scheduler import SchedulerConfig
-from verifier_service.warm_up import measure_step_costs, reset_counters
+from verifier_service.warm_up import measure_step_costs
 
 from ..commands.in_process_drafter import IN_PROCESS_KINDS, in_process_drafter
 
@@ -100,7 +100,7 @@ class InprocBench:
             kv_blocks=blocks_for(w), forced_acceptance_length=w.forced_length or 0.0,
             unsafe_forced_acceptance=bool(w.forced_length), overlap=self.overlap, warm_up=False,
             draft_policy=w.draft_policy)
-        if drafter == "synthetic":   # its references are the warm-up's outputs (run())
+        if drafter == "synthetic":   # k random drafts a step (no references), their acceptance forced
             def make(loaded, config):
                 return SyntheticDrafter([], k, loaded.config.vocab_size, accept_rate=w.accept_rate)
         else:
@@ -121,11 +121,8 @@ class InprocBench:
         # outlive the others' prefill; fla autotunes; this concurrency's graph buckets replay), then the
         # counters are read afresh below.
         warm_start = time.perf_counter()
-        outputs = engine.generate(prompts, [SamplingParams(max_tokens=w.max_tokens, temperature=w.temperature, seed=i,
-                                                           ignore_eos=True) for i in range(len(prompts))])
-        if isinstance(engine.drafter, SyntheticDrafter):   # the continuations it corrupts (greedy: the same again)
-            engine.drafter.references = [p + o for p, o in zip(prompts, outputs)]
-            reset_counters(engine)   # the warm-up's drafts had no references: its acceptance is not the workload's
+        engine.generate(prompts, [SamplingParams(max_tokens=w.max_tokens, temperature=w.temperature, seed=i,
+                                                 ignore_eos=True) for i in range(len(prompts))])
         warmup_s = round(time.perf_counter() - warm_start, 2)
         target_clock, drafter_clock = CallClock(self.device), CallClock(self.device)
         engine.executor.forward = target_clock.wrap(engine.executor.forward)

@@ -6,8 +6,8 @@ N concurrent gRPC streams through the gateway), `colocated` (the same through th
 the verifier's process: `specdec verifier --in-process-drafter`; gateway / colocated is what the service split
 costs), `peer` (transformers `generate` on the same checkpoint).
 Drafters: none, ngram, mtp (forced to a mean acceptance length: mtp@3.39), and on the inproc path the synthetic
-drafter at a per-token acceptance rate (syn@0.9: a recorded greedy continuation, each token corrupted with
-probability 0.1). Each drafter runs with the fixed draft policy (k every step) or the adaptive one (label
+drafter at a per-token acceptance rate (syn@0.9: k random drafts a step, nearly free to make, their acceptance
+forced at 0.9 per token: the mean length (1 - 0.9^(k+1)) / (1 - 0.9)). Each drafter runs with the fixed draft policy (k every step) or the adaptive one (label
 +adaptive: draft_policy.py's k per step, its step costs measured first).
 Every request of a workload is sent at once (N streams, one request each) and asks for exactly `max_tokens`
 tokens (ignore_eos), so the batch stays at N while it decodes.
@@ -175,11 +175,16 @@ def quick() -> list[Workload]:
 SYNTHETIC_RATES = (0.3, 0.9)
 
 
+def length_of_rate(rate: float, k: int = K) -> float:
+    """The mean acceptance length of k drafts each accepted with probability `rate` while the ones before were."""
+    return sum(rate ** j for j in range(k + 1))
+
+
 def adaptive() -> list[Workload]:
     """Issue 41's matrix: the fixed and the adaptive draft policy against plain decoding, inproc, concurrency
     1 / 16 / 64, prompt 128, 256 greedy tokens; the synthetic drafter at per-token acceptance 0.3 and 0.9 and the
     MTP drafter forced to 1.5 and 3.39."""
-    drafters = [("synthetic", None, a) for a in SYNTHETIC_RATES] + [("mtp", a, None) for a in (1.5, 3.39)]
+    drafters = [("synthetic", length_of_rate(a), a) for a in SYNTHETIC_RATES] + [("mtp", a, None) for a in (1.5, 3.39)]
     out = []
     for c in (1, 16, 64):
         out.append(Workload("inproc", "none", c, 128, 256))
