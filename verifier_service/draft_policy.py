@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 POLICIES = ("auto", "fixed", "adaptive")
 PRIOR_WEIGHT = 4.0          # observations a prior counts for (M above)
 PRIOR_RATE = 0.5            # the rate before any draft was verified (p0)
-EXPLORE_EVERY = 32          # steps chosen k = 0 in a row before drafts are tried again
+EXPLORE_EVERY = 128         # steps chosen k = 0 in a row before drafts are tried again
 EXPLORE_STEPS = 3           # steps of one draft each then
 RECENT_DECAY = 0.95         # the engine-wide rate forgets old steps (about the last 20 count)
 
