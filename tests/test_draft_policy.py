@@ -62,6 +62,18 @@ def test_adaptive_picks_the_k_of_most_tokens_per_second():
     assert DraftPolicy(K, True, None).choose([bad], engine) == 3
 
 
+def test_a_near_tie_keeps_k():
+    """Costs set so that k = 2 gives 1% more tokens per second than k = 3: within the costs' noise, K stays; 20%
+    more: k = 2."""
+    seqs = [stats_with(3000, 7000)]                               # a = 0.3 (the prior barely moves it)
+    e = expected_tokens(np.array([0.3]), K)[0]                    # 1, 1.3, 1.39, 1.417
+
+    def table(gain):                                              # tokens per second 0.5, 0.5, gain, 1
+        return costs([e[0] / 0.5, e[1] / 0.5, e[2] / gain, e[3] / 1.0])
+    assert DraftPolicy(K, True, table(1.01)).choose(seqs, AcceptanceStats()) == 3
+    assert DraftPolicy(K, True, table(1.2)).choose(seqs, AcceptanceStats()) == 2
+
+
 def test_cost_table_interpolates_between_batches_and_scales_beyond():
     c = StepCosts((1, 4), np.array([[1.0, 2.0], [4.0, 8.0]]))
     assert c.at(1).tolist() == [1.0, 2.0] and c.at(4).tolist() == [4.0, 8.0]

@@ -5,8 +5,9 @@ none and count as one token):
 
     k* = argmax over k in 0..K of   sum_i E(a_i, k) / T(B, k),    E(a, k) = 1 + a + ... + a^k
 
-where T(B, k) is the measured wall time of a step of B decoding sequences verifying k drafts each, the drafter's
-work included (`measure_step_costs`, run at start-up through the real engine and drafter), and a_i is sequence
+unless it beats k = K by less than MARGIN (the measured costs of neighbouring k differ by about their noise:
+a near tie keeps K, the fixed policy's choice). T(B, k) is the measured wall time of a step of B decoding
+sequences verifying k drafts each, the drafter's work included (`measure_step_costs`, run at start-up through the real engine and drafter), and a_i is sequence
 i's per-token acceptance estimate: a draft is accepted with probability a while the ones before it were, so a
 verify step of k drafts that accepted j < k of them saw j successes and one failure, and one that accepted all k
 saw k successes. Estimates are shrunk twice, so that one early rejection does not read as a = 0:
@@ -17,8 +18,8 @@ saw k successes. Estimates are shrunk twice, so that one early rejection does no
 "recent": each step weighs the engine's counts RECENT_DECAY times the step before. A run of EXPLORE_EVERY steps
 chosen k = 0 is followed by EXPLORE_STEPS steps of one draft (a drafter drafts for the step after the one that
 asks, and a drafter of host tokens skipped at k = 0 is asked again only after a synchronous step: one step would
-verify nothing), so that estimates that fell too low can recover. The choice changes only
-how many drafts are verified, never which tokens are emitted: speculation stays lossless.
+verify nothing), so that estimates that fell too low can recover. The choice changes only how many drafts are
+verified, never which tokens are emitted: speculation stays lossless.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ PRIOR_WEIGHT = 4.0          # observations a prior counts for (M above)
 PRIOR_RATE = 0.5            # the rate before any draft was verified (p0)
 EXPLORE_EVERY = 128         # steps chosen k = 0 in a row before drafts are tried again
 EXPLORE_STEPS = 3           # steps of one draft each then
+MARGIN = 0.03               # k* replaces K only when its expected tokens per second are this much higher
 RECENT_DECAY = 0.95         # the engine-wide rate forgets old steps (about the last 20 count)
 
 
@@ -113,7 +115,10 @@ class DraftPolicy:
         own = np.array([acceptance_rate(s) for s in seq_stats])                          # [B, 2]
         rates = np.clip((own[:, 0] + PRIOR_WEIGHT * prior) / (own[:, 1] + PRIOR_WEIGHT), 0.0, 0.999)
         tokens = expected_tokens(rates, self.max_drafts).sum(axis=0) + opted_out         # [K + 1]
-        k = int(np.argmax(tokens / self.costs.at(len(seq_stats) + opted_out)))
+        rate = tokens / self.costs.at(len(seq_stats) + opted_out)                      # [K + 1] tokens per second
+        k = int(np.argmax(rate))
+        if rate[k] < rate[-1] * (1 + MARGIN):
+            k = self.max_drafts
         if self._exploring:
             self._exploring -= 1
             return max(k, 1)

@@ -57,6 +57,7 @@ class MTPDraftLoop:
         if draft_vocab is not None:
             self.set_draft_vocab(draft_vocab)
         self.graphs: CudaGraphRunner | None = None
+        self.catch_up_graphs: CudaGraphRunner | None = None   # the same batch buckets, no draft step (k = 0)
         if graphs and device.type == "cuda":
             self.use_graphs(capture=True)
 
@@ -73,6 +74,9 @@ class MTPDraftLoop:
         self.graphs = CudaGraphRunner(self._graph_step, staging, buckets, (self.max_drafts + 1,), capture=capture,
                                       prefill_tokens=PREFILL_TOKENS)
         self.graphs.capture_all()
+        self.catch_up_graphs = CudaGraphRunner(self._catch_up_graph_step, staging, buckets, (self.max_drafts + 1,),
+                                               capture=capture)
+        self.catch_up_graphs.capture_all()
 
     def prompt_skip(self, chunk_lens: np.ndarray, held: np.ndarray) -> np.ndarray | None:
         """Rows of each held chunk to ingest ahead of the catch-up (PromptRows) so that the rest fits a batch
@@ -100,10 +104,11 @@ class MTPDraftLoop:
         """Catch up on `plan` (hidden [T, H]: the target's rows for its tokens) and draft. Returns drafts
         [B, num_steps] (a graph replay drafts max_drafts steps; the caller keeps what it asked for). `before`
         gets the staged batch first: device work that writes into it what the host does not know."""
-        bucket = self.graphs.bucket_for(plan) if self.graphs is not None and num_steps > 0 else None
+        graphs = self.graphs if num_steps > 0 else self.catch_up_graphs
+        bucket = graphs.bucket_for(plan) if graphs is not None else None
         if bucket is not None:
             self.hidden_in[: plan.num_tokens].copy_(hidden)
-            _, (drafts,) = self.graphs.run(plan, bucket, before)
+            _, (drafts,) = graphs.run(plan, bucket, before)
             return drafts[: plan.num_seqs]
         if plan.num_tokens > self.staging.max_tokens or plan.num_seqs > self.staging.max_seqs:
             s = self.staging
@@ -117,6 +122,9 @@ class MTPDraftLoop:
 
     def _graph_step(self, batch: ForwardBatch) -> tuple[torch.Tensor]:
         return (self._step(batch, self.hidden_in[: batch.num_tokens], self.max_drafts),)
+
+    def _catch_up_graph_step(self, batch: ForwardBatch) -> tuple[torch.Tensor]:
+        return (self._step(batch, self.hidden_in[: batch.num_tokens], 0),)
 
     @torch.inference_mode()
     def _step(self, batch: ForwardBatch, hidden: torch.Tensor, num_steps: int) -> torch.Tensor:
