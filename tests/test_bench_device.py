@@ -100,13 +100,17 @@ def test_gpu_test_groups_name_existing_files_with_gpu_tests():
 
 @pytest.mark.parametrize("device", ["h100", "h200"])
 def test_each_devices_table_in_bench_readme_is_its_kept_json(device):
+    """One run per preset and device is kept (JSON, its table, its plot); bench/README.md shows each table."""
     folder = RESULTS / device
-    record = json.loads((folder / f"bench_baseline_{device}.json").read_text())
-    assert sorted(p.name for p in folder.iterdir()) == [f"bench_baseline_{device}.{e}" for e in ("json", "png", "txt")]
-    assert report.render_table(record).strip() == (folder / f"bench_baseline_{device}.txt").read_text().strip()
+    kept = sorted({p.stem for p in folder.iterdir()})
+    assert kept and sorted(p.name for p in folder.iterdir()) == [f"{s}.{e}" for s in kept for e in ("json", "png", "txt")]
+    assert all(re.fullmatch(rf"bench_[a-z]+_{device}", s) for s in kept), kept
     readme = (REPO / "bench" / "README.md").read_text()
-    for line in report.render_table(record, markdown=True).splitlines()[1:]:
-        assert line in readme, line
+    for stem in kept:
+        record = json.loads((folder / f"{stem}.json").read_text())
+        assert report.render_table(record).strip() == (folder / f"{stem}.txt").read_text().strip()
+        for line in report.render_table(record, markdown=True).splitlines()[1:]:
+            assert line in readme, line
 
 
 def test_readme_speed_table_is_the_h100_runs_gateway_rows():
