@@ -103,7 +103,8 @@ def test_each_devices_table_in_bench_readme_is_its_kept_json(device):
     """One run per preset and device is kept (JSON, its table, its plot); bench/README.md shows each table."""
     folder = RESULTS / device
     kept = sorted({p.stem for p in folder.iterdir()})
-    assert kept and sorted(p.name for p in folder.iterdir()) == [f"{s}.{e}" for s in kept for e in ("json", "png", "txt")]
+    files = sorted(p.name for p in folder.iterdir())
+    assert kept and files == [f"{s}.{e}" for s in kept for e in ("json", "png", "txt")]
     assert all(re.fullmatch(rf"bench_[a-z]+_{device}", s) for s in kept), kept
     readme = (REPO / "bench" / "README.md").read_text()
     for stem in kept:

@@ -119,7 +119,8 @@ def test_a_preempted_sequence_waits_for_its_pending_token_before_it_prefills_aga
     seq = engine.by_request["a"]
     engine.scheduler.preempt(seq, "test")           # as when KV blocks run out
     assert seq.unread_steps == 1 and seq.num_cached == 0
-    assert engine.scheduler.schedule(engine.num_drafts).entries == []   # its token is not on the host: no prefill of a stale prompt
+    # its token is not on the host: no prefill of a stale prompt
+    assert engine.scheduler.schedule(engine.num_drafts).entries == []
     tokens = [t for o in engine.step() for t in o.new_token_ids]   # the token is read ...
     assert len(tokens) == 1 and seq.unread_steps == 0
     engine.step()

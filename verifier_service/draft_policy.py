@@ -7,10 +7,11 @@ none and count as one token):
 
 unless it beats k = K by less than MARGIN (the measured costs of neighbouring k differ by about their noise:
 a near tie keeps K, the fixed policy's choice). T(B, k) is the measured wall time of a step of B decoding
-sequences verifying k drafts each, the drafter's work included (`measure_step_costs`, run at start-up through the real engine and drafter), and a_i is sequence
-i's per-token acceptance estimate: a draft is accepted with probability a while the ones before it were, so a
-verify step of k drafts that accepted j < k of them saw j successes and one failure, and one that accepted all k
-saw k successes. Estimates are shrunk twice, so that one early rejection does not read as a = 0:
+sequences verifying k drafts each, the drafter's work included (`measure_step_costs`, run at start-up through the
+real engine and drafter), and a_i is sequence i's per-token acceptance estimate: a draft is accepted with
+probability a while the ones before it were, so a verify step of k drafts that accepted j < k of them saw j
+successes and one failure, and one that accepted all k saw k successes. Estimates are shrunk twice, so that one
+early rejection does not read as a = 0:
 
     p   = (recent engine successes + M p0) / (recent engine observations + M)      p0 = PRIOR_RATE
     a_i = (successes_i + M p) / (observations_i + M)                              M = PRIOR_WEIGHT

@@ -268,7 +268,8 @@ class DraftingStage:
         None (no drafter, or a recompute is needed first)."""
         if self.drafter is None or k == 0:
             return None
-        want = max(0, min(k, self.step_drafts, seq.remaining - 1)) if seq.is_decoding and seq.params.speculation else 0
+        speculates = seq.is_decoding and seq.params.speculation
+        want = max(0, min(k, self.step_drafts, seq.remaining - 1)) if speculates else 0
         if seq.seq_id in self.context_lost and old > 0:
             if self.drafter.needs_hidden:
                 return None

@@ -7,10 +7,9 @@ the verifier's process: `specdec verifier --in-process-drafter`; gateway / coloc
 costs), `peer` (transformers `generate` on the same checkpoint).
 Drafters: none, ngram, mtp (forced to a mean acceptance length: mtp@3.39), and on the inproc path the synthetic
 drafter at a per-token acceptance rate (syn@0.9: k random drafts a step, nearly free to make, their acceptance
-forced at 0.9 per token: the mean length (1 - 0.9^(k+1)) / (1 - 0.9)). Each drafter runs with the fixed draft policy (k every step) or the adaptive one (label
-+adaptive: draft_policy.py's k per step, its step costs measured first).
-Every request of a workload is sent at once (N streams, one request each) and asks for exactly `max_tokens`
-tokens (ignore_eos), so the batch stays at N while it decodes.
+forced at 0.9 per token: the mean length (1 - 0.9^(k+1)) / (1 - 0.9)). Each drafter runs with the fixed draft
+policy (k every step) or the adaptive one (label +adaptive: draft_policy.py's k per step, its step costs measured
+first).
 """
 from __future__ import annotations
 
