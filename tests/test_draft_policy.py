@@ -74,6 +74,13 @@ def test_a_near_tie_keeps_k():
     assert DraftPolicy(K, True, table(1.2)).choose(seqs, AcceptanceStats()) == 2
 
 
+def test_a_table_measured_with_fewer_drafts_than_the_policy_allows_is_used_up_to_its_k():
+    """A drafter with k = 2 behind a verifier configured for 3: the table has columns 0..2, and the rule picks
+    among them (it raised on the mismatched shapes before)."""
+    table = costs([1.0, 1.05, 1.1])
+    assert DraftPolicy(K, True, table).choose([stats_with(300, 10)], AcceptanceStats()) == 2
+
+
 def test_cost_table_interpolates_between_batches_and_scales_beyond():
     c = StepCosts((1, 4), np.array([[1.0, 2.0], [4.0, 8.0]]))
     assert c.at(1).tolist() == [1.0, 2.0] and c.at(4).tolist() == [4.0, 8.0]
@@ -159,6 +166,7 @@ def test_step_costs_are_measured_through_the_engine_and_the_counters_start_afres
     table = measure_step_costs(engine)
     assert table is engine.policy.costs and table.batch_sizes == (1, 2)
     assert table.seconds.shape == (2, K + 1) and (table.seconds > 0).all()
+    assert table.drafts[:, 0].max() == 0 and (table.drafts[:, K] > 0).all()   # what each column really verified
     assert engine.stats.verify_steps == 0 and engine.step_count == 0 and sum(engine.policy.chosen) == 0
     assert not engine.has_work and not engine.by_request
     prompts = random_prompts([5, 9], demo.config.vocab_size, seed=1)
@@ -174,7 +182,7 @@ def test_without_a_drafter_nothing_is_measured(demo):
 
 @pytest.mark.gpu
 def test_gpu_any_k_per_step_gives_the_plain_output_with_graphs(tmp_path, cuda):
-    """CUDA graphs, the MTP drafter on overlapped steps: steps given k = 0 (the drafter only catches up, eagerly)
+    """CUDA graphs, the MTP drafter on overlapped steps: steps given k = 0 (the drafter only catches up, from its catch-up graphs)
     between steps of 1..3 drafts (graph replays) still equal plain decoding (fp32); and the start-up measurement
     runs through the graphs."""
     import torch
@@ -210,3 +218,20 @@ def test_a_host_token_drafter_is_skipped_at_k_zero_and_sent_what_it_missed(demo)
     assert run(engine, reqs) == plain
     assert engine.stats.drafted > 0 and engine.stats.accepted == engine.stats.drafted
     assert len(synchronous) < engine.step_count - 5     # the k = 0 stretch ran overlapped
+
+
+def test_a_drafter_away_after_a_step_of_k_zero_still_counts_its_fallback_steps(demo):
+    """A host-token drafter skipped at k = 0 that then goes away (its k is 0): steps are counted as decoded without
+    the drafter (the metric an operator watches), not silently overlapped as if the policy had chosen 0."""
+    drafter = make_drafter("ngram", demo, K)
+    engine = make_engine(demo, drafter, k=K)
+    engine.policy.choose = lambda *args, **kwargs: 0
+    engine.add_request("a", random_prompts([9], demo.config.vocab_size, seed=2)[0],
+                       SamplingParams(max_tokens=30, ignore_eos=True))
+    for _ in range(6):
+        engine.step()
+    assert engine.fallback_steps == 0
+    drafter.max_drafts = 0                                          # away: the stage's k is 0
+    for _ in range(6):
+        engine.step()
+    assert engine.fallback_steps > 0

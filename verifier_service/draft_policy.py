@@ -47,6 +47,7 @@ class StepCosts:
     """Measured seconds per step: seconds[i, k] for batch_sizes[i] decoding sequences verifying k drafts each."""
     batch_sizes: tuple[int, ...]          # increasing
     seconds: np.ndarray                   # [len(batch_sizes), K + 1]
+    drafts: np.ndarray | None = None      # [len(batch_sizes), K + 1] drafts a verify step really had while timed
 
     def at(self, batch: int) -> np.ndarray:
         """[K + 1] seconds per step for `batch` sequences: linear between measured sizes, beyond the largest
@@ -62,9 +63,11 @@ class StepCosts:
         return self.seconds[lo] * (1 - w) + self.seconds[hi] * w
 
     def table(self) -> str:
-        """The table as the start-up log prints it (ms)."""
+        """The table as the start-up log prints it: ms per step (and the drafts a verify step had, when known)."""
         head = "batch " + " ".join(f"k={k:<5d}" for k in range(self.seconds.shape[1]))
-        rows = [f"{b:5d} " + " ".join(f"{t * 1e3:7.2f}" for t in row) for b, row in zip(self.batch_sizes, self.seconds)]
+        drafts = self.drafts if self.drafts is not None else np.full_like(self.seconds, np.nan)
+        rows = [f"{b:5d} " + " ".join(f"{t * 1e3:7.2f}" for t in row) + "   drafts " + " ".join(f"{d:.2f}" for d in dr)
+                for b, row, dr in zip(self.batch_sizes, self.seconds, drafts)]
         return "\n".join([head] + rows)
 
 
@@ -115,11 +118,12 @@ class DraftPolicy:
         prior = (hits + PRIOR_WEIGHT * PRIOR_RATE) / (seen + PRIOR_WEIGHT)
         own = np.array([acceptance_rate(s) for s in seq_stats])                          # [B, 2]
         rates = np.clip((own[:, 0] + PRIOR_WEIGHT * prior) / (own[:, 1] + PRIOR_WEIGHT), 0.0, 0.999)
-        tokens = expected_tokens(rates, self.max_drafts).sum(axis=0) + opted_out         # [K + 1]
+        top = min(self.max_drafts, self.costs.seconds.shape[1] - 1)   # the table's K (a drafter's k may be lower)
+        tokens = expected_tokens(rates, top).sum(axis=0) + opted_out                     # [K + 1]
         rate = tokens / self.costs.at(len(seq_stats) + opted_out)                      # [K + 1] tokens per second
         k = int(np.argmax(rate))
         if rate[k] < rate[-1] * (1 + MARGIN):
-            k = self.max_drafts
+            k = top
         if self._exploring:
             self._exploring -= 1
             return max(k, 1)

@@ -98,7 +98,8 @@ class DraftingStage:
         """This step's drafter may be left out: it asks for no drafts (k = 0) and the drafter takes host tokens
         only (it is sent what it missed when it is next asked)."""
         d = self.drafter
-        return d is not None and self.step_drafts == 0 and not d.needs_hidden and not self.drafts_on_device
+        return (d is not None and self.k > 0 and self.step_drafts == 0 and not d.needs_hidden
+                and not self.drafts_on_device)
 
     def forget(self, seqs: list[Sequence]) -> None:
         """These sequences' context is gone (preempted, finished, aborted): the drafter may free it."""

@@ -90,7 +90,7 @@ def warm_up(engine: SpecEngine, mixed: bool | None = None) -> None:
 def reset_counters(engine: SpecEngine) -> None:
     """The engine's statistics start afresh: what a warm-up did is not served traffic."""
     engine.stats, engine.step_count, engine.drafting.fallback_steps = AcceptanceStats(), 0, 0
-    engine.scheduler.num_preemptions = 0
+    engine.scheduler.num_preemptions, engine.overlapped_draft_steps = 0, 0
     engine.policy.forget()
 
 
@@ -110,11 +110,12 @@ def measure_step_costs(engine: SpecEngine) -> StepCosts | None:
                     "no drafter is connected" if num_drafts == 0 else "no batch fits the step costs' measurement",
                     engine.config.num_drafts)
         return None
-    start, policy, rows = time.perf_counter(), engine.policy, []
+    start, policy, rows, drafts = time.perf_counter(), engine.policy, [], []
     device = engine.executor.device
     try:
         for b in tqdm(sizes, desc="measuring step costs", unit="batch", leave=False):
             rows.append([])
+            drafts.append([])
             for k in range(num_drafts + 1):
                 engine.policy = DraftPolicy(k, adaptive=False)
                 ids = [f"step-cost-{b}-{k}-{i}" for i in range(b)]
@@ -124,11 +125,13 @@ def measure_step_costs(engine: SpecEngine) -> StepCosts | None:
                 for _ in range(1 + COST_SETTLE):   # the prefill, then decoding until drafts are verified
                     engine.step()
                 _sync(device)
-                t0 = time.perf_counter()
+                t0, before = time.perf_counter(), (engine.stats.drafted, engine.stats.verify_steps)
                 for _ in range(COST_STEPS):
                     engine.step()
                 _sync(device)
                 rows[-1].append((time.perf_counter() - t0) / COST_STEPS)
+                verified = engine.stats.verify_steps - before[1]
+                drafts[-1].append((engine.stats.drafted - before[0]) / verified if verified else 0.0)
                 for rid in ids:
                     engine.abort(rid)
                 while engine.has_work:
@@ -136,9 +139,14 @@ def measure_step_costs(engine: SpecEngine) -> StepCosts | None:
     finally:
         engine.policy = policy
         reset_counters(engine)
-    policy.costs = StepCosts(tuple(sizes), np.array(rows))
+    policy.costs = StepCosts(tuple(sizes), np.array(rows), np.array(drafts))
     log.info("adaptive draft length: step costs measured in %.1f s (ms per step, B sequences verifying k drafts "
-             "each, drafter included):\n%s", time.perf_counter() - start, policy.costs.table())
+             "each, drafter included; then the drafts a verify step had):\n%s", time.perf_counter() - start,
+             policy.costs.table())
+    short = [k for k in range(1, num_drafts + 1) if policy.costs.drafts[:, k].min() < 0.8 * k]
+    if short:   # a drafter that proposes fewer than asked (n-gram on the measurement's made-up prompts)
+        log.warning("adaptive draft length: the drafter proposed fewer drafts than asked while k = %s was timed: "
+                    "those costs are low, which favours larger k", ", ".join(map(str, short)))
     return policy.costs
 
 

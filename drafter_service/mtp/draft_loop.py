@@ -13,7 +13,9 @@ overwrites whatever of them the verifier did not commit, before anything reads t
 On CUDA the whole step is captured per batch-size bucket (specdec.models.cuda_graph_runner) with the catch-up
 padded to k + 1 tokens per sequence, and for one sequence's prompt chunk alone in prefill buckets. Prompt chunks
 beside other sequences on the device path leave all but their last rows to an eager ingest first (prompt_skip),
-and the rest replays a batch bucket; other catch-ups run eagerly with the same code.
+and the rest replays a batch bucket; other catch-ups run eagerly with the same code. A step that asks for no
+drafts (the verifier's draft policy chose k = 0) replays a second set of graphs of the same batch buckets that
+only catch up (catch_up_graphs, their own memory pool).
 """
 from __future__ import annotations
 

@@ -148,14 +148,14 @@ class MTPDrafter:
             return DeviceDrafts(torch.zeros(len(counts), self.max_drafts, dtype=torch.long, device=self.device),
                                 counts, missing)
         skip = self.loop.prompt_skip(step.chunk_lens, held)
-        if skip is not None:   # prompt chunks beside decoding sequences: their front rows first, eagerly
+        if skip is not None:   # prompt chunks beside decoding sequences: their front rows first (catch-up only)
             front = PromptRows(step, skip, self.block_size, self._upload)
             tables, table_lens = self.tables.rows([i for i, ok in zip(step.seq_ids, front.held) if ok])
             self.loop.run(front.plan(tables, table_lens), front.hidden(), 0, front)
         catch_up = ChainedCatchUp(step, held, self.block_size, self._upload, skip)
         tables, table_lens = self.tables.rows([i for i, ok in zip(step.seq_ids, held) if ok])
         # A step that asks for no drafts (the verifier's draft policy chose k = 0) only catches up: one head
-        # forward, no draft steps and no lm_head (eagerly: the graphs draft max_drafts).
+        # forward, no draft steps and no lm_head (the loop's catch-up graphs, or eagerly where none holds the step).
         steps = self.max_drafts if max(counts, default=0) > 0 else 0
         drafts = self.loop.run(catch_up.plan(tables, table_lens, held), catch_up.hidden(), steps, catch_up)
         if steps == 0:

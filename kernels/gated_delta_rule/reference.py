@@ -101,7 +101,10 @@ def gated_delta_rule_ref(
         k_u = kf[:, u, :, None, :]                                                       # [B, HV, 1, K]
         decayed = s * decay[:, u, :, None, None]
         delta = beta[:, u, :, None] * (vf[:, u] - (k_u @ decayed)[:, :, 0])              # [B, HV, V]
-        s = decayed + k_u.transpose(-1, -2) * delta[:, :, None, :]                      # [B, HV, K, V]
+        stepped = decayed + k_u.transpose(-1, -2) * delta[:, :, None, :]                # [B, HV, K, V]
+        # (a padding step leaves a finite state as it was; replay_only writes every live state back at the end,
+        # so there the mask keeps a non-finite one too)
+        s = torch.where(moves[:, u, None, None, None], stepped, s) if replay_only else stepped
         outs.append((qq[:, u, :, None, :] @ s)[:, :, 0])                                 # [B, HV, V]
         if u in commit_steps:
             commit = ((commit_at == u) & real[:, u])[:, None, None, None]

@@ -154,7 +154,8 @@ class InprocBench:
                 "mean_acceptance_length": round(emitted / verify, 4) if verify else None,
                 "mean_drafts": round(drafted / verify, 4) if verify else None, "steps_by_k": chosen,
                 "step_costs_ms": None if costs is None else {"batch_sizes": list(costs.batch_sizes),
-                                                             "ms": (costs.seconds * 1e3).round(3).tolist()},
+                                                             "ms": (costs.seconds * 1e3).round(3).tolist(),
+                                                             "drafts": costs.drafts.round(3).tolist()},
                 "engine_steps": len(steps), "preemptions": preemptions, "step_ms": split, "memory": memory,
                 "warmup_s": warmup_s}
 
