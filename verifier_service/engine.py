@@ -208,8 +208,7 @@ class SpecEngine:
         """This step's k (draft_policy.py), from the decoding sequences: what they verify now and what the drafter
         is asked for, for the next step."""
         k = self.drafting.k
-        if k == 0:                         # no drafter, or it is away: asked as before (its fallback is counted)
-            self.drafting.step_drafts = 0
+        if k == 0:   # no drafter, or it is away (asked as before, so that its fallback steps are counted)
             return 0
         decoding = [s for s in self.scheduler.running if s.is_decoding]
         if decoding:
