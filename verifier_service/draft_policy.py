@@ -94,10 +94,6 @@ class DraftPolicy:
         self._recent = np.zeros(2)        # the engine's decayed (successes, observations)
         self._counted = np.zeros(2)       # the engine's totals at the last step
 
-    @property
-    def name(self) -> str:
-        return "adaptive" if self.adaptive else "fixed"
-
     def choose(self, seq_stats: list[AcceptanceStats], engine_stats: AcceptanceStats, opted_out: int = 0) -> int:
         """k for a step of len(seq_stats) sequences that speculate and `opted_out` that do not."""
         k = self._choose(seq_stats, engine_stats, opted_out)
@@ -137,8 +133,3 @@ class DraftPolicy:
         """Start afresh (after the warm-up): no steps counted, no engine-wide rate."""
         self.chosen = [0] * (self.max_drafts + 1)
         self._zeros, self._exploring, self._recent, self._counted = 0, 0, np.zeros(2), np.zeros(2)
-
-    @property
-    def mean_chosen(self) -> float | None:
-        steps = sum(self.chosen)
-        return sum(k * n for k, n in enumerate(self.chosen)) / steps if steps else None
