@@ -48,6 +48,7 @@ class DrafterConfig:
     count_tokens: str | None = None    # a token-counts file: count the served tokens into it (needs vocab_size)
     count_every_s: float = 60.0        # save the counts this often (and when the server stops)
     trace_steps: str | None = None     # diagnostics: a specdec.step_trace file
+    load_format: str = "safetensors"   # mtp: dummy = random weights of the config's shapes (benchmarks only)
 
 
 class DrafterHolder:
@@ -100,8 +101,6 @@ class DrafterHolder:
 
     # ---- mtp -----------------------------------------------------------------------------
     def _load_mtp_parts(self) -> None:
-        from specdec.models.loader import load_drafter_weights
-
         from specdec.drafting.device_schedule import START_POS_SLACK
         from specdec.drafting.draft_vocab import load_draft_vocab
 
@@ -109,8 +108,7 @@ class DrafterHolder:
         from .mtp.options import MTPOptions
         if not self.config.model_dir:
             raise ValueError("the mtp drafter needs --model (a checkpoint with mtp.* tensors)")
-        config, mtp, shared = load_drafter_weights(self.config.model_dir, self.config.dtype, self.config.device,
-                                                   shared=not self.wants_shared_weights)
+        config, mtp, shared = self._read_mtp_weights(shared=not self.wants_shared_weights)
         if not mtp:
             raise ValueError(f"{self.config.model_dir} has no mtp.* tensors: serve --kind ngram instead")
         self.mtp_parts = (config, mtp)
@@ -125,6 +123,27 @@ class DrafterHolder:
             self.attach(shared["embed_tokens.weight"], shared["lm_head.weight"])
         if c.device.startswith("cuda"):
             self._warm_up_mtp(dtype)
+
+    def _read_mtp_weights(self, shared: bool):
+        """(config, mtp tensors, embed_tokens / lm_head unless `shared` is False) from the folder, or random ones
+        of the same shapes with --load-format dummy."""
+        from specdec.models.loader import SHARED_WITH_DRAFTER, dummy_tensors, load_drafter_weights, parse_dtype
+        from specdec.models.model_config import ModelConfig
+
+        from .mtp.mtp_head import MTPHead
+        c = self.config
+        if c.load_format != "dummy":
+            return load_drafter_weights(c.model_dir, c.dtype, c.device, shared=shared)
+        config = ModelConfig.from_folder(c.model_dir)
+        with torch.device("meta"):
+            head = MTPHead(config, config.mtp_num_hidden_layers or 1)
+        shapes = {k: p.shape for k, p in head.state_dict().items()}
+        shapes |= {name: torch.Size((config.vocab_size, config.hidden_size)) for name in SHARED_WITH_DRAFTER} \
+            if shared else {}
+        tensors = dummy_tensors(shapes, parse_dtype(c.dtype), c.device, seed=1)
+        log.warning("--load-format dummy: a random MTP head (benchmarks only: its drafts are noise)")
+        return config, {k: v for k, v in tensors.items() if k not in SHARED_WITH_DRAFTER}, \
+            {k: v for k, v in tensors.items() if k in SHARED_WITH_DRAFTER}
 
     def _warm_up_mtp(self, dtype: torch.dtype) -> None:
         """Compile the draft loop's kernels before this drafter reports SERVING (mtp/warm_up.py). Waiting for
@@ -162,8 +181,7 @@ class DrafterHolder:
 
     def load_shared_from_folder(self) -> None:
         """The verifier could not share weights (not the same GPU): read them from the folder after all."""
-        from specdec.models.loader import load_drafter_weights
-        _, _, shared = load_drafter_weights(self.config.model_dir, self.config.dtype, self.config.device)
+        _, _, shared = self._read_mtp_weights(shared=True)
         self.attach(shared["embed_tokens.weight"], shared["lm_head.weight"])
 
     # ---- the others ----------------------------------------------------------------------

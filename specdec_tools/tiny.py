@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from .tiny_presets import (BF16_PRESETS, FAMILIES, FULL, MOE_FIELDS, PRESETS, VISION_MODEL_TYPE,
+from .tiny_presets import (BF16_PRESETS, FAMILIES, FULL, MOE_FIELDS, PRESET_FAMILIES, PRESETS, VISION_MODEL_TYPE,
                            layer_types)
 
 __all__ = ["PRESETS", "SHARD_BYTES", "make_tiny"]
@@ -37,21 +37,23 @@ OUT_GAIN = 3.0
 _NORMAL = {"embed": (1.0, 0.0), "norm0": (0.1, 0.0), "norm1": (0.1, 1.0), "dt_bias": (0.5, 1.0)}
 
 
-def make_tiny(out_dir: str | Path, *, family: str = "qwen3_5", preset: str = "tiny", seed: int = 0,
+def make_tiny(out_dir: str | Path, *, family: str | None = None, preset: str = "tiny", seed: int = 0,
               layout: str = "text", mtp_layers: int = 1, tokenizer: bool = False,
               dtype: str | None = None, overrides: dict | None = None, progress: bool = True,
-              expert_layout: str = "per_expert") -> Path:
+              expert_layout: str = "per_expert", weights: bool = True) -> Path:
     """Write a random checkpoint into `out_dir` (created) and return its path.
 
-    family: "qwen3_5" | "qwen3_5_moe" | "qwen3_next"; layout: "text" | "multimodal" (not for
+    family: "qwen3_5" | "qwen3_5_moe" | "qwen3_next" (default: the preset's, else qwen3_5); layout: "text" | "multimodal" (not for
     qwen3_next); preset: a key of PRESETS; overrides: text-config fields applied after the preset
     (giving "full_attention_interval" or "num_hidden_layers" regenerates "layer_types");
     mtp_layers: MTP decoder layers (0 = no MTP head); dtype: "float32" | "bfloat16" | "float16"
     (default float32, bfloat16 for the real-size presets); expert_layout: "per_expert" writes
     mlp.experts.E.{gate,up,down}_proj.weight, "fused" writes mlp.experts.gate_up_proj [E, 2I, H]
     and mlp.experts.down_proj [E, H, I]; tokenizer: also write a byte-level BPE tokenizer (needs
-    vocab_size >= 258) whose `<|endoftext|>` id becomes eos_token_id.
+    vocab_size >= 258) whose `<|endoftext|>` id becomes eos_token_id; weights=False: config.json (and the
+    tokenizer) only, for `--load-format dummy`.
     """
+    family = family or PRESET_FAMILIES.get(preset, "qwen3_5")
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; choose from {sorted(FAMILIES)}")
     if layout not in FAMILIES[family]:
@@ -75,8 +77,8 @@ def make_tiny(out_dir: str | Path, *, family: str = "qwen3_5", preset: str = "ti
     out.mkdir(parents=True, exist_ok=True)
     if tokenizer:
         text["eos_token_id"] = _write_tokenizer(out, text["vocab_size"])
-    specs = _tensor_specs(family, layout, text, expert_layout)
-    _write_tensors(out, specs, seed, _DTYPES[dtype], progress)
+    if weights:
+        _write_tensors(out, _tensor_specs(family, layout, text, expert_layout), seed, _DTYPES[dtype], progress)
     config = _full_config(family, layout, text, dtype)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out

@@ -68,10 +68,18 @@ PRESETS: dict[str, dict] = {
                           lk_heads=16, lv_heads=32, lk_dim=128, lv_dim=128, intermediate=9216,
                           experts=64, topk=8, moe_inter=512, shared_inter=512,
                           theta=10000000.0, max_pos=262144, eos=248044),
+    # Qwen3-Next-80B-A3B's config (benchmarks with --load-format dummy: 160 GB of bf16 weights are not written
+    # unless asked). Every layer is MoE; intermediate_size is the config's, unused.
+    "qwen3-next-80b-a3b": _preset(vocab=151936, hidden=2048, layers=48, heads=16, kv_heads=2, head_dim=256,
+                                  lk_heads=16, lv_heads=32, lk_dim=128, lv_dim=128, intermediate=5120,
+                                  experts=512, topk=10, moe_inter=512, shared_inter=512,
+                                  theta=10000000.0, max_pos=262144, eos=151645, tie=False),
 }
 
 # presets written in bfloat16 unless make_tiny is given a dtype
-BF16_PRESETS = {"qwen3.5-4b"}
+BF16_PRESETS = {"qwen3.5-4b", "qwen3-next-80b-a3b"}
+# the family a preset is written as unless make_tiny is given one (else qwen3_5)
+PRESET_FAMILIES = {"qwen3-next-80b-a3b": "qwen3_next"}
 
 MOE_FIELDS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size")
 

@@ -11,6 +11,7 @@ import torch
 
 from specdec.drafting import Drafter, vocabulary_fingerprint
 from specdec.models.loader import LoadedModel, load_model
+from specdec.models.model_config import ModelConfig
 from specdec.step_trace import StepTrace
 
 from .draft_policy import POLICIES
@@ -18,6 +19,8 @@ from .drafter_client import DrafterLinkConfig, RemoteDrafter
 from .engine import EngineConfig, SpecEngine
 from .engine_loop import DEFAULT_MAX_QUEUED
 from .executor import Executor
+from .model_runner import ModelRunner
+from .rank_group import RankSpec
 from .forced_acceptance import ForcedAcceptance
 from .scheduler import SchedulerConfig
 
@@ -49,6 +52,8 @@ class VerifierConfig:
     forced_acceptance_length: float = 0.0  # benchmarks only, with unsafe_forced_acceptance
     unsafe_forced_acceptance: bool = False
     enforce_eager: bool = False            # no CUDA graphs
+    tensor_parallel_size: int = 1          # ranks the target is split over (rank r on cuda:r; gloo on the CPU)
+    load_format: str = "safetensors"       # dummy: random weights of the config's shapes (benchmarks only)
     overlap: bool = True                   # launch a step before reading the last one's tokens (when it can)
     warm_up: bool = True                   # run verifier_service.warm_up before reporting SERVING
     trace_steps: str | None = None         # diagnostics: a specdec.step_trace file
@@ -60,9 +65,9 @@ class VerifierConfig:
         return self.draft_policy == "adaptive" or (self.draft_policy == "auto"
                                                     and torch.device(self.device).type == "cuda")
 
-    def context_and_blocks(self, loaded: LoadedModel) -> tuple[int, int]:
+    def context_and_blocks(self, model: ModelConfig) -> tuple[int, int]:
         """(the longest sequence served, KV blocks to hold max_running of them unless kv_blocks says)."""
-        max_context = min(self.max_context, loaded.config.max_position_embeddings)
+        max_context = min(self.max_context, model.max_position_embeddings)
         return max_context, self.kv_blocks or self.max_running * math.ceil(max_context / self.block_size)
 
 
@@ -77,22 +82,38 @@ def build_engine(config: VerifierConfig, make_drafter: DrafterFactory | None = N
     (a benchmark that builds several engines), else read from config.model_dir."""
     if config.in_process_drafter and (config.drafter_address or make_drafter is None):
         raise ValueError("an in-process drafter needs its factory and no --drafter-address")
-    if loaded is None:
-        loaded = load_model(config.model_dir, dtype=config.dtype, device=config.device)
-    max_context, blocks = config.context_and_blocks(loaded)
-    executor = Executor.build(loaded, blocks, config.block_size, config.max_running, config.num_drafts,
-                              config.device, max_model_len=max_context, max_batched_tokens=config.max_batched_tokens,
-                              enforce_eager=config.enforce_eager)
+    if config.tensor_parallel_size < 1:
+        raise ValueError(f"--tensor-parallel-size must be >= 1, got {config.tensor_parallel_size}")
+    parallel = config.tensor_parallel_size > 1
+    if parallel and config.in_process_drafter and config.num_drafts > 0:
+        raise ValueError("an in-process drafter cannot run beside tensor-parallel ranks: serve it as a drafter "
+                         "service (specdec serve does)")
+    model_config = loaded.config if loaded is not None else ModelConfig.from_folder(config.model_dir)
+    max_context, blocks = config.context_and_blocks(model_config)
+    sizes = dict(num_blocks=blocks, block_size=config.block_size, max_seqs=config.max_running,
+                 max_drafts=config.num_drafts, max_model_len=max_context,
+                 max_batched_tokens=config.max_batched_tokens, enforce_eager=config.enforce_eager)
+    if parallel:
+        executor = Executor.build_parallel(RankSpec(config.model_dir, config.tensor_parallel_size, config.device,
+                                                    config.dtype, config.load_format, sizes))
+        loaded = LoadedModel(model_config, executor.runner.model, {})
+    else:
+        if loaded is None:
+            loaded = load_model(config.model_dir, dtype=config.dtype, device=config.device,
+                                load_format=config.load_format)
+        executor = Executor(ModelRunner(loaded, device=config.device, **sizes))
     trace = StepTrace(config.trace_steps, "verifier")
     drafter = None
     if config.drafter_address and config.num_drafts > 0:
         model = loaded.model
+        # a rank holds a slice of the vocabulary: the drafter service reads embed_tokens / lm_head itself
+        shared = {} if parallel else {"embed_tokens": model.embed_tokens.weight, "lm_head": model.lm_head.weight}
         drafter = RemoteDrafter(
             DrafterLinkConfig(config.drafter_address, config.num_drafts, config.transport, config.drafter_timeout_s,
                               step_channel=config.step_channel),
             loaded.config.hidden_size, loaded.config.vocab_size, model.embed_tokens.weight.dtype,
             torch.device(config.device), config.max_batched_tokens,
-            {"embed_tokens": model.embed_tokens.weight, "lm_head": model.lm_head.weight}, loaded.config.model_type,
+            shared, loaded.config.model_type,
             vocabulary_fingerprint(config.model_dir), trace, max_seqs=config.max_running)
     elif config.in_process_drafter and config.num_drafts > 0:
         drafter = make_drafter(loaded, config)

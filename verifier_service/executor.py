@@ -2,9 +2,10 @@
 block manager (which sequence holds which cache blocks and slot) and the model runner (the model, its caches,
 the staging area and the CUDA graphs).
 
-Today one process drives one device. The step crosses this boundary as a StepPlan (numpy arrays: token ids,
-positions, block tables, slots, drafts, logit rows), which a multi-process executor can broadcast to every rank
-so that each runs the identical step on its shard, with rank 0 keeping the scheduling and the sampling.
+The step crosses this boundary as a StepPlan (numpy arrays: token ids, positions, block tables, slots, drafts,
+logit rows). One process drives one device, or, under tensor parallelism, this process is rank 0 of a RankGroup
+(rank_group.py): each step's plan goes to every rank, each runs the identical step on its shard, and rank 0 keeps
+the scheduling and the sampling.
 """
 from __future__ import annotations
 
@@ -19,12 +20,13 @@ from specdec.models.loader import LoadedModel
 
 from .block_manager import BlockManager
 from .model_runner import BeforeStep, ModelRunner
+from .rank_group import RankGroup, RankSpec, StepMessage
 from .sequence import Sequence
 
 
 class Executor:
-    def __init__(self, runner: ModelRunner):
-        self.runner = runner
+    def __init__(self, runner: ModelRunner, ranks: RankGroup | None = None):
+        self.runner, self.ranks = runner, ranks
         self.blocks = BlockManager(runner.num_blocks, runner.block_size, runner.max_seqs, runner.max_blocks_per_seq)
 
     @staticmethod
@@ -33,6 +35,17 @@ class Executor:
               enforce_eager: bool = False) -> "Executor":
         return Executor(ModelRunner(loaded, num_blocks, block_size, max_seqs, max_drafts, device, max_model_len,
                                     max_batched_tokens, enforce_eager))
+
+    @staticmethod
+    def build_parallel(spec: RankSpec) -> "Executor":
+        """Rank 0 of spec.size tensor-parallel ranks (started here, each loading its shard)."""
+        ranks = RankGroup(spec)
+        return Executor(ranks.build_runner(), ranks)
+
+    def close(self) -> None:
+        """Stop the other ranks, if any."""
+        if self.ranks is not None:
+            self.ranks.close()
 
     @property
     def config(self):
@@ -59,8 +72,19 @@ class Executor:
         was committed. `logits`: "last", "all", or logit rows per sequence (its last tokens)."""
         for seq, chunk in zip(seqs, chunks):
             self.blocks.reserve(seq, seq.num_cached + len(chunk))
-        self.runner.reset_slots(self.blocks.take_fresh_slots())
-        return self.runner.run(self.plan(seqs, chunks, num_drafts, logits), before)
+        fresh = self.blocks.take_fresh_slots()
+        plan = self.plan(seqs, chunks, num_drafts, logits)
+        share = self.ranks is not None and before is not None
+        if self.ranks is not None:
+            self.ranks.send(StepMessage(plan, fresh, share))
+        self.runner.reset_slots(fresh)
+        if self.ranks is None:
+            return self.runner.run(plan, before)
+        try:
+            return self.runner.run(plan, before, share_inputs=share)
+        except RuntimeError as e:   # a collective that lost its peer: say which rank, if one exited
+            self.ranks.explain(e)
+            raise
 
     def plan(self, seqs: list[Sequence], chunks: list[list[int]], num_drafts: list[int] | None,
              logits: str | list[int]) -> StepPlan:

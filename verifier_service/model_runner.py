@@ -44,7 +44,8 @@ class ModelRunner:
         self.block_size, self.device, self.max_drafts = block_size, torch.device(device), max_drafts
         self.num_blocks, self.max_seqs = num_blocks, max_seqs
         dtype = loaded.model.embed_tokens.weight.dtype
-        self.caches = ModelCaches.allocate(self.config, num_blocks, block_size, max_seqs, max_drafts,
+        self.tp = self.model.tp   # tensor parallelism: this rank's caches hold its shard's heads
+        self.caches = ModelCaches.allocate(self.model.config, num_blocks, block_size, max_seqs, max_drafts,
                                            dtype=dtype, device=self.device)
         max_len = max_model_len or min(num_blocks * block_size, self.config.max_position_embeddings)
         self.max_blocks_per_seq = math.ceil(max_len / block_size)
@@ -84,13 +85,17 @@ class ModelRunner:
             self.caches.gdn.reset(slot)
 
     # ---- one step ----------------------------------------------------------------------
-    def run(self, plan: StepPlan, before: BeforeStep | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(self, plan: StepPlan, before: BeforeStep | None = None, share_inputs: bool = False
+            ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the step `plan` describes; returns (hidden [T, H], logits [N, V]), valid until the next step.
         Outputs of the epilogue (padded) are in `last_outputs[2:]`. `before` gets the staged batch before the step
         runs: device work that writes what the host does not know yet (a running step's tokens and accepted
-        counts) into it. The batch is `last_batch` after."""
+        counts) into it. The batch is `last_batch` after. `share_inputs` (tensor parallelism, every rank):
+        rank 0's staged inputs, `before` applied, replace the other ranks' (they know no unread verdict)."""
         self._check_drafts(plan)
         bucket = self.graphs.bucket_for(plan) if self.graphs is not None else None
+        if share_inputs:
+            before = self._sharing(before, bucket is not None)
         if bucket is not None:
             batch, outputs = self.graphs.run(plan, bucket, before)
         else:
@@ -101,6 +106,13 @@ class ModelRunner:
         self.last_outputs, self.last_batch = outputs, batch
         hidden, logits_out = outputs[0], outputs[1]
         return hidden[: plan.num_tokens], logits_out[: int(plan.logits_per_seq.sum())]
+
+    def _sharing(self, before: BeforeStep | None, in_graph: bool) -> BeforeStep:
+        def share(batch: ForwardBatch) -> None:
+            if before is not None:
+                before(batch)
+            self.tp.broadcast((self.graphs.staging if in_graph else self.staging).step_inputs)
+        return share
 
     def _step(self, batch: ForwardBatch) -> tuple[torch.Tensor, ...]:
         hidden, logits = self.model(batch, self.caches)

@@ -64,6 +64,7 @@ async def _serve(engine: SpecEngine, config: VerifierConfig, host: str, port: in
     await serving.until_signal("verifier")
     await running.stop()
     loop.stop()
+    loop.engine.executor.close()   # the other tensor-parallel ranks, if any
     if isinstance(loop.engine.drafter, RemoteDrafter):  # an in-process drafter has no link to close
         loop.engine.drafter.close()
     loop.engine.trace.close()

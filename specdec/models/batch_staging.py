@@ -179,6 +179,11 @@ class BatchStaging:
             num_seqs=bp, num_tokens=tp, max_seqlen=max_seqlen, max_num_drafts=max_drafts,
             cu_seqlens_host=cu.copy() if bucket is None else None, seq_of_token=d["seq_of_token"][:tp])
 
+    @property
+    def step_inputs(self) -> torch.Tensor:
+        """The device words of every field but the block tables (what a `before` hook may rewrite), one tensor."""
+        return self.buffer[:self.offsets["num_drafts"]]
+
     def _next_host(self) -> dict:
         self.turn ^= 1
         if self.copied[self.turn] is not None:

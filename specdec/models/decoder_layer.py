@@ -5,6 +5,7 @@ layer's MLP output x and the stream `residual` (None before the first layer), an
 normalise (`add_and_norm`). Unfused, the same computation is  r = r + x; h = mixer(norm(r)); r = r + h;
 x = mlp(norm(r)) — with identical roundings, since each add is rounded to the model dtype before its norm.
 The model adds the last layer's (x, residual) inside its final norm.
+Under tensor parallelism the mixer's and the MLP's outputs are each rank's partial sums: one all-reduce each.
 """
 import torch
 from torch import nn
@@ -16,11 +17,13 @@ from .gated_deltanet import GatedDeltaNet
 from .mlp import SparseMoE, SwiGLU
 from .model_config import FULL_ATTENTION, ModelConfig
 from .norms import ZeroCentredRMSNorm
+from .tensor_parallel import TensorParallel
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer_type: str, moe: bool):
+    def __init__(self, config: ModelConfig, layer_type: str, moe: bool, tp: TensorParallel = TensorParallel()):
         super().__init__()
+        self.tp = tp
         self.is_attention = layer_type == FULL_ATTENTION
         if self.is_attention:
             self.self_attn = GatedAttention(config)
@@ -40,5 +43,5 @@ class DecoderLayer(nn.Module):
         else:
             h = self.linear_attn(h, batch, caches.gdn.recurrent[cache_idx], caches.gdn.pending[cache_idx],
                                  caches.gdn.conv[cache_idx])
-        h, residual = self.post_attention_layernorm.add_and_norm(h, residual)
-        return self.mlp(h), residual
+        h, residual = self.post_attention_layernorm.add_and_norm(self.tp.all_reduce(h), residual)
+        return self.tp.all_reduce(self.mlp(h)), residual

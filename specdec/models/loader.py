@@ -20,11 +20,13 @@ from .checkpoint_keys import strip_prefix, to_canonical
 from .fused_linear import fuse_projections
 from .hybrid_model import HybridModel
 from .model_config import CheckpointError, ModelConfig
+from .tensor_parallel import Shard, TensorParallel, shard_of, take
 
 log = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
+LOAD_FORMATS = ("safetensors", "dummy")
 PROGRESS_BYTES = 256 << 20  # show a progress bar from this checkpoint size on
 
 
@@ -62,13 +64,15 @@ def checkpoint_files(folder: Path) -> list[Path]:
 
 
 def read_tensors(files: list[Path], dtype: torch.dtype, device: torch.device | str,
-                 progress: bool | None, keep: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor]:
+                 progress: bool | None, keep: Callable[[str], bool] | None = None,
+                 shard: Callable[[str], Shard | None] | None = None) -> dict[str, torch.Tensor]:
     """Tensors of the checkpoint (those whose prefix-stripped name `keep` accepts; all by default) under
-    prefix-stripped names, cast to `dtype` on `device`."""
+    prefix-stripped names, cast to `dtype` on `device`. `shard`: the part of each tensor to read (a tensor-parallel
+    rank's slices: only their bytes are read)."""
     total = sum(f.stat().st_size for f in files)
     show = progress if progress is not None else total >= PROGRESS_BYTES
     out: dict[str, torch.Tensor] = {}
-    with tqdm(total=total, unit="B", unit_scale=True, desc="loading weights", disable=not show) as bar:
+    with tqdm(total=total if shard is None else None, unit="B", unit_scale=True, desc="loading weights", disable=not show) as bar:
         for f in files:
             try:
                 with safe_open(str(f), framework="pt") as reader:
@@ -76,11 +80,46 @@ def read_tensors(files: list[Path], dtype: torch.dtype, device: torch.device | s
                         name = strip_prefix(key)
                         if name is None or (keep is not None and not keep(name)):
                             continue
-                        t = reader.get_tensor(key)
+                        part = shard(name) if shard is not None else None
+                        t = reader.get_tensor(key) if part is None else _read_slices(reader, key, part)
                         bar.update(t.numel() * t.element_size())
                         out[name] = t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
             except (SafetensorError, OSError) as e:
                 raise CheckpointError(f"{f}: not a readable safetensors file ({e})") from e
+    return out
+
+
+def _read_slices(reader, key: str, shard: Shard) -> torch.Tensor:
+    """Only `shard`'s rows of the checkpoint tensor `key` (past its end: zeros, the vocabulary's padding)."""
+    view = reader.get_slice(key)
+    shape = view.get_shape()
+    parts = []
+    for rows in shard.rows:
+        index = [slice(None)] * len(shape)
+        index[shard.dim] = slice(min(rows.start, shape[shard.dim]), min(rows.stop, shape[shard.dim]))
+        parts.append(view[tuple(index)])
+    return take(torch.cat(parts, dim=shard.dim) if len(parts) > 1 else parts[0],
+                Shard(shard.dim, [range(0, sum(map(len, shard.rows)))]))
+
+
+def dummy_tensors(shapes: dict[str, torch.Size], dtype: torch.dtype, device: torch.device | str,
+                  seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random weights of these shapes, made on the device (`--load-format dummy`: benchmarks of shapes whose
+    checkpoint is not at hand; the output is meaningless). Linears and embeddings ~ N(0, 0.02²); zero-centred
+    norms 0 (a scale of 1); the GDN output norm 1; A_log = log(U(1, 16)) and dt_bias 0, as the model is initialised."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    out = {}
+    for name, shape in shapes.items():
+        t = torch.empty(shape, dtype=dtype, device=device)
+        if name.endswith("linear_attn.norm.weight"):
+            t.fill_(1.0)
+        elif name.endswith(("norm.weight", "layernorm.weight", "dt_bias")):
+            t.zero_()
+        elif name.endswith("A_log"):
+            t.uniform_(1.0, 16.0, generator=generator).log_()
+        else:
+            t.normal_(0.0, 0.02, generator=generator)
+        out[name] = t
     return out
 
 
@@ -100,29 +139,42 @@ def check_against(expected: dict[str, torch.Size], given: dict[str, torch.Tensor
 
 
 def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu",
-               progress: bool | None = None) -> LoadedModel:
+               progress: bool | None = None, tp: TensorParallel = TensorParallel(),
+               load_format: str = "safetensors") -> LoadedModel:
+    """The target in `folder`. Under tensor parallelism (`tp`) only this rank's shard is read, and the mtp.* tensors
+    are left to the drafter service. load_format "dummy": random weights of the config's shapes, no files read."""
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"load format must be one of {', '.join(LOAD_FORMATS)}, not {load_format!r}")
     folder = Path(folder)
     config = ModelConfig.from_folder(folder)
     torch_dtype = parse_dtype(dtype)
-    tensors = read_tensors(checkpoint_files(folder), torch_dtype, device, progress)
-    canonical = to_canonical(config, tensors)
-    mtp = {k[len("mtp."):]: v for k, v in canonical.items() if k.startswith("mtp.")}
-    target = {k: v for k, v in canonical.items() if not k.startswith("mtp.")}
-    if config.tie_word_embeddings:
-        target.pop("lm_head.weight", None)
     with torch.device("meta"):
-        model = HybridModel(config)
+        model = HybridModel(config, tp)
     expected = {k: p.shape for k, p in model.state_dict().items()}
     if config.tie_word_embeddings:
         expected.pop("lm_head.weight")
+    if load_format == "dummy":
+        target, mtp = dummy_tensors(expected, torch_dtype, device, seed=tp.rank), {}
+        log.warning("--load-format dummy: random weights of %s's shapes (benchmarks only, the output is noise)",
+                    folder.name)
+    else:
+        keep = (lambda name: not name.startswith("mtp.")) if tp.active else None  # noqa: E731
+        shard = (lambda name: shard_of(config, tp, name)) if tp.active else None  # noqa: E731
+        tensors = read_tensors(checkpoint_files(folder), torch_dtype, device, progress, keep, shard)
+        canonical = to_canonical(model.config, tensors)
+        mtp = {k[len("mtp."):]: v for k, v in canonical.items() if k.startswith("mtp.")}
+        target = {k: v for k, v in canonical.items() if not k.startswith("mtp.")}
+    if config.tie_word_embeddings:
+        target.pop("lm_head.weight", None)
     check_against(expected, target, str(folder))
     model.load_state_dict(target, strict=not config.tie_word_embeddings, assign=True)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     model.requires_grad_(False).eval()
     fuse_projections(model)
-    log.info("loaded %s (%s, %d layers, %s) from %s; %d mtp tensors", config.model_type, config.family,
-             config.num_hidden_layers, torch_dtype, folder, len(mtp))
+    log.info("loaded %s (%s, %d layers, %s) from %s; %d mtp tensors%s", config.model_type, config.family,
+             config.num_hidden_layers, torch_dtype, folder, len(mtp),
+             f"; tensor-parallel rank {tp.rank} of {tp.size}" if tp.active else "")
     return LoadedModel(config=config, model=model, mtp_weights=mtp)
 
 

@@ -51,6 +51,8 @@ class BenchConfig:
     plot: bool = True
     seed: int = 0
     command: str = ""
+    tensor_parallel_size: int = 1        # gateway path: the verifier's ranks
+    load_format: str = "safetensors"     # dummy: random weights, config.json only (gateway path)
 
 
 @dataclass
@@ -82,15 +84,16 @@ class BenchRun:
     def gateway(self):
         if self._gateway is None:
             from .gateway_path import GatewayBench
-            self._gateway = GatewayBench(self.config.model, self.config.device, self.config.dtype,
-                                         trace_dir=self.config.trace_steps_dir, step_channel=self.config.step_channel,
-                                         repeats=self.config.repeats, overlap=self.config.overlap)
+            c = self.config
+            self._gateway = GatewayBench(c.model, c.device, c.dtype, trace_dir=c.trace_steps_dir,
+                                         step_channel=c.step_channel, repeats=c.repeats, overlap=c.overlap,
+                                         tensor_parallel_size=c.tensor_parallel_size, load_format=c.load_format)
         return self._gateway
 
     # ---- the run ------------------------------------------------------------------------
     def run(self) -> dict:
         c = self.config
-        made = ensure_checkpoint(c.model, c.make_tiny, c.layers, c.seed)
+        made = ensure_checkpoint(c.model, c.make_tiny, c.layers, c.seed, weights=c.load_format != "dummy")
         self.traffic = ModelTraffic.from_checkpoint(c.model, c.dtype)
         info = device_info(self.device)
         self.tag = c.tag or device_tag(info)
@@ -101,7 +104,8 @@ class BenchRun:
                        "preset": c.preset, "cut_from_full": list(c.cut),
                        "settings": {"workload_timeout_s": c.workload_timeout_s, "time_budget_s": c.time_budget_s,
                                     "seed": c.seed, "planned": len(c.workloads), "step_channel": c.step_channel,
-                                    "repeats": c.repeats, "overlap": c.overlap},
+                                    "repeats": c.repeats, "overlap": c.overlap,
+                                    "tensor_parallel_size": c.tensor_parallel_size, "load_format": c.load_format},
                        "roofline": None, "profile": None, "results": self.results, "skipped": self.skipped,
                        "problems": []}
         log.info("measuring the device copy and the weight-GEMM chain (%d GEMMs)", len(self.traffic.linear_shapes))
@@ -204,11 +208,13 @@ class BenchRun:
         return metrics
 
     def _bandwidth(self, w: Workload, m: dict) -> dict:
-        """bytes(weights + KV + GDN state) of a mean decode step / its time (mean gap between deliveries)."""
+        """bytes(weights + KV + GDN state) of a mean decode step / its time (mean gap between deliveries); per GPU
+        under tensor parallelism."""
         step_s = m["itl_ms_mean"] / 1e3 if m.get("itl_ms_mean") else None
         verify = m.get("verify_steps") or 0
         drafts = m.get("draft_tokens", 0) / verify if verify else 0.0
-        nbytes = self.traffic.step_bytes(w.concurrency, w.prompt_tokens + w.max_tokens / 2, drafts)
+        nbytes = self.traffic.step_bytes(w.concurrency, w.prompt_tokens + w.max_tokens / 2, drafts) \
+            / self.config.tensor_parallel_size
         roof = self.record["roofline"]
         return utilisation(nbytes, step_s, roof["device_copy"]["gbs"], roof["weight_chain"]["gbs"])
 

@@ -10,9 +10,10 @@ from specdec.models.model_config import ModelConfig
 log = logging.getLogger(__name__)
 
 
-def ensure_checkpoint(folder: str, make_preset: str | None, layers: int | None, seed: int = 0) -> dict:
-    """Use `folder` if it holds a checkpoint; else write one with make-tiny (`make_preset`, `layers` layers).
-    Returns how it came to be: {"made": bool, "seconds", "command"}."""
+def ensure_checkpoint(folder: str, make_preset: str | None, layers: int | None, seed: int = 0,
+                      weights: bool = True) -> dict:
+    """Use `folder` if it holds a checkpoint; else write one with make-tiny (`make_preset`, `layers` layers;
+    without `weights`, config.json only). Returns how it came to be: {"made": bool, "seconds", "command"}."""
     path = Path(folder)
     if layers is not None and not make_preset:
         raise ValueError("--layers only applies to a checkpoint the bench writes: give --make-tiny PRESET too")
@@ -27,10 +28,10 @@ def ensure_checkpoint(folder: str, make_preset: str | None, layers: int | None, 
     from specdec_tools.tiny import make_tiny
     overrides = {"num_hidden_layers": layers} if layers is not None else {}
     command = f"specdec make-tiny {path} --preset {make_preset} --seed {seed}" + (
-        f" --set num_hidden_layers={layers}" if layers is not None else "")
+        f" --set num_hidden_layers={layers}" if layers is not None else "") + ("" if weights else " --config-only")
     log.info("writing the checkpoint: %s", command)
     start = time.perf_counter()
-    make_tiny(path, preset=make_preset, seed=seed, overrides=overrides, progress=True)
+    make_tiny(path, preset=make_preset, seed=seed, overrides=overrides, progress=True, weights=weights)
     seconds = round(time.perf_counter() - start, 1)
     log.info("checkpoint written in %.1f s", seconds)
     return {"made": True, "seconds": seconds, "command": command}

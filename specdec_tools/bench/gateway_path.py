@@ -61,8 +61,10 @@ class GatewayBench:
     """Keeps one stack running per stack key (drafter, forced length, k); restarts it when the key changes."""
 
     def __init__(self, model: str, device: str, dtype: str, startup_timeout_s: float = 300.0,
-                 trace_dir: str | None = None, step_channel: str = "auto", repeats: int = 1, overlap: bool = True):
+                 trace_dir: str | None = None, step_channel: str = "auto", repeats: int = 1, overlap: bool = True,
+                 tensor_parallel_size: int = 1, load_format: str = "safetensors"):
         self.model, self.device, self.dtype, self.startup_timeout_s = model, device, dtype, startup_timeout_s
+        self.tensor_parallel_size, self.load_format = tensor_parallel_size, load_format
         self.step_channel = step_channel  # the verifier's --step-channel (a drafter service's steps)
         self.repeats = repeats            # timed passes per workload; the one of median tokens/s is reported
         self.overlap = overlap            # False: the verifier's --no-overlap
@@ -86,7 +88,9 @@ class GatewayBench:
                     "--kv-blocks", str(max(blocks_for(g) for g in group)),
                     "--max-context", str(context), "--metrics-port", str(self.metrics_port),
                     "--step-channel", self.step_channel] + ([] if self.overlap else ["--no-overlap"])
+        verifier += ["--tensor-parallel-size", str(self.tensor_parallel_size), "--load-format", self.load_format]
         drafter = ["--max-seqs", str(running), "--max-context", str(context)] if w.drafter == "mtp" else []
+        drafter += ["--load-format", self.load_format] if w.drafter == "mtp" else []
         drafter += ["--draft-vocab", w.draft_vocab] if w.draft_vocab else []
         service = w.drafter
         if w.path == "colocated":  # the same drafter inside the verifier's process (sized by its own flags)

@@ -93,6 +93,11 @@ def render_table(record: dict, markdown: bool = False) -> str:
             f"({record['model']['layers']} layers, {record['model']['weight_gb']:.3g} GB {record['model']['dtype']}); "
             f"device copy {copy.get('gbs', '-')} GB/s, weight-GEMM chain {chain.get('ms_1_token', '-')} ms "
             f"({chain.get('gbs', '-')} GB/s); ms per step; * = cut by the time guard")
+    settings = record.get("settings", {})
+    if settings.get("tensor_parallel_size", 1) > 1:
+        head += f"; tensor parallel {settings['tensor_parallel_size']} (BW per GPU)"
+    if settings.get("load_format") == "dummy":
+        head += "; dummy (random) weights"
     if markdown:
         lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
         lines += ["| " + " | ".join(r) + " |" for r in rows]

@@ -7,8 +7,11 @@
                 + Σ_seq gdn_state · (1 read + w writes)       fp32 recurrent state, w = 1 + d for a verifier
                                                               that keeps one state per verify token, 1 otherwise
                 + Σ_seq conv columns read and written
-with d the drafts verified per sequence. Shapes come from the checkpoint's safetensors headers and config.json,
-so nothing is loaded. Dense models: an MoE checkpoint's experts are all counted, as if every token read them.
+with d the drafts verified per sequence. Shapes come from the checkpoint's safetensors headers and config.json
+(a folder with config.json only, for --load-format dummy: from the model's shapes), so nothing is loaded. An MoE
+model's routed experts count by the share a step's tokens reach: with top-k of E experts and n = batch · (1 + d)
+tokens routed uniformly, each layer reads 1 − (1 − k/E)^n of them. Under tensor parallelism each GPU moves 1/N of
+it all (the bench divides).
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from safetensors import safe_open
 
 from specdec.models.checkpoint_keys import strip_prefix
 from specdec.models.loader import checkpoint_files, parse_dtype
-from specdec.models.model_config import ModelConfig
+from specdec.models.model_config import CheckpointError, ModelConfig
 
 EMBED, LM_HEAD = "embed_tokens.weight", "lm_head.weight"
 
@@ -34,18 +37,15 @@ class ModelTraffic:
     conv_bytes_per_column: int              # one conv-state column of all GDN layers
     conv_kernel: int
     num_params: int
+    expert_bytes: int = 0                   # the routed experts' weights (in weight_bytes)
+    num_experts: int = 0
+    experts_per_token: int = 0
 
     @classmethod
     def from_checkpoint(cls, folder: str | Path, dtype: str) -> "ModelTraffic":
         config = ModelConfig.from_folder(folder)
         elem = parse_dtype(dtype).itemsize
-        shapes: dict[str, tuple[int, ...]] = {}
-        for f in checkpoint_files(Path(folder)):
-            with safe_open(str(f), framework="pt") as reader:
-                for key in reader.keys():
-                    name = strip_prefix(key)
-                    if name is not None and not name.startswith("mtp."):
-                        shapes[name] = tuple(reader.get_slice(key).get_shape())
+        shapes = _shapes(Path(folder), config)
         if EMBED not in shapes:
             raise ValueError(f"{folder}: no {EMBED} in the checkpoint")
         head = shapes.get(LM_HEAD, shapes[EMBED])        # tied: the embedding is the lm_head
@@ -54,13 +54,15 @@ class ModelTraffic:
         linears = tuple((s[0], s[1]) for k, s in sorted(body.items(), key=lambda kv: _layer_order(kv[0]))
                         if len(s) == 2 and k.endswith(".weight")) + ((head[0], head[1]),)
         attn, gdn = len(config.attention_layers), len(config.gdn_layers)
+        experts = sum(math.prod(s) for k, s in body.items() if ".experts" in k) * elem
         return cls(
             weight_bytes=numel * elem, linear_shapes=linears,
             kv_bytes_per_token=2 * attn * config.num_key_value_heads * config.head_dim * elem,
             gdn_state_bytes=gdn * config.linear_num_value_heads * config.linear_key_head_dim
             * config.linear_value_head_dim * 4,
             conv_bytes_per_column=gdn * config.gdn_conv_dim * elem, conv_kernel=config.linear_conv_kernel_dim,
-            num_params=numel + (math.prod(shapes[EMBED]) if LM_HEAD in shapes else 0))
+            num_params=numel + (math.prod(shapes[EMBED]) if LM_HEAD in shapes else 0),
+            expert_bytes=experts, num_experts=config.num_experts, experts_per_token=config.num_experts_per_tok)
 
     def step_bytes(self, batch: int, mean_context: float, drafts: float) -> float:
         """Bytes one decode step moves for `batch` sequences of `mean_context` cached tokens, each verifying
@@ -69,7 +71,34 @@ class ModelTraffic:
         per_seq = (mean_context * self.kv_bytes_per_token + (1 + drafts) * self.kv_bytes_per_token
                    + 2 * self.gdn_state_bytes
                    + (2 * (self.conv_kernel - 1) + drafts) * self.conv_bytes_per_column)
-        return self.weight_bytes + batch * per_seq
+        return self.weights_read(batch * (1 + drafts)) + batch * per_seq
+
+    def weights_read(self, num_tokens: float) -> float:
+        """Weight bytes a step of `num_tokens` tokens reads: all but the routed experts none of them reaches."""
+        if not self.expert_bytes:
+            return self.weight_bytes
+        reached = 1.0 - (1.0 - self.experts_per_token / self.num_experts) ** max(num_tokens, 1.0)
+        return self.weight_bytes - self.expert_bytes * (1.0 - reached)
+
+
+def _shapes(folder: Path, config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every target tensor's shape (mtp.* aside): the safetensors headers, or the model's own without them."""
+    try:
+        files = checkpoint_files(folder)
+    except CheckpointError:   # config.json only (--load-format dummy)
+        import torch
+
+        from specdec.models.hybrid_model import HybridModel
+        with torch.device("meta"):
+            return {k: tuple(p.shape) for k, p in HybridModel(config).state_dict().items()}
+    shapes = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as reader:
+            for key in reader.keys():
+                name = strip_prefix(key)
+                if name is not None and not name.startswith("mtp."):
+                    shapes[name] = tuple(reader.get_slice(key).get_shape())
+    return shapes
 
 
 def _layer_order(name: str) -> tuple:

@@ -5,7 +5,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from .cli_args import add_model_args, add_no_overlap_arg, resolve
+from .cli_args import add_load_format_arg, add_model_args, add_no_overlap_arg, add_tensor_parallel_arg, resolve
 
 PRESET_TIMEOUTS = {"full": 600.0, "baseline": 40.0, "quick": 60.0, "adaptive": 60.0}
 
@@ -26,6 +26,8 @@ def add_parser(sub) -> None:
                "      --time-budget 480 --profile --out $OUT           # the GPU baseline (bench/device/table.sh)\n"
                "  specdec bench --model DIR --paths inproc --drafters none mtp@3.39 --concurrency 1 16\n"
                "  specdec bench --preset adaptive --model /tmp/q35 --make-tiny qwen3.5-4b --layers 32 --out $OUT\n"
+               "  specdec bench --model /tmp/n80 --make-tiny qwen3-next-80b-a3b --load-format dummy \\\n"
+               "      --tensor-parallel-size 2 --paths gateway --drafters none mtp@3.39 --concurrency 1 16\n"
                "  specdec bench --render bench/results/h100/bench_baseline_h100.json --markdown")
     add_model_args(p)
     p.add_argument("--preset", default="full", choices=["full", "baseline", "quick", "adaptive"],
@@ -38,6 +40,8 @@ def add_parser(sub) -> None:
                    help="write a random checkpoint of this make-tiny preset into --model first if it holds none "
                         f"({', '.join(sorted(TINY))})")
     p.add_argument("--layers", type=int, default=None, help="with --make-tiny: decoder layers (shrinks the checkpoint)")
+    add_tensor_parallel_arg(p)
+    add_load_format_arg(p)
     p.add_argument("--paths", nargs="+", choices=["inproc", "gateway", "colocated", "peer"],
                    help="keep only these paths (colocated: through the gateway with the drafter inside the "
                         "verifier's process; against gateway, what the service split costs)")
@@ -90,6 +94,11 @@ def build_config(args: argparse.Namespace):
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+    if args.tensor_parallel_size > 1 or args.load_format == "dummy":
+        other = sorted({w.path for w in chosen} - {"gateway"})
+        if other:
+            raise ValueError(f"--tensor-parallel-size / --load-format dummy time the gateway path only (the "
+                             f"verifier starts the ranks); drop --paths {' '.join(other)} or filter with --paths gateway")
     filters = [f"--{n} {getattr(args, n)}" for n in ("paths", "drafters", "concurrency", "prompt_tokens",
                                                      "temperatures", "max_tokens", "draft_vocab") if getattr(args, n)]
     return BenchConfig(
@@ -99,7 +108,8 @@ def build_config(args: argparse.Namespace):
         workload_timeout_s=args.workload_timeout or PRESET_TIMEOUTS[args.preset], time_budget_s=args.time_budget,
         profile=args.profile, profile_steps=args.profile_steps, trace_steps_dir=args.trace_steps,
         step_channel=args.step_channel, repeats=args.repeats, overlap=args.overlap,
-        plot=not args.no_plot, seed=args.seed,
+        plot=not args.no_plot, seed=args.seed, tensor_parallel_size=args.tensor_parallel_size,
+        load_format=args.load_format,
         command="specdec " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
 
 

@@ -6,8 +6,29 @@ import os
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=os.environ.get("SPECDEC_MODEL") or None,
                    help="Hugging Face model folder (default: $SPECDEC_MODEL, else the embedded demo model)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--device", default="auto", type=device_arg, metavar="{auto,cpu,cuda,cuda:N}",
+                   help="where the model runs (default auto: cuda when a GPU is visible, else cpu)")
     p.add_argument("--dtype", default="auto", help="float32 | bfloat16 | float16 | auto (bf16 on GPU, fp32 on CPU)")
+
+
+def device_arg(value: str) -> str:
+    head, _, index = value.partition(":")
+    if value in ("auto", "cpu", "cuda") or (head == "cuda" and index.isdigit()):
+        return value
+    raise argparse.ArgumentTypeError(f"{value!r}: expected auto, cpu, cuda or cuda:N")
+
+
+def add_load_format_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--load-format", default="safetensors", choices=["safetensors", "dummy"],
+                   help="safetensors (default): the checkpoint's weights; dummy: random weights of config.json's "
+                        "shapes made on the device, no weight files needed (BENCHMARKS ONLY: the output is noise; "
+                        "pair it with --forced-acceptance-length to time speculation)")
+
+
+def add_tensor_parallel_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1, metavar="N",
+                   help="split the target over N ranks by heads and columns (rank r on cuda:r, started by the "
+                        "verifier; NCCL between GPUs, gloo on the CPU); default 1")
 
 
 def add_enforce_eager_arg(p: argparse.ArgumentParser) -> None:

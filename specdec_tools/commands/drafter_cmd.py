@@ -1,7 +1,8 @@
 """`specdec drafter`: serve a drafter (mtp | draft_model | ngram | synthetic | an installed plugin) over gRPC."""
 import argparse
 
-from .cli_args import add_enforce_eager_arg, add_listen_args, add_model_args, add_trace_steps_arg, resolve
+from .cli_args import (add_enforce_eager_arg, add_listen_args, add_load_format_arg, add_model_args, add_trace_steps_arg,
+                       resolve)
 
 KINDS_HELP = ("mtp (the target's MTP head; needs --model), draft_model (a smaller model; needs --draft-model), "
               "ngram (prompt lookup), synthetic (benchmarks), or the name of an installed plugin "
@@ -16,6 +17,7 @@ def add_parser(sub) -> None:
     p.add_argument("--kind", default="mtp", help=KINDS_HELP)
     p.add_argument("-k", "--num-drafts", type=int, default=3, help="most draft tokens per step")
     add_model_args(p)
+    add_load_format_arg(p)
     add_listen_args(p, 50053)
     p.add_argument("--kv-blocks", type=int, default=4096, help="mtp / draft_model KV cache blocks (of 16 tokens)")
     p.add_argument("--draft-model", default=None, metavar="DIR",
@@ -91,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
                            draft_model_dir=args.draft_model, max_seqs=args.max_seqs, max_context=args.max_context,
                            enforce_eager=args.enforce_eager, draft_vocab=args.draft_vocab,
                            options=parse_options(args.option), count_tokens=args.count_tokens,
-                           count_every_s=args.count_every, trace_steps=args.trace_steps)
+                           count_every_s=args.count_every, trace_steps=args.trace_steps,
+                           load_format=args.load_format)
     serve(config, args.host, args.port)
     return 0

@@ -2,7 +2,8 @@
 import argparse
 import sys
 
-from .cli_args import add_draft_policy_arg, add_enforce_eager_arg, add_model_args, resolve
+from .cli_args import (add_draft_policy_arg, add_enforce_eager_arg, add_load_format_arg, add_model_args,
+                       add_tensor_parallel_arg, device_arg, resolve)
 from .gateway_cmd import add_public_args, gateway_argv
 
 
@@ -47,6 +48,12 @@ def add_stack_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-vocab", default=None, metavar="FILE",
                    help="with the mtp drafter: draft over the ids of this `specdec draft-vocab` file only")
     add_enforce_eager_arg(p)
+    add_tensor_parallel_arg(p)
+    add_load_format_arg(p)
+    p.add_argument("--drafter-device", default=None, type=device_arg, metavar="{cpu,cuda,cuda:N}",
+                   help="where the drafter runs (default: --device, i.e. beside the verifier's rank 0; on another "
+                        "GPU the hidden states cross by peer-to-peer copy and the MTP head reads its own "
+                        "embed_tokens / lm_head)")
 
 
 def stack_config(args: argparse.Namespace, port: int, log_dir: str | None = None, http_port: int | None = None):
@@ -67,6 +74,13 @@ def stack_config(args: argparse.Namespace, port: int, log_dir: str | None = None
     drafter_args += ("--enforce-eager",) if args.enforce_eager else ()
     verifier_args = ("--enforce-eager",) if args.enforce_eager else ()
     verifier_args += ("--draft-policy", args.draft_policy)
+    if args.tensor_parallel_size != 1:
+        verifier_args += ("--tensor-parallel-size", str(args.tensor_parallel_size))
+    if args.load_format != "safetensors":
+        verifier_args += ("--load-format", args.load_format)
+        drafter_args += ("--load-format", args.load_format)
+    if args.drafter_device:
+        drafter_args += ("--device", args.drafter_device)
     if getattr(args, "verifier_metrics_port", 0):
         verifier_args += ("--metrics-port", str(args.verifier_metrics_port))
     public = getattr(args, "public_args", None)    # `serve`'s gateway flags (`generate` starts a plain stack)

@@ -1,0 +1,194 @@
+"""Tensor parallelism: which slice of each weight a rank holds, and the collectives that join the slices.
+
+N ranks split every layer by heads (Megatron's layout): attention q heads (a kv head is replicated on the ranks
+whose q heads read it when there are fewer kv heads than ranks), GDN key and value heads with their conv channels
+and state, the MLP's intermediate columns, each MoE expert's intermediate columns (every rank holds every
+expert, and the router runs replicated), and the vocabulary of the embedding and lm_head (padded to a multiple of
+N). Column-parallel projections (q/k/v, in_proj, gate/up) need no communication; the row-parallel ones after them
+(o_proj, out_proj, down) leave partial sums that one all-reduce per mixer and one per MLP add up, and the
+embedding's rows outside a rank's vocabulary read zero and are summed the same way:
+
+    y = Σ_r  x[:, cols_r] · W[rows, cols_r]ᵀ        (o_proj / out_proj / down_proj, r over ranks)
+    logits = concat_r  hidden · lm_head[vocab_r]ᵀ   (all-gather, then the padding columns dropped)
+
+A rank's model is HybridModel over `local_config` (head and column counts divided by N), so its caches, its
+kernels and its CUDA graphs are those of a smaller model of the same family; `shard_rows` says which rows (or
+columns) of each checkpoint tensor it reads.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .model_config import ModelConfig
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    rank: int = 0
+    size: int = 1
+    group: object | None = None     # the process group of the device collectives (None: the default one)
+
+    @property
+    def active(self) -> bool:
+        return self.size > 1
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum of x over the ranks, in place (a no-op at size 1)."""
+        if self.active:
+            dist.all_reduce(x, group=self.group)
+        return x
+
+    def all_gather_columns(self, x: torch.Tensor) -> torch.Tensor:
+        """[N, C] on every rank → [N, size · C], rank r's columns at r · C."""
+        if not self.active:
+            return x
+        if x.is_cuda:
+            out = x.new_empty(self.size * x.shape[0], x.shape[1])                     # [size · N, C]
+            dist.all_gather_into_tensor(out, x.contiguous(), group=self.group)
+            return out.view(self.size, x.shape[0], x.shape[1]).permute(1, 0, 2).reshape(x.shape[0], -1)
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        dist.all_gather(parts, x.contiguous(), group=self.group)
+        return torch.cat(parts, dim=1)
+
+    def broadcast(self, x: torch.Tensor) -> None:
+        """Rank 0's x into every rank's x, in place."""
+        if self.active:
+            dist.broadcast(x, src=0, group=self.group)
+
+    # ---- how the heads and columns split --------------------------------------------------
+    def split(self, count: int, what: str) -> range:
+        """This rank's contiguous share of `count` heads / columns (count divisible by the ranks)."""
+        if count % self.size:
+            raise ValueError(f"{what}: {count} does not split over {self.size} tensor-parallel ranks")
+        share = count // self.size
+        return range(self.rank * share, (self.rank + 1) * share)
+
+    def kv_heads(self, config: ModelConfig) -> range:
+        """The kv heads this rank's q heads read: its share, or the one kv head of them all (replicated)."""
+        kv = config.num_key_value_heads
+        if kv >= self.size:
+            return self.split(kv, "num_key_value_heads")
+        if self.size % kv:
+            raise ValueError(f"num_key_value_heads {kv} neither splits over nor divides {self.size} ranks")
+        head = self.split(config.num_attention_heads, "num_attention_heads").start // (
+            config.num_attention_heads // kv)
+        return range(head, head + 1)
+
+    def vocab_rows(self, vocab_size: int) -> range:
+        """This rank's rows of the embedding / lm_head: the vocabulary padded to a multiple of the ranks."""
+        share = -(-vocab_size // self.size)
+        return range(self.rank * share, (self.rank + 1) * share)
+
+
+def local_config(config: ModelConfig, tp: TensorParallel) -> ModelConfig:
+    """The config of one rank's shard: a model of the same family with 1/N of the heads and columns."""
+    if not tp.active:
+        return config
+    for name in ("num_attention_heads", "linear_num_key_heads", "linear_num_value_heads", "intermediate_size"):
+        tp.split(getattr(config, name), name)
+    tp.kv_heads(config)
+    moe = {}
+    for name in ("moe_intermediate_size", "shared_expert_intermediate_size"):   # 0 in a dense model
+        moe[name] = len(tp.split(getattr(config, name), name))
+    return dataclasses.replace(
+        config, num_attention_heads=config.num_attention_heads // tp.size,
+        num_key_value_heads=len(tp.kv_heads(config)),
+        linear_num_key_heads=config.linear_num_key_heads // tp.size,
+        linear_num_value_heads=config.linear_num_value_heads // tp.size,
+        intermediate_size=config.intermediate_size // tp.size, **moe)
+
+
+Rows = list[range]     # ranges of indices along one dimension, concatenated in order
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Which part of a tensor a rank holds: the index ranges `rows` along `dim`, concatenated."""
+    dim: int
+    rows: Rows
+
+
+def _heads(heads: range, width: int) -> range:
+    return range(heads.start * width, heads.stop * width)
+
+
+def shard_of(config: ModelConfig, tp: TensorParallel, name: str) -> Shard | None:
+    """This rank's part of the canonical tensor `name` (or of the checkpoint tensor it comes from, for the per-expert
+    and Qwen3-Next fused ones); None: replicated (norms, the router, the shared expert's gate)."""
+    if not tp.active:
+        return None
+    c = config
+    vocab = tp.vocab_rows(c.vocab_size)
+    q_heads = tp.split(c.num_attention_heads, "num_attention_heads")
+    hk = tp.split(c.linear_num_key_heads, "linear_num_key_heads")
+    hv = tp.split(c.linear_num_value_heads, "linear_num_value_heads")
+    dk, dv, key_dim = c.linear_key_head_dim, c.linear_value_head_dim, c.gdn_key_dim
+    qkv = [range(hk.start * dk, hk.stop * dk), range(key_dim + hk.start * dk, key_dim + hk.stop * dk),
+           range(2 * key_dim + hv.start * dv, 2 * key_dim + hv.stop * dv)]     # [q | k | v] channels
+    tail = ".".join(name.rsplit(".", 2)[-2:])     # e.g. "q_proj.weight", "linear_attn.A_log"
+    if name in ("embed_tokens.weight", "lm_head.weight"):
+        return Shard(0, [vocab])
+    if tail == "q_proj.weight":
+        return Shard(0, [_heads(q_heads, 2 * c.head_dim)])
+    if tail in ("k_proj.weight", "v_proj.weight"):
+        return Shard(0, [_heads(tp.kv_heads(c), c.head_dim)])
+    if tail == "o_proj.weight":
+        return Shard(1, [_heads(q_heads, c.head_dim)])
+    if tail in ("in_proj_qkv.weight", "linear_attn.conv1d_weight", "conv1d.weight"):
+        return Shard(0, qkv)
+    if tail == "in_proj_qkvz.weight":    # Qwen3-Next: rows grouped by key head
+        per_head = 2 * c.linear_key_head_dim + 2 * c.linear_value_head_dim * (
+            c.linear_num_value_heads // c.linear_num_key_heads)
+        return Shard(0, [_heads(hk, per_head)])
+    if tail == "in_proj_ba.weight":
+        return Shard(0, [_heads(hk, 2 * (c.linear_num_value_heads // c.linear_num_key_heads))])
+    if tail == "in_proj_z.weight":
+        return Shard(0, [_heads(hv, c.linear_value_head_dim)])
+    if tail in ("in_proj_b.weight", "in_proj_a.weight", "linear_attn.dt_bias", "linear_attn.A_log"):
+        return Shard(0, [hv])
+    if tail == "out_proj.weight":
+        return Shard(1, [_heads(hv, c.linear_value_head_dim)])
+    inter = _intermediate(c, tp, name)
+    if inter is None:
+        return None
+    if name.endswith(("gate_proj.weight", "up_proj.weight")):
+        return Shard(0, [inter])
+    if name.endswith("down_proj.weight"):
+        return Shard(1, [inter])
+    if name.endswith(("experts_gate_up", "experts.gate_up_proj")):   # [E, 2I, H]: gate rows, then up rows
+        size = c.moe_intermediate_size
+        return Shard(1, [inter, range(size + inter.start, size + inter.stop)])
+    if name.endswith(("experts_down", "experts.down_proj")):         # [E, H, I]
+        return Shard(2, [inter])
+    return None
+
+
+def _intermediate(c: ModelConfig, tp: TensorParallel, name: str) -> range | None:
+    if ".shared_expert." in name:
+        return tp.split(c.shared_expert_intermediate_size, "shared_expert_intermediate_size")
+    if ".experts" in name:
+        return tp.split(c.moe_intermediate_size, "moe_intermediate_size")
+    if ".mlp." in name:
+        return tp.split(c.intermediate_size, "intermediate_size")
+    return None
+
+
+def take(t: torch.Tensor, shard: Shard | None) -> torch.Tensor:
+    """`shard` of a full tensor (rows past its end, the vocabulary's padding, read as zeros)."""
+    if shard is None:
+        return t
+    parts = []
+    for rows in shard.rows:
+        size = t.shape[shard.dim]
+        part = t.narrow(shard.dim, min(rows.start, size), max(0, min(rows.stop, size) - rows.start))
+        missing = len(rows) - part.shape[shard.dim]
+        if missing:
+            pad = list(part.shape)
+            pad[shard.dim] = missing
+            part = torch.cat([part, part.new_zeros(pad)], dim=shard.dim)
+        parts.append(part)
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=shard.dim)

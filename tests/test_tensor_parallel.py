@@ -1,0 +1,269 @@
+"""Tensor parallelism on the CPU (gloo, 2 ranks): each rank reads its slices, TP = 2 computes TP = 1's logits, and
+serves the same tokens through the gateway; a rank that dies fails the requests in flight and the health."""
+import os
+import signal
+import time
+
+import grpc
+import numpy as np
+import pytest
+import torch
+from engine_factory import make_engine
+
+from specdec.models.loader import dummy_tensors, load_model
+from specdec.models.tensor_parallel import TensorParallel, local_config, shard_of, take
+from specdec.sampling_params import SamplingParams
+from specdec_tools.tiny import make_tiny
+from verifier_service.executor import Executor
+from verifier_service.model_runner import ModelRunner
+from verifier_service.rank_group import RankSpec
+from verifier_service.sequence import Sequence
+
+pytestmark = pytest.mark.timeout(300)
+SIZES = dict(num_blocks=64, block_size=4, max_seqs=4, max_drafts=3, max_batched_tokens=64)
+
+CASES = {   # family, make_tiny overrides, expert layout
+    "qwen3_5-odd-vocab": ("qwen3_5", {}, "fused"),                      # vocab 257: padded to 258 over 2 ranks
+    "qwen3_5-tied-one-kv-head": ("qwen3_5", dict(num_key_value_heads=1, tie_word_embeddings=True), "fused"),
+    "qwen3_5_moe-per-expert": ("qwen3_5_moe", {}, "per_expert"),
+    "qwen3_next": ("qwen3_next", {}, "fused"),                        # fused in_proj_qkvz / in_proj_ba
+}
+
+
+@pytest.fixture(scope="module", params=list(CASES), ids=list(CASES))
+def case_dir(request, tmp_path_factory):
+    family, overrides, layout = CASES[request.param]
+    return make_tiny(tmp_path_factory.mktemp(request.param), family=family, overrides=overrides, seed=5,
+                     expert_layout=layout, progress=False)
+
+
+def test_each_rank_loads_its_slices(case_dir):
+    """A rank's tensors are exactly its shard of the full ones (read by slice, no rank holds the whole)."""
+    full = load_model(case_dir)
+    weights = dict(full.model.state_dict())
+    for rank in range(2):
+        tp = TensorParallel(rank, 2)
+        part = load_model(case_dir, tp=tp)
+        assert part.mtp_weights == {}                  # left to the drafter service
+        sharded = 0
+        for name, t in part.model.state_dict().items():
+            shard = shard_of(full.config, tp, name)
+            sharded += shard is not None
+            assert torch.equal(t, take(weights[name], shard)), name
+        assert sharded >= 8
+        assert part.model.embed_tokens.weight.shape[0] == -(-full.config.vocab_size // 2)
+
+
+def test_local_config_refuses_what_does_not_split(tiny_dir):
+    full = load_model(tiny_dir).config
+    with pytest.raises(ValueError, match="num_attention_heads: 4 does not split over 3"):
+        local_config(full, TensorParallel(0, 3))
+    assert local_config(full, TensorParallel(1, 2)).linear_num_value_heads == full.linear_num_value_heads // 2
+
+
+PROMPTS = [[5, 17, 3, 99, 42, 7, 1, 200, 13], [64, 8, 100, 3, 250]]
+
+
+def _steps(executor: Executor):
+    """A prefill of both prompts (every logit), then a verify step of one token + 3 drafts each, the second
+    replaying 2 accepted drafts: (hidden, logits) of each step."""
+    seqs = [Sequence(i, list(p), len(p)) for i, p in enumerate(PROMPTS)]
+    out = [tuple(t.clone() for t in executor.forward(seqs, PROMPTS, logits="all"))]
+    for s in seqs:
+        s.num_cached = len(s.token_ids)
+    out.append(tuple(t.clone() for t in executor.forward(seqs, [[7, 8, 9, 10], [11, 12, 13, 14]], [3, 3],
+                                                          logits="all")))
+    for s in seqs:   # 2 of the 3 drafts accepted: GDN replays them from its ring, KV keeps their rows
+        s.num_cached += 3
+        s.gdn_read_offset = 2
+    out.append(tuple(t.clone() for t in executor.forward(seqs, [[20, 21, 22, 23], [24, 25, 26, 27]], [3, 3],
+                                                          logits="all")))
+    return out
+
+
+def test_two_ranks_compute_the_logits_of_one(case_dir):
+    """fp32: TP = 2 (gloo) gives TP = 1's hidden states and logits within 1e-5 of their scale (the partial sums
+    add in another order), through prefill and verify steps."""
+    one = Executor(ModelRunner(load_model(case_dir), **SIZES))
+    two = Executor.build_parallel(RankSpec(str(case_dir), 2, runner=SIZES))
+    try:
+        for (h1, l1), (h2, l2) in zip(_steps(one), _steps(two)):
+            assert l2.shape == l1.shape and h2.shape == h1.shape
+            assert (l2 - l1).abs().max().item() <= 1e-5 * l1.abs().max().item()
+            assert (h2 - h1).abs().max().item() <= 1e-5 * h1.abs().max().item()
+    finally:
+        two.close()
+
+
+def test_dummy_weights_need_no_files(tmp_path, tiny_dir):
+    (tmp_path / "config.json").write_text((tiny_dir / "config.json").read_text())
+    loaded = load_model(tmp_path, load_format="dummy")
+    assert loaded.model.layers[0].linear_attn.in_proj_qkv.weight.std().item() == pytest.approx(0.02, rel=0.2)
+    part = load_model(tmp_path, load_format="dummy", tp=TensorParallel(1, 2))
+    assert part.model.layers[0].mlp.gate_proj.weight.shape[0] == loaded.model.layers[0].mlp.gate_proj.weight.shape[0] // 2
+    a_log = dummy_tensors({"layers.0.linear_attn.A_log": torch.Size([64])}, torch.float32, "cpu")
+    assert 0.0 <= a_log["layers.0.linear_attn.A_log"].min() and a_log["layers.0.linear_attn.A_log"].max() <= np.log(16)
+    with pytest.raises(ValueError, match="load format must be one of"):
+        load_model(tmp_path, load_format="pt")
+
+
+# ---- through the gateway -------------------------------------------------------------------
+STACK_PROMPTS = [[5, 17, 3, 99, 42], [64, 8, 100, 3, 7, 7, 1, 250], [300, 301, 302, 5, 17, 3]]
+SEEDED = dict(temperature=0.8, top_p=0.9, repetition_penalty=1.2, presence_penalty=0.3)
+MAX_TOKENS = 20
+
+
+@pytest.fixture(scope="module")
+def mtp_dir(tmp_path_factory):
+    return str(make_tiny(tmp_path_factory.mktemp("tp-stack"), overrides={"vocab_size": 400}, tokenizer=True,
+                         seed=2, progress=False))
+
+
+@pytest.fixture(scope="module")
+def expected(mtp_dir):
+    """Greedy and seeded tokens of one process, plain decoding: what a TP = 2 stack must serve, any drafter."""
+    engine = make_engine(load_model(mtp_dir), num_blocks=512)
+    greedy = engine.generate(STACK_PROMPTS, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
+    seeded = engine.generate(STACK_PROMPTS, [SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, seed=40 + i,
+                                                            **SEEDED) for i in range(len(STACK_PROMPTS))])
+    return greedy, seeded
+
+
+def tp_stack(model_dir, tmp_path, drafter):
+    from specdec_tools.local_stack import LocalStack, StackConfig
+    stack = LocalStack(StackConfig(model=model_dir, drafter=drafter, num_drafts=3, port=0, log_dir=str(tmp_path),
+                                   verifier_args=("--tensor-parallel-size", "2"), startup_timeout_s=180))
+    stack.start()
+    return stack
+
+
+def generate(stub, ids, max_tokens=MAX_TOKENS, drafted=None, **sampling):
+    from specdec.rpc.v1 import gateway_pb2
+    request = gateway_pb2.GenerateRequest(prompt_token_ids=ids, sampling=gateway_pb2.SamplingParams(
+        max_tokens=max_tokens, ignore_eos=True, **sampling))
+    replies = list(stub.Generate(request, timeout=120))
+    if drafted is not None:
+        drafted.append(replies[-1].usage.draft_tokens)
+    return [t for r in replies for t in r.token_ids]
+
+
+@pytest.mark.parametrize("drafter", ["mtp", "ngram"])
+def test_gateway_serves_tp1_tokens_over_two_ranks(mtp_dir, expected, tmp_path, drafter):
+    from specdec.rpc.v1 import gateway_pb2_grpc
+    stack = tp_stack(mtp_dir, tmp_path, drafter)
+    try:
+        with grpc.insecure_channel(stack.address) as channel:
+            stub = gateway_pb2_grpc.GatewayStub(channel)
+            greedy, seeded, drafted = *expected, []
+            assert [generate(stub, ids, drafted=drafted) for ids in STACK_PROMPTS] == greedy
+            assert drafter == "ngram" or min(drafted) > 0   # the MTP head drafted for every request
+            assert [generate(stub, ids, seed=40 + i, **SEEDED) for i, ids in enumerate(STACK_PROMPTS)] == seeded
+        log = (tmp_path / "verifier.log").read_text()
+        assert "tensor parallel: 2 ranks joined" in log and "rank 1 of 2 ready" in log
+    finally:
+        stack.stop()
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid and "spawn_main" in open(
+                    f"/proc/{entry}/cmdline").read().replace("\0", " "):
+                out.append(int(entry))
+    return out
+
+
+def test_a_dead_rank_fails_requests_in_flight_and_health(mtp_dir, tmp_path):
+    from specdec.rpc.health_probe import is_serving
+    from specdec.rpc.v1 import gateway_pb2_grpc
+    stack = tp_stack(mtp_dir, tmp_path, "none")
+    try:
+        (rank1,) = _children(stack.procs["verifier"].pid)
+        with grpc.insecure_channel(stack.address) as channel:
+            stub = gateway_pb2_grpc.GatewayStub(channel)
+            from specdec.rpc.v1 import gateway_pb2
+            stream = stub.Generate(gateway_pb2.GenerateRequest(prompt_token_ids=STACK_PROMPTS[0], sampling=
+                                   gateway_pb2.SamplingParams(max_tokens=3000, ignore_eos=True)), timeout=120)
+            next(stream)                       # it is decoding
+            os.kill(rank1, signal.SIGKILL)
+            with pytest.raises(grpc.RpcError) as failed:
+                for _ in stream:
+                    pass
+            assert failed.value.code() == grpc.StatusCode.INTERNAL
+            assert "tensor-parallel rank 1" in failed.value.details()
+        deadline = time.monotonic() + 10
+        while is_serving(f"127.0.0.1:{stack.ports['verifier']}", timeout=2) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not is_serving(f"127.0.0.1:{stack.ports['verifier']}", timeout=2)
+    finally:
+        stack.stop()
+
+
+def test_in_process_drafter_refused_beside_ranks(mtp_dir):
+    from verifier_service.builder import VerifierConfig, build_engine
+    with pytest.raises(ValueError, match="in-process drafter cannot run beside tensor-parallel ranks"):
+        build_engine(VerifierConfig(mtp_dir, tensor_parallel_size=2, in_process_drafter="mtp"), lambda *a: None)
+
+
+def test_spec_device_of_each_rank():
+    assert RankSpec("m", 2, device="cuda").device_of(1) == "cuda:1"
+    assert RankSpec("m", 2).device_of(1) == "cpu"
+
+
+STUCK_SCRIPT = """
+import os, signal, sys, time
+import verifier_service.rank_group as rank_group
+from verifier_service.executor import Executor
+rank_group.STUCK_AFTER_S = 1.0
+executor = Executor.build_parallel(rank_group.RankSpec(sys.argv[1], 2, runner=dict(
+    num_blocks=16, block_size=4, max_seqs=2)))
+os.kill(executor.ranks.processes[0].pid, signal.SIGKILL)
+time.sleep(30)     # no step raises RankLost: the watcher must end this process
+"""
+
+
+def test_a_rank_lost_while_no_step_notices_ends_the_verifier(tiny_dir, tmp_path):
+    """Rank 0 that cannot learn of a lost rank from a step (idle here; in NCCL it would wait forever) exits with 3."""
+    import subprocess
+    import sys
+    script = tmp_path / "stuck.py"
+    script.write_text("if __name__ == '__main__':\n" + "".join(f"    {line}\n" for line in STUCK_SCRIPT.splitlines()))
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, str(script), str(tiny_dir)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert time.monotonic() - started < 25
+    assert "tensor-parallel rank 1" in done.stderr and "stuck waiting for it" in done.stderr
+
+
+@pytest.mark.gpu
+def test_two_gpus_with_graphs_and_overlap_match_one(tmp_path, cuda):
+    """NCCL collectives inside the CUDA graphs, overlapped steps sharing rank 0's inputs: TP = 2 computes TP = 1's
+    logits (fp32) and an engine over the two ranks decodes TP = 1's greedy tokens, prompts of mixed lengths."""
+    from verifier_service.builder import VerifierConfig, build_engine
+    if torch.cuda.device_count() < 2:
+        pytest.fail("needs 2 GPUs: run on nvidia-h100-x2 / nvidia-h200-x2")
+    model = make_tiny(tmp_path / "m", family="qwen3_next", overrides={"vocab_size": 400}, seed=3, progress=False)
+    one = Executor(ModelRunner(load_model(model, device="cuda:0"), device="cuda:0", **SIZES))
+    two = Executor.build_parallel(RankSpec(str(model), 2, device="cuda", runner=SIZES))
+    try:
+        assert two.runner.graphs is not None
+        for (h1, l1), (h2, l2) in zip(_steps(one), _steps(two)):
+            assert (l2 - l1).abs().max().item() <= 1e-4 * l1.abs().max().item()
+    finally:
+        two.close()
+    prompts = [[5, 17, 3, 99, 42], list(range(40, 90)), [12]]
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    tokens = {}
+    for size in (1, 2):
+        engine = build_engine(VerifierConfig(str(model), device="cuda", num_drafts=0, max_running=4,
+                                             max_context=256, tensor_parallel_size=size))
+        try:
+            tokens[size] = engine.generate(prompts, params)
+        finally:
+            engine.executor.close()
+    assert tokens[1] == tokens[2]

@@ -1,0 +1,196 @@
+"""Tensor-parallel ranks: the verifier process is rank 0; it starts ranks 1..N-1 as its child processes, each of
+which loads its shard of the target (tensor_parallel.py), allocates its caches and captures its CUDA graphs, then
+runs every step rank 0 tells it, in the same order:
+
+    rank 0   executor.forward: plan the step → send StepMessage → run its shard → sample (rank 0 only)
+    rank r   receive StepMessage → reset fresh GDN slots → run its shard (the collectives meet rank 0's)
+
+The message crosses a gloo group on the host (pickled, some tens of microseconds); the collectives inside the step
+use NCCL on GPUs (rank r on cuda:r) and gloo on the CPU. A step whose inputs rank 0 rewrote on the device from an
+unread verdict (overlapped steps) broadcasts them first (ModelRunner.run's share_inputs). A rank that exits is seen
+at the next step, or by the step it breaks (gloo raises): the step raises RankLost, which fails the requests in
+flight and turns the verifier's health NOT_SERVING (engine_loop.py). A collective whose peer is gone may instead
+wait forever (NCCL): a watcher thread that sees a rank exit and no RankLost raised within STUCK_AFTER_S ends the
+verifier's process (exit code 3), for its supervisor to restart (`specdec serve` does). A rank whose parent is gone
+ends when its next receive fails.
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import multiprocessing as mp
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from specdec.models.batch_staging import StepPlan
+from specdec.models.loader import load_model
+from specdec.models.tensor_parallel import TensorParallel
+
+from .model_runner import ModelRunner
+
+log = logging.getLogger(__name__)
+START_TIMEOUT_S = 600.0   # a rank loads its shard and captures its graphs within this
+STUCK_AFTER_S = 10.0      # a rank exited and no step has raised RankLost since: rank 0 waits in a collective
+
+
+class RankLost(RuntimeError):
+    """A tensor-parallel rank exited: the verifier cannot run another step."""
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """What every rank builds: its shard of the model in model_dir, and a runner of these sizes."""
+    model_dir: str
+    size: int
+    device: str = "cpu"                  # "cuda": rank r on cuda:r
+    dtype: str = "float32"
+    load_format: str = "safetensors"
+    runner: dict = field(default_factory=dict)   # ModelRunner's keyword arguments (num_blocks, block_size, ...)
+
+    def device_of(self, rank: int) -> str:
+        return f"cuda:{rank}" if torch.device(self.device).type == "cuda" else "cpu"
+
+
+@dataclass
+class StepMessage:
+    """What rank 0 tells the others about one step; plan None: stop."""
+    plan: StepPlan | None
+    fresh_slots: list[int]
+    share_inputs: bool
+
+
+def _join(spec: RankSpec, rank: int, port: int) -> tuple[TensorParallel, object]:
+    """Join the group: (the device collectives' TensorParallel, the host group that carries the messages)."""
+    device = torch.device(spec.device_of(rank))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    store = dist.TCPStore("127.0.0.1", port, spec.size, is_master=rank == 0,
+                          timeout=datetime.timedelta(seconds=START_TIMEOUT_S))
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
+                            world_size=spec.size, device_id=device if device.type == "cuda" else None)
+    host = dist.new_group(backend="gloo")
+    tp = TensorParallel(rank, spec.size)
+    tp.all_reduce(torch.zeros(1, device=device))   # the communicators exist before any graph captures them
+    return tp, host
+
+
+def _build_runner(spec: RankSpec, tp: TensorParallel) -> ModelRunner:
+    device = spec.device_of(tp.rank)
+    loaded = load_model(spec.model_dir, spec.dtype, device, tp=tp, load_format=spec.load_format,
+                        progress=False if tp.rank else None)
+    return ModelRunner(loaded, device=device, **spec.runner)
+
+
+def rank_main(spec: RankSpec, rank: int, port: int) -> None:
+    """A rank r > 0: build, then run rank 0's steps until told to stop (or until rank 0 is gone)."""
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
+    tp, host = _join(spec, rank, port)
+    runner = _build_runner(spec, tp)
+    log.info("rank %d of %d ready on %s", rank, spec.size, runner.device)
+    box: list[StepMessage | None] = [None]
+    try:
+        while True:
+            dist.broadcast_object_list(box, src=0, group=host)
+            message = box[0]
+            if message.plan is None:
+                break
+            runner.reset_slots(message.fresh_slots)
+            runner.run(message.plan, share_inputs=message.share_inputs)
+    except RuntimeError as e:   # rank 0 is gone: its sockets closed
+        log.warning("rank %d: rank 0 is gone (%s); exiting", rank, e)
+        os._exit(1)
+    dist.destroy_process_group()
+
+
+class RankGroup:
+    """Rank 0's side: the other ranks' processes and the host group that reaches them."""
+
+    def __init__(self, spec: RankSpec):
+        if spec.size < 2:
+            raise ValueError("a rank group has at least 2 ranks")
+        if torch.device(spec.device).type == "cuda" and torch.cuda.device_count() < spec.size:
+            raise ValueError(f"--tensor-parallel-size {spec.size} needs {spec.size} GPUs; "
+                             f"{torch.cuda.device_count()} visible")
+        self.spec, self.closing = spec, False
+        store_port = _free_port()
+        context = mp.get_context("spawn")
+        self.processes = [context.Process(target=rank_main, args=(spec, r, store_port), name=f"specdec-rank{r}",
+                                          daemon=True) for r in range(1, spec.size)]
+        for p in self.processes:
+            p.start()
+        self.lost_reported = False
+        threading.Thread(target=self._watch, name="specdec-rank-watch", daemon=True).start()
+        started = time.monotonic()
+        self.tp, self.host = _join(spec, 0, store_port)
+        log.info("tensor parallel: %d ranks joined in %.1f s (pids %s)", spec.size, time.monotonic() - started,
+                 ", ".join(str(p.pid) for p in self.processes))
+
+    def build_runner(self) -> ModelRunner:
+        return _build_runner(self.spec, self.tp)
+
+    def send(self, message: StepMessage) -> None:
+        """Tell every rank the next step (raises RankLost if one has exited)."""
+        self.check_alive()
+        try:
+            dist.broadcast_object_list([message], src=0, group=self.host)
+        except RuntimeError as e:
+            self.explain(e)
+            raise RankLost(f"tensor-parallel step broadcast failed: {e}") from e
+
+    def explain(self, error: RuntimeError) -> None:
+        """Raise RankLost (from `error`) if a rank exited, as a broken collective usually means."""
+        for _ in range(10):   # its exit code may lag the closed socket
+            try:
+                self.check_alive()
+            except RankLost as lost:
+                raise lost from error
+            time.sleep(0.05)
+
+    def check_alive(self) -> None:
+        lost = self._lost()
+        if lost:
+            self.lost_reported = True
+            raise RankLost(lost)
+
+    def _lost(self) -> str | None:
+        for rank, p in enumerate(self.processes, start=1):
+            if p.exitcode is not None:
+                return f"tensor-parallel rank {rank} (pid {p.pid}) exited with code {p.exitcode}"
+        return None
+
+    def _watch(self) -> None:
+        while not self.closing:
+            lost = self._lost()
+            if lost and not self.closing:
+                time.sleep(STUCK_AFTER_S)
+                if not self.lost_reported and not self.closing:
+                    log.critical("%s and rank 0 is stuck waiting for it (a collective, or loading): exiting", lost)
+                    logging.shutdown()
+                    os._exit(3)
+                return
+            time.sleep(0.5)
+
+    def close(self) -> None:
+        """Stop the other ranks (after the last step)."""
+        self.closing = True
+        try:
+            self.send(StepMessage(None, [], False))
+        except RankLost:
+            pass
+        for p in self.processes:
+            p.join(timeout=10)
+            if p.exitcode is None:
+                p.kill()
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
