@@ -181,13 +181,13 @@ class RankGroup:
         self.closing = True
         try:
             self.send(StepMessage(None, [], False))
-        except RankLost:
+            dist.destroy_process_group()   # with the others: NCCL's teardown waits for every rank's
+        except RankLost:   # a rank is gone: no teardown would finish (this process is done with the group)
             pass
         for p in self.processes:
             p.join(timeout=10)
             if p.exitcode is None:
                 p.kill()
-        dist.destroy_process_group()
 
 
 def _free_port() -> int:
