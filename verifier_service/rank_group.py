@@ -16,11 +16,14 @@ ends when its next receive fails.
 """
 from __future__ import annotations
 
+import ctypes
 import datetime
 import logging
 import multiprocessing as mp
 import os
+import signal
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -36,6 +39,7 @@ from .model_runner import ModelRunner
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 600.0   # a rank loads its shard and captures its graphs within this
+PR_SET_PDEATHSIG = 1
 STUCK_AFTER_S = 10.0      # a rank exited and no step has raised RankLost since: rank 0 waits in a collective
 
 
@@ -90,6 +94,7 @@ def _build_runner(spec: RankSpec, tp: TensorParallel) -> ModelRunner:
 def rank_main(spec: RankSpec, rank: int, port: int) -> None:
     """A rank r > 0: build, then run rank 0's steps until told to stop (or until rank 0 is gone)."""
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
+    _die_with_parent()
     tp, host = _join(spec, rank, port)
     runner = _build_runner(spec, tp)
     log.info("rank %d of %d ready on %s", rank, spec.size, runner.device)
@@ -106,6 +111,16 @@ def rank_main(spec: RankSpec, rank: int, port: int) -> None:
         log.warning("rank %d: rank 0 is gone (%s); exiting", rank, e)
         os._exit(1)
     dist.destroy_process_group()
+
+
+def _die_with_parent() -> None:
+    """SIGKILL this rank when rank 0 exits, however it exits (a killed rank 0 would leave it holding its GPU's
+    memory: a receive from a vanished peer is not always seen to fail)."""
+    parent = os.getppid()
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:   # rank 0 exited before the line above
+        os._exit(1)
 
 
 class RankGroup:
