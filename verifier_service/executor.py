@@ -43,8 +43,9 @@ class Executor:
         return Executor(ranks.build_runner(), ranks)
 
     def close(self) -> None:
-        """Stop the other ranks, if any."""
+        """Stop the other ranks, if any (this executor runs no step after)."""
         if self.ranks is not None:
+            self.runner.graphs = None   # the graphs hold the communicator the teardown frees
             self.ranks.close()
 
     @property

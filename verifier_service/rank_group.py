@@ -40,7 +40,8 @@ from .model_runner import ModelRunner
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 600.0   # a rank loads its shard and captures its graphs within this
 PR_SET_PDEATHSIG = 1
-STUCK_AFTER_S = 10.0      # a rank exited and no step has raised RankLost since: rank 0 waits in a collective
+STUCK_AFTER_S = 10.0
+TEARDOWN_S = 10.0      # a rank exited and no step has raised RankLost since: rank 0 waits in a collective
 
 
 class RankLost(RuntimeError):
@@ -110,7 +111,22 @@ def rank_main(spec: RankSpec, rank: int, port: int) -> None:
     except RuntimeError as e:   # rank 0 is gone: its sockets closed
         log.warning("rank %d: rank 0 is gone (%s); exiting", rank, e)
         os._exit(1)
-    dist.destroy_process_group()
+    runner.graphs = None         # the graphs hold the communicator the teardown frees
+    teardown()
+    os._exit(0)
+
+
+def teardown(timeout_s: float = TEARDOWN_S) -> None:
+    """Destroy the process groups, with the other ranks, giving up after timeout_s (a teardown that waits on a
+    vanished rank, or on NCCL work the process still holds, would never return: the process exit frees it all)."""
+    done = threading.Event()
+
+    def destroy() -> None:
+        dist.destroy_process_group()
+        done.set()
+    threading.Thread(target=destroy, name="specdec-rank-teardown", daemon=True).start()
+    if not done.wait(timeout_s):
+        log.warning("tensor-parallel teardown did not finish in %.0f s: left to the process exit", timeout_s)
 
 
 def _die_with_parent() -> None:
@@ -196,8 +212,8 @@ class RankGroup:
         self.closing = True
         try:
             self.send(StepMessage(None, [], False))
-            dist.destroy_process_group()   # with the others: NCCL's teardown waits for every rank's
-        except RankLost:   # a rank is gone: no teardown would finish (this process is done with the group)
+            teardown()           # with the others: NCCL's teardown waits for every rank's
+        except RankLost:         # a rank is gone: no teardown would finish (this process is done with the group)
             pass
         for p in self.processes:
             p.join(timeout=10)
