@@ -87,7 +87,8 @@ def test_two_ranks_compute_the_logits_of_one(case_dir):
     """fp32: TP = 2 (gloo) gives TP = 1's hidden states and logits within 1e-5 of their scale (the partial sums
     add in another order), through prefill and verify steps."""
     one = Executor(ModelRunner(load_model(case_dir), **SIZES))
-    two = Executor.build_parallel(RankSpec(str(case_dir), 2, runner=SIZES))
+    # a message of 32 words: the prefill's plan takes the second broadcast
+    two = Executor.build_parallel(RankSpec(str(case_dir), 2, runner=SIZES, message_size=32))
     try:
         for (h1, l1), (h2, l2) in zip(_steps(one), _steps(two)):
             assert l2.shape == l1.shape and h2.shape == h1.shape
@@ -210,6 +211,22 @@ def test_in_process_drafter_refused_beside_ranks(mtp_dir):
     from verifier_service.builder import VerifierConfig, build_engine
     with pytest.raises(ValueError, match="in-process drafter cannot run beside tensor-parallel ranks"):
         build_engine(VerifierConfig(mtp_dir, tensor_parallel_size=2, in_process_drafter="mtp"), lambda *a: None)
+
+
+def test_step_message_round_trip():
+    """The packed step message gives back the plan (block tables cut to the columns in use) and the fresh slots."""
+    from specdec.models.batch_staging import StepPlan
+    from verifier_service.step_message import StepMessage
+    plan = StepPlan.from_lists([[5, 6, 7, 8], [9]], [12, 3], [[4, 2, 7, 1], [3]], [1, 0], gdn_read_offsets=[2, 0],
+                               num_drafts=[3, 0], logits=[4, 1])
+    plan.block_tables = np.pad(plan.block_tables, ((0, 0), (0, 6)))   # as wide as the executor's rows
+    back = StepMessage.unpack(StepMessage(plan, [1], True).pack())
+    assert back.fresh_slots == [1] and back.share_inputs
+    for name in ("token_ids", "seq_lens", "start_positions", "table_lens", "gdn_slots", "gdn_read_offsets",
+                 "num_drafts", "logits_per_seq"):
+        assert np.array_equal(getattr(back.plan, name), getattr(plan, name)), name
+    assert np.array_equal(back.plan.block_tables, plan.block_tables[:, :4])
+    assert StepMessage.unpack(StepMessage(None, [], False).pack()).plan is None
 
 
 def test_spec_device_of_each_rank():

@@ -20,7 +20,8 @@ from specdec.models.loader import LoadedModel
 
 from .block_manager import BlockManager
 from .model_runner import BeforeStep, ModelRunner
-from .rank_group import RankGroup, RankSpec, StepMessage
+from .rank_group import RankGroup, RankSpec
+from .step_message import StepMessage
 from .sequence import Sequence
 
 

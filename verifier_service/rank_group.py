@@ -31,17 +31,17 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from specdec.models.batch_staging import StepPlan
 from specdec.models.loader import load_model
 from specdec.models.tensor_parallel import TensorParallel
 
 from .model_runner import ModelRunner
+from .step_message import PER_SEQ, MessageChannel, StepMessage
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 600.0   # a rank loads its shard and captures its graphs within this
 PR_SET_PDEATHSIG = 1
-STUCK_AFTER_S = 10.0
-TEARDOWN_S = 10.0      # a rank exited and no step has raised RankLost since: rank 0 waits in a collective
+STUCK_AFTER_S = 10.0      # a rank exited and no step has raised RankLost since: rank 0 waits in a collective
+TEARDOWN_S = 10.0
 
 
 class RankLost(RuntimeError):
@@ -57,17 +57,16 @@ class RankSpec:
     dtype: str = "float32"
     load_format: str = "safetensors"
     runner: dict = field(default_factory=dict)   # ModelRunner's keyword arguments (num_blocks, block_size, ...)
+    message_size: int = 0                # words of the step message; 0: message_words' default
+
+    @property
+    def message_words(self) -> int:
+        """The step message's fixed size: a step of the token budget and every sequence with 64 blocks fits."""
+        seqs = self.runner.get("max_seqs", 16)
+        return self.message_size or self.runner.get("max_batched_tokens", 512) + seqs * (len(PER_SEQ) + 64) + seqs
 
     def device_of(self, rank: int) -> str:
         return f"cuda:{rank}" if torch.device(self.device).type == "cuda" else "cpu"
-
-
-@dataclass
-class StepMessage:
-    """What rank 0 tells the others about one step; plan None: stop."""
-    plan: StepPlan | None
-    fresh_slots: list[int]
-    share_inputs: bool
 
 
 def _join(spec: RankSpec, rank: int, port: int) -> tuple[TensorParallel, object]:
@@ -98,12 +97,11 @@ def rank_main(spec: RankSpec, rank: int, port: int) -> None:
     _die_with_parent()
     tp, host = _join(spec, rank, port)
     runner = _build_runner(spec, tp)
+    channel = MessageChannel(host, spec.message_words)
     log.info("rank %d of %d ready on %s", rank, spec.size, runner.device)
-    box: list[StepMessage | None] = [None]
     try:
         while True:
-            dist.broadcast_object_list(box, src=0, group=host)
-            message = box[0]
+            message = channel.receive()
             if message.plan is None:
                 break
             runner.reset_slots(message.fresh_slots)
@@ -158,7 +156,8 @@ class RankGroup:
         self.lost_reported = False
         threading.Thread(target=self._watch, name="specdec-rank-watch", daemon=True).start()
         started = time.monotonic()
-        self.tp, self.host = _join(spec, 0, store_port)
+        self.tp, host = _join(spec, 0, store_port)
+        self.channel = MessageChannel(host, spec.message_words)
         log.info("tensor parallel: %d ranks joined in %.1f s (pids %s)", spec.size, time.monotonic() - started,
                  ", ".join(str(p.pid) for p in self.processes))
 
@@ -169,7 +168,7 @@ class RankGroup:
         """Tell every rank the next step (raises RankLost if one has exited)."""
         self.check_alive()
         try:
-            dist.broadcast_object_list([message], src=0, group=self.host)
+            self.channel.send(message)
         except RuntimeError as e:
             self.explain(e)
             raise RankLost(f"tensor-parallel step broadcast failed: {e}") from e
