@@ -98,14 +98,15 @@ def test_gpu_test_groups_name_existing_files_with_gpu_tests():
     assert picked[-3:] == ["tests/test_gpu.py", "-k", "fast_path"]
 
 
-@pytest.mark.parametrize("device", ["h100", "h200"])
+@pytest.mark.parametrize("device", ["h100", "h200", "h100x2", "h200x2"])
 def test_each_devices_table_in_bench_readme_is_its_kept_json(device):
-    """One run per preset and device is kept (JSON, its table, its plot); bench/README.md shows each table."""
+    """One run per preset and device (and shape / tensor-parallel size on several GPUs) is kept (JSON, its table,
+    its plot); bench/README.md shows each table."""
     folder = RESULTS / device
     kept = sorted({p.stem for p in folder.iterdir()})
     files = sorted(p.name for p in folder.iterdir())
     assert kept and files == [f"{s}.{e}" for s in kept for e in ("json", "png", "txt")]
-    assert all(re.fullmatch(rf"bench_[a-z]+_{device}", s) for s in kept), kept
+    assert all(re.fullmatch(rf"bench_[a-z]+_{device}(-[a-z0-9]+)*", s) for s in kept), kept
     readme = (REPO / "bench" / "README.md").read_text()
     for stem in kept:
         record = json.loads((folder / f"{stem}.json").read_text())

@@ -37,7 +37,7 @@ VARIANTS = {  # name: (files, in the order given to `docker compose -f`, profile
     "cpu": (["compose.yaml", "compose.cpu.yaml"], "cpu"),
 }
 DOCKERFILES = {"compose/Dockerfile.gpu", "compose/Dockerfile.cpu", "compose/Dockerfile.gateway"}
-ENV_VARS = {"MODEL_DIR", "SPECDEC_MODEL", "DRAFTER", "K", "GPU", "GATEWAY_PORT", "HTTP_PORT"}
+ENV_VARS = {"MODEL_DIR", "SPECDEC_MODEL", "DRAFTER", "K", "GPU", "GATEWAY_PORT", "HTTP_PORT", "TP"}
 
 
 # ---- loading and merging compose files as docker compose does ---------------------------------------------------
@@ -214,6 +214,11 @@ def test_gpu_variant_shares_one_gpu_and_its_namespaces():
         assert flag(services[name]["command"], "--device") == "cuda"
     assert interpolate(variant("gpu"), {"GPU": "3"})["services"]["drafter"]["deploy"]["resources"][
         "reservations"]["devices"][0]["device_ids"] == ["3"]
+    assert flag(services["verifier"]["command"], "--tensor-parallel-size") == "1"
+    two = interpolate(variant("gpu"), {"GPU": "0,1", "TP": "2"})["services"]
+    assert flag(two["verifier"]["command"], "--tensor-parallel-size") == "2"
+    for name in ("verifier", "drafter"):   # both see the two GPUs: rank 0 and the drafter on the first
+        assert two[name]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["0,1"]
     assert "deploy" not in services["gateway"]
     assert flag(services["verifier"]["command"], "--transport") == "cuda_ipc"
     assert services["drafter"]["ipc"] in ("service:verifier", "host")

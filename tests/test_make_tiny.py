@@ -224,3 +224,24 @@ def test_greedy_is_not_degenerate(text_ckpts):
     out = model.generate(prompts, max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0)[:, 5:]
     repeats = (out[:, 1:] == out[:, :-1]).float().mean().item()
     assert repeats < 0.6 and all(len(set(row.tolist())) >= 4 for row in out)
+
+
+def test_qwen3_next_80b_preset_is_the_real_config(tmp_path):
+    """Config only (its weights are 160 GB): the shapes a --load-format dummy benchmark builds."""
+    from specdec.models.model_config import ModelConfig
+    from specdec_tools.bench.traffic import ModelTraffic
+    from specdec_tools.tiny import make_tiny
+    out = make_tiny(tmp_path / "n80", preset="qwen3-next-80b-a3b", weights=False)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json"]
+    c = ModelConfig.from_folder(out)
+    assert (c.family, c.hidden_size, c.num_hidden_layers, c.vocab_size) == ("qwen3_next", 2048, 48, 151936)
+    assert c.attention_layers == list(range(3, 48, 4))
+    assert (c.num_attention_heads, c.num_key_value_heads, c.head_dim) == (16, 2, 256)
+    assert (c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim) == (16, 32, 128)
+    assert (c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size, c.shared_expert_intermediate_size) == (
+        512, 10, 512, 512)
+    assert not c.tie_word_embeddings and c.mtp_num_hidden_layers == 1
+    traffic = ModelTraffic.from_checkpoint(out, "bfloat16")   # from the model's shapes: no weight files
+    assert 79e9 < traffic.num_params < 81e9
+    # one token reaches 10 of 512 experts a layer: ~3.6 B parameters read, not 80 B
+    assert 6.5e9 < traffic.weights_read(1) < 7.5e9 and traffic.weights_read(1e6) == traffic.weight_bytes

@@ -85,6 +85,8 @@ def build_engine(config: VerifierConfig, make_drafter: DrafterFactory | None = N
     if config.tensor_parallel_size < 1:
         raise ValueError(f"--tensor-parallel-size must be >= 1, got {config.tensor_parallel_size}")
     parallel = config.tensor_parallel_size > 1
+    if parallel and ":" in config.device:
+        raise ValueError(f"--tensor-parallel-size places rank r on cuda:r: give --device cuda, not {config.device}")
     if parallel and config.in_process_drafter and config.num_drafts > 0:
         raise ValueError("an in-process drafter cannot run beside tensor-parallel ranks: serve it as a drafter "
                          "service (specdec serve does)")

@@ -70,7 +70,7 @@ def resolve(args: argparse.Namespace) -> tuple[str, str, str]:
     from specdec.demo import demo_model_dir
     model = args.model or demo_model_dir()
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
+    dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
     return model, device, dtype
 
 

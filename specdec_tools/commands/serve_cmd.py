@@ -3,7 +3,7 @@ import argparse
 import sys
 
 from .cli_args import (add_draft_policy_arg, add_enforce_eager_arg, add_load_format_arg, add_model_args,
-                       add_tensor_parallel_arg, device_arg, resolve)
+                       add_tensor_parallel_arg, resolve)
 from .gateway_cmd import add_public_args, gateway_argv
 
 
@@ -50,10 +50,6 @@ def add_stack_args(p: argparse.ArgumentParser) -> None:
     add_enforce_eager_arg(p)
     add_tensor_parallel_arg(p)
     add_load_format_arg(p)
-    p.add_argument("--drafter-device", default=None, type=device_arg, metavar="{cpu,cuda,cuda:N}",
-                   help="where the drafter runs (default: --device, i.e. beside the verifier's rank 0; on another "
-                        "GPU the hidden states cross by peer-to-peer copy and the MTP head reads its own "
-                        "embed_tokens / lm_head)")
 
 
 def stack_config(args: argparse.Namespace, port: int, log_dir: str | None = None, http_port: int | None = None):
@@ -79,8 +75,6 @@ def stack_config(args: argparse.Namespace, port: int, log_dir: str | None = None
     if args.load_format != "safetensors":
         verifier_args += ("--load-format", args.load_format)
         drafter_args += ("--load-format", args.load_format)
-    if args.drafter_device:
-        drafter_args += ("--device", args.drafter_device)
     if getattr(args, "verifier_metrics_port", 0):
         verifier_args += ("--metrics-port", str(args.verifier_metrics_port))
     public = getattr(args, "public_args", None)    # `serve`'s gateway flags (`generate` starts a plain stack)
