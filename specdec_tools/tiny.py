@@ -43,9 +43,9 @@ def make_tiny(out_dir: str | Path, *, family: str | None = None, preset: str = "
               expert_layout: str = "per_expert", weights: bool = True) -> Path:
     """Write a random checkpoint into `out_dir` (created) and return its path.
 
-    family: "qwen3_5" | "qwen3_5_moe" | "qwen3_next" (default: the preset's, else qwen3_5); layout: "text" | "multimodal" (not for
-    qwen3_next); preset: a key of PRESETS; overrides: text-config fields applied after the preset
-    (giving "full_attention_interval" or "num_hidden_layers" regenerates "layer_types");
+    family: "qwen3_5" | "qwen3_5_moe" | "qwen3_next" (default: the preset's, else qwen3_5);
+    layout: "text" | "multimodal" (not for qwen3_next); preset: a key of PRESETS; overrides: text-config fields
+    applied after the preset (giving "full_attention_interval" or "num_hidden_layers" regenerates "layer_types");
     mtp_layers: MTP decoder layers (0 = no MTP head); dtype: "float32" | "bfloat16" | "float16"
     (default float32, bfloat16 for the real-size presets); expert_layout: "per_expert" writes
     mlp.experts.E.{gate,up,down}_proj.weight, "fused" writes mlp.experts.gate_up_proj [E, 2I, H]

@@ -54,6 +54,23 @@ def test_each_rank_loads_its_slices(case_dir):
         assert part.model.embed_tokens.weight.shape[0] == -(-full.config.vocab_size // 2)
 
 
+def test_four_ranks_split_heads_and_copy_kv_heads(tiny_dir):
+    """8 q heads, 2 kv heads over 4 ranks: q heads 2 a rank, kv head 0 on ranks 0-1 and 1 on ranks 2-3; the rows
+    follow (q_proj holds query and gate of a head side by side)."""
+    import dataclasses
+    config = dataclasses.replace(load_model(tiny_dir).config, num_attention_heads=8, num_key_value_heads=2,
+                                 linear_num_key_heads=4, linear_num_value_heads=8)
+    d = config.head_dim
+    assert [TensorParallel(r, 4).kv_heads(config) for r in range(4)] == [range(0, 1), range(0, 1), range(1, 2),
+                                                                        range(1, 2)]
+    tp = TensorParallel(2, 4)
+    assert shard_of(config, tp, "layers.3.self_attn.q_proj.weight").rows == [range(4 * 2 * d, 6 * 2 * d)]
+    assert shard_of(config, tp, "layers.3.self_attn.k_proj.weight").rows == [range(d, 2 * d)]
+    assert shard_of(config, tp, "layers.3.self_attn.o_proj.weight").rows == [range(4 * d, 6 * d)]
+    assert shard_of(config, tp, "layers.3.self_attn.o_proj.weight").dim == 1
+    assert shard_of(config, tp, "layers.0.input_layernorm.weight") is None
+
+
 def test_local_config_refuses_what_does_not_split(tiny_dir):
     full = load_model(tiny_dir).config
     with pytest.raises(ValueError, match="num_attention_heads: 4 does not split over 3"):
@@ -101,9 +118,21 @@ def test_two_ranks_compute_the_logits_of_one(case_dir):
 def test_dummy_weights_need_no_files(tmp_path, tiny_dir):
     (tmp_path / "config.json").write_text((tiny_dir / "config.json").read_text())
     loaded = load_model(tmp_path, load_format="dummy")
+    ranks = [load_model(tmp_path, load_format="dummy", tp=TensorParallel(r, 2)) for r in range(2)]
+    norm, gate = "layers.0.input_layernorm.weight", "layers.0.mlp.gate_proj.weight"
+    weights = [dict(r.model.state_dict()) for r in ranks]
+    assert not torch.equal(weights[0][gate], weights[1][gate])     # each rank its own shard ...
+    routers = {}
+    for family in ("qwen3_5_moe",):                                # ... and the same replicated tensors
+        moe = make_tiny(tmp_path / family, family=family, weights=False)
+        routers[family] = [load_model(moe, load_format="dummy", tp=TensorParallel(r, 2)).model.layers[0].mlp.gate
+                           .weight for r in range(2)]
+        assert torch.equal(*routers[family])
+    assert torch.equal(weights[0][norm], weights[1][norm])
     assert loaded.model.layers[0].linear_attn.in_proj_qkv.weight.std().item() == pytest.approx(0.02, rel=0.2)
     part = load_model(tmp_path, load_format="dummy", tp=TensorParallel(1, 2))
-    assert part.model.layers[0].mlp.gate_proj.weight.shape[0] == loaded.model.layers[0].mlp.gate_proj.weight.shape[0] // 2
+    rows = [m.model.layers[0].mlp.gate_proj.weight.shape[0] for m in (part, loaded)]
+    assert rows[0] == rows[1] // 2
     a_log = dummy_tensors({"layers.0.linear_attn.A_log": torch.Size([64])}, torch.float32, "cpu")
     assert 0.0 <= a_log["layers.0.linear_attn.A_log"].min() and a_log["layers.0.linear_attn.A_log"].max() <= np.log(16)
     with pytest.raises(ValueError, match="load format must be one of"):
@@ -203,13 +232,15 @@ def test_a_dead_rank_fails_requests_in_flight_and_health(mtp_dir, tmp_path):
         while is_serving(f"127.0.0.1:{stack.ports['verifier']}", timeout=2) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not is_serving(f"127.0.0.1:{stack.ports['verifier']}", timeout=2)
+        assert stack.procs["verifier"].wait(timeout=20) == 3      # then it exits, for a restart with every rank
+        assert "the requests in flight failed; exiting" in (tmp_path / "verifier.log").read_text()
     finally:
         stack.stop()
 
 
 def test_in_process_drafter_refused_beside_ranks(mtp_dir):
     from verifier_service.builder import VerifierConfig, build_engine
-    with pytest.raises(ValueError, match="in-process drafter cannot run beside tensor-parallel ranks"):
+    with pytest.raises(ValueError, match="in-process mtp drafter cannot run beside tensor-parallel ranks"):
         build_engine(VerifierConfig(mtp_dir, tensor_parallel_size=2, in_process_drafter="mtp"), lambda *a: None)
 
 
@@ -241,6 +272,7 @@ from verifier_service.executor import Executor
 rank_group.STUCK_AFTER_S = 1.0
 executor = Executor.build_parallel(rank_group.RankSpec(sys.argv[1], 2, runner=dict(
     num_blocks=16, block_size=4, max_seqs=2)))
+executor.ranks.watch()   # as server.serve does
 os.kill(executor.ranks.processes[0].pid, signal.SIGKILL)
 time.sleep(30)     # no step raises RankLost: the watcher must end this process
 """

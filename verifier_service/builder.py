@@ -87,9 +87,10 @@ def build_engine(config: VerifierConfig, make_drafter: DrafterFactory | None = N
     parallel = config.tensor_parallel_size > 1
     if parallel and ":" in config.device:
         raise ValueError(f"--tensor-parallel-size places rank r on cuda:r: give --device cuda, not {config.device}")
-    if parallel and config.in_process_drafter and config.num_drafts > 0:
-        raise ValueError("an in-process drafter cannot run beside tensor-parallel ranks: serve it as a drafter "
-                         "service (specdec serve does)")
+    if parallel and config.in_process_drafter not in (None, "ngram") and config.num_drafts > 0:
+        raise ValueError(f"an in-process {config.in_process_drafter} drafter cannot run beside tensor-parallel ranks "
+                         f"(no rank holds the whole embedding and LM head): serve it as a drafter service "
+                         f"(specdec serve does)")
     model_config = loaded.config if loaded is not None else ModelConfig.from_folder(config.model_dir)
     max_context, blocks = config.context_and_blocks(model_config)
     sizes = dict(num_blocks=blocks, block_size=config.block_size, max_seqs=config.max_running,

@@ -41,7 +41,11 @@ class Executor:
     def build_parallel(spec: RankSpec) -> "Executor":
         """Rank 0 of spec.size tensor-parallel ranks (started here, each loading its shard)."""
         ranks = RankGroup(spec)
-        return Executor(ranks.build_runner(), ranks)
+        try:
+            return Executor(ranks.build_runner(), ranks)
+        except BaseException:
+            ranks.stop_processes(wait_s=0)
+            raise
 
     def close(self) -> None:
         """Stop the other ranks, if any (this executor runs no step after)."""

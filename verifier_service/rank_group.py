@@ -5,14 +5,16 @@ runs every step rank 0 tells it, in the same order:
     rank 0   executor.forward: plan the step → send StepMessage → run its shard → sample (rank 0 only)
     rank r   receive StepMessage → reset fresh GDN slots → run its shard (the collectives meet rank 0's)
 
-The message crosses a gloo group on the host (pickled, some tens of microseconds); the collectives inside the step
-use NCCL on GPUs (rank r on cuda:r) and gloo on the CPU. A step whose inputs rank 0 rewrote on the device from an
+The message crosses a gloo group on the host (step_message.py); the collectives inside the step use NCCL on GPUs
+(rank r on cuda:r) and gloo on the CPU. A step whose inputs rank 0 rewrote on the device from an
 unread verdict (overlapped steps) broadcasts them first (ModelRunner.run's share_inputs). A rank that exits is seen
 at the next step, or by the step it breaks (gloo raises): the step raises RankLost, which fails the requests in
-flight and turns the verifier's health NOT_SERVING (engine_loop.py). A collective whose peer is gone may instead
-wait forever (NCCL): a watcher thread that sees a rank exit and no RankLost raised within STUCK_AFTER_S ends the
-verifier's process (exit code 3), for its supervisor to restart (`specdec serve` does). A rank whose parent is gone
-ends when its next receive fails.
+flight and turns the verifier's health NOT_SERVING (engine_loop.py). A serving verifier also watches its ranks
+(`watch`): REPORTED_GRACE_S after that it exits with code 3, for its supervisor to start it again with every rank
+(`specdec serve` and compose's restart do); a collective whose peer is gone may instead wait forever (NCCL), so
+with no RankLost raised within STUCK_AFTER_S of the loss it exits the same way. A rank dies with rank 0 (PR_SET_PDEATHSIG: with
+the thread that started it, the main thread here), and ignores SIGINT (a terminal's Ctrl-C reaches the whole
+process group: rank 0 stops the ranks itself).
 """
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ log = logging.getLogger(__name__)
 START_TIMEOUT_S = 600.0   # a rank loads its shard and captures its graphs within this
 PR_SET_PDEATHSIG = 1
 STUCK_AFTER_S = 10.0      # a rank exited and no step has raised RankLost since: rank 0 waits in a collective
+REPORTED_GRACE_S = 2.0    # a step raised RankLost: the failed requests reach their clients, then the exit
 TEARDOWN_S = 10.0
 
 
@@ -91,24 +94,25 @@ def _build_runner(spec: RankSpec, tp: TensorParallel) -> ModelRunner:
     return ModelRunner(loaded, device=device, **spec.runner)
 
 
-def rank_main(spec: RankSpec, rank: int, port: int) -> None:
-    """A rank r > 0: build, then run rank 0's steps until told to stop (or until rank 0 is gone)."""
+def rank_main(spec: RankSpec, rank: int, port: int, parent: int) -> None:
+    """A rank r > 0: build, then run rank 0's steps until told to stop (or until rank 0, pid `parent`, is gone)."""
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
-    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent(parent)
     tp, host = _join(spec, rank, port)
     runner = _build_runner(spec, tp)
     channel = MessageChannel(host, spec.message_words)
     log.info("rank %d of %d ready on %s", rank, spec.size, runner.device)
-    try:
-        while True:
+    while True:
+        try:
             message = channel.receive()
-            if message.plan is None:
-                break
-            runner.reset_slots(message.fresh_slots)
-            runner.run(message.plan, share_inputs=message.share_inputs)
-    except RuntimeError as e:   # rank 0 is gone: its sockets closed
-        log.warning("rank %d: rank 0 is gone (%s); exiting", rank, e)
-        os._exit(1)
+        except RuntimeError as e:   # rank 0 is gone: its sockets closed
+            log.warning("rank %d: rank 0 is gone (%s); exiting", rank, e)
+            os._exit(1)
+        if message.plan is None:
+            break
+        runner.reset_slots(message.fresh_slots)
+        runner.run(message.plan, share_inputs=message.share_inputs)
     runner.graphs = None         # the graphs hold the communicator the teardown frees
     teardown()
     os._exit(0)
@@ -127,10 +131,9 @@ def teardown(timeout_s: float = TEARDOWN_S) -> None:
         log.warning("tensor-parallel teardown did not finish in %.0f s: left to the process exit", timeout_s)
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(parent: int) -> None:
     """SIGKILL this rank when rank 0 exits, however it exits (a killed rank 0 would leave it holding its GPU's
     memory: a receive from a vanished peer is not always seen to fail)."""
-    parent = os.getppid()
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:   # rank 0 exited before the line above
@@ -146,17 +149,20 @@ class RankGroup:
         if torch.device(spec.device).type == "cuda" and torch.cuda.device_count() < spec.size:
             raise ValueError(f"--tensor-parallel-size {spec.size} needs {spec.size} GPUs; "
                              f"{torch.cuda.device_count()} visible")
-        self.spec, self.closing = spec, False
+        self.spec, self.closing, self.closed, self.lock = spec, False, False, threading.Lock()
         store_port = _free_port()
         context = mp.get_context("spawn")
-        self.processes = [context.Process(target=rank_main, args=(spec, r, store_port), name=f"specdec-rank{r}",
-                                          daemon=True) for r in range(1, spec.size)]
+        self.processes = [context.Process(target=rank_main, args=(spec, r, store_port, os.getpid()),
+                                          name=f"specdec-rank{r}", daemon=True) for r in range(1, spec.size)]
         for p in self.processes:
             p.start()
         self.lost_reported = False
-        threading.Thread(target=self._watch, name="specdec-rank-watch", daemon=True).start()
         started = time.monotonic()
-        self.tp, host = _join(spec, 0, store_port)
+        try:
+            self.tp, host = _join(spec, 0, store_port)
+        except BaseException:
+            self.stop_processes(wait_s=0)
+            raise
         self.channel = MessageChannel(host, spec.message_words)
         log.info("tensor parallel: %d ranks joined in %.1f s (pids %s)", spec.size, time.monotonic() - started,
                  ", ".join(str(p.pid) for p in self.processes))
@@ -165,13 +171,16 @@ class RankGroup:
         return _build_runner(self.spec, self.tp)
 
     def send(self, message: StepMessage) -> None:
-        """Tell every rank the next step (raises RankLost if one has exited)."""
-        self.check_alive()
-        try:
-            self.channel.send(message)
-        except RuntimeError as e:
-            self.explain(e)
-            raise RankLost(f"tensor-parallel step broadcast failed: {e}") from e
+        """Tell every rank the next step (raises RankLost if one has exited, or the group is closed)."""
+        with self.lock:   # the engine thread's steps and close(), which a stopping server calls from another
+            if self.closed:
+                raise RankLost("the tensor-parallel ranks were stopped")
+            self.check_alive()
+            try:
+                self.channel.send(message)
+            except RuntimeError as e:
+                self.explain(e)
+                raise RankLost(f"tensor-parallel step broadcast failed: {e}") from e
 
     def explain(self, error: RuntimeError) -> None:
         """Raise RankLost (from `error`) if a rank exited, as a broken collective usually means."""
@@ -194,16 +203,30 @@ class RankGroup:
                 return f"tensor-parallel rank {rank} (pid {p.pid}) exited with code {p.exitcode}"
         return None
 
+    def watch(self) -> None:
+        """Exit this process (code 3) when a rank is lost: REPORTED_GRACE_S after a step raised RankLost, or
+        STUCK_AFTER_S after the loss when no step did. For a serving verifier (server.serve starts it), whose
+        supervisor starts it again with every rank; a process that builds engines for other ends (tests,
+        benchmarks) handles RankLost itself."""
+        threading.Thread(target=self._watch, name="specdec-rank-watch", daemon=True).start()
+
     def _watch(self) -> None:
         while not self.closing:
             lost = self._lost()
             if lost and not self.closing:
-                time.sleep(STUCK_AFTER_S)
-                if not self.lost_reported and not self.closing:
-                    log.critical("%s and rank 0 is stuck waiting for it (a collective, or loading): exiting", lost)
-                    logging.shutdown()
-                    os._exit(3)
-                return
+                deadline = time.monotonic() + STUCK_AFTER_S
+                while not self.lost_reported and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                if self.closing:
+                    return
+                if self.lost_reported:
+                    time.sleep(REPORTED_GRACE_S)
+                    log.critical("%s: the requests in flight failed; exiting for a restart with every rank", lost)
+                else:
+                    log.critical("%s and rank 0 is stuck waiting for it (a collective, loading, or idle): exiting",
+                                 lost)
+                logging.shutdown()
+                os._exit(3)
             time.sleep(0.5)
 
     def close(self) -> None:
@@ -211,13 +234,21 @@ class RankGroup:
         self.closing = True
         try:
             self.send(StepMessage(None, [], False))
+            self.closed = True
             teardown()           # with the others: NCCL's teardown waits for every rank's
         except RankLost:         # a rank is gone: no teardown would finish (this process is done with the group)
             pass
+        self.closed = True
+        self.stop_processes()
+
+    def stop_processes(self, wait_s: float = 10.0) -> None:
+        """Wait up to wait_s for each rank to exit, then kill it (after close(), or at once after a failed start)."""
+        self.closing = True
         for p in self.processes:
-            p.join(timeout=10)
+            p.join(timeout=wait_s)
             if p.exitcode is None:
                 p.kill()
+                p.join(timeout=5)
 
 
 def _free_port() -> int:

@@ -94,6 +94,8 @@ def serve(config: VerifierConfig, host: str, port: int, make_drafter: DrafterFac
         log.warning("removed %d shared-memory file(s) of processes that are gone: %s", len(removed),
                     ", ".join(map(str, removed)))
     engine = build_engine(config, make_drafter)  # before the event loop: Ctrl-C / SIGTERM while loading stop the process at once
+    if engine.executor.ranks is not None:
+        engine.executor.ranks.watch()   # a lost tensor-parallel rank ends this process, for a restart with all
     if config.warm_up:
         warm_up(engine)
     if isinstance(engine.drafter, RemoteDrafter):

@@ -182,7 +182,7 @@ class BatchStaging:
     @property
     def step_inputs(self) -> torch.Tensor:
         """The device words of every field but the block tables (what a `before` hook may rewrite), one tensor."""
-        return self.buffer[:self.offsets["num_drafts"]]
+        return self.buffer[:self.offsets["block_tables"]]
 
     def _next_host(self) -> dict:
         self.turn ^= 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -72,7 +73,8 @@ def read_tensors(files: list[Path], dtype: torch.dtype, device: torch.device | s
     total = sum(f.stat().st_size for f in files)
     show = progress if progress is not None else total >= PROGRESS_BYTES
     out: dict[str, torch.Tensor] = {}
-    with tqdm(total=total if shard is None else None, unit="B", unit_scale=True, desc="loading weights", disable=not show) as bar:
+    with tqdm(total=total if shard is None else None, unit="B", unit_scale=True, desc="loading weights",
+              disable=not show) as bar:
         for f in files:
             try:
                 with safe_open(str(f), framework="pt") as reader:
@@ -103,13 +105,17 @@ def _read_slices(reader, key: str, shard: Shard) -> torch.Tensor:
 
 
 def dummy_tensors(shapes: dict[str, torch.Size], dtype: torch.dtype, device: torch.device | str,
-                  seed: int = 0) -> dict[str, torch.Tensor]:
+                  seed: int = 0, distinct: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor]:
     """Random weights of these shapes, made on the device (`--load-format dummy`: benchmarks of shapes whose
     checkpoint is not at hand; the output is meaningless). Linears and embeddings ~ N(0, 0.02²); zero-centred
-    norms 0 (a scale of 1); the GDN output norm 1; A_log = log(U(1, 16)) and dt_bias 0, as the model is initialised."""
-    generator = torch.Generator(device=device).manual_seed(seed)
+    norms 0 (a scale of 1); the GDN output norm 1; A_log = log(U(1, 16)) and dt_bias 0, as the model is initialised.
+    Each tensor's draw depends on its name only, plus `seed` for the names `distinct` accepts (all by default):
+    tensor-parallel ranks draw different shards and the same replicated tensors (the router)."""
+    generator = torch.Generator(device=device)
     out = {}
     for name, shape in shapes.items():
+        own = distinct is None or distinct(name)
+        generator.manual_seed(zlib.crc32(name.encode()) ^ (seed * 0x9E3779B1 & 0xFFFFFFFF if own else 0))  # 32 bits
         t = torch.empty(shape, dtype=dtype, device=device)
         if name.endswith("linear_attn.norm.weight"):
             t.fill_(1.0)
@@ -154,7 +160,8 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device:
     if config.tie_word_embeddings:
         expected.pop("lm_head.weight")
     if load_format == "dummy":
-        target, mtp = dummy_tensors(expected, torch_dtype, device, seed=tp.rank), {}
+        sharded = lambda name: shard_of(config, tp, name) is not None  # noqa: E731
+        target, mtp = dummy_tensors(expected, torch_dtype, device, seed=tp.rank, distinct=sharded), {}
         log.warning("--load-format dummy: random weights of %s's shapes (benchmarks only, the output is noise)",
                     folder.name)
     else:

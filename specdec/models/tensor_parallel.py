@@ -29,8 +29,7 @@ from .model_config import ModelConfig
 @dataclass(frozen=True)
 class TensorParallel:
     rank: int = 0
-    size: int = 1
-    group: object | None = None     # the process group of the device collectives (None: the default one)
+    size: int = 1                   # the collectives run over the default process group
 
     @property
     def active(self) -> bool:
@@ -39,7 +38,7 @@ class TensorParallel:
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum of x over the ranks, in place (a no-op at size 1)."""
         if self.active:
-            dist.all_reduce(x, group=self.group)
+            dist.all_reduce(x)
         return x
 
     def all_gather_columns(self, x: torch.Tensor) -> torch.Tensor:
@@ -48,16 +47,16 @@ class TensorParallel:
             return x
         if x.is_cuda:
             out = x.new_empty(self.size * x.shape[0], x.shape[1])                     # [size · N, C]
-            dist.all_gather_into_tensor(out, x.contiguous(), group=self.group)
+            dist.all_gather_into_tensor(out, x.contiguous())
             return out.view(self.size, x.shape[0], x.shape[1]).permute(1, 0, 2).reshape(x.shape[0], -1)
         parts = [torch.empty_like(x) for _ in range(self.size)]
-        dist.all_gather(parts, x.contiguous(), group=self.group)
+        dist.all_gather(parts, x.contiguous())
         return torch.cat(parts, dim=1)
 
     def broadcast(self, x: torch.Tensor) -> None:
         """Rank 0's x into every rank's x, in place."""
         if self.active:
-            dist.broadcast(x, src=0, group=self.group)
+            dist.broadcast(x, src=0)
 
     # ---- how the heads and columns split --------------------------------------------------
     def split(self, count: int, what: str) -> range:
@@ -88,7 +87,8 @@ def local_config(config: ModelConfig, tp: TensorParallel) -> ModelConfig:
     """The config of one rank's shard: a model of the same family with 1/N of the heads and columns."""
     if not tp.active:
         return config
-    for name in ("num_attention_heads", "linear_num_key_heads", "linear_num_value_heads", "intermediate_size"):
+    dense = any(not config.layer_is_moe(i) for i in range(config.num_hidden_layers))
+    for name in ("num_attention_heads", "linear_num_key_heads", "linear_num_value_heads"):
         tp.split(getattr(config, name), name)
     tp.kv_heads(config)
     moe = {}
@@ -99,7 +99,8 @@ def local_config(config: ModelConfig, tp: TensorParallel) -> ModelConfig:
         num_key_value_heads=len(tp.kv_heads(config)),
         linear_num_key_heads=config.linear_num_key_heads // tp.size,
         linear_num_value_heads=config.linear_num_value_heads // tp.size,
-        intermediate_size=config.intermediate_size // tp.size, **moe)
+        intermediate_size=len(tp.split(config.intermediate_size, "intermediate_size")) if dense
+        else config.intermediate_size, **moe)   # an all-MoE model's intermediate_size is unused
 
 
 Rows = list[range]     # ranges of indices along one dimension, concatenated in order

@@ -90,7 +90,10 @@ def _shapes(folder: Path, config: ModelConfig) -> dict[str, tuple[int, ...]]:
 
         from specdec.models.hybrid_model import HybridModel
         with torch.device("meta"):
-            return {k: tuple(p.shape) for k, p in HybridModel(config).state_dict().items()}
+            shapes = {k: tuple(p.shape) for k, p in HybridModel(config).state_dict().items()}
+        if config.tie_word_embeddings:   # one tensor, as a checkpoint stores it
+            shapes.pop(LM_HEAD)
+        return shapes
     shapes = {}
     for f in files:
         with safe_open(str(f), framework="pt") as reader:

@@ -98,7 +98,8 @@ def build_config(args: argparse.Namespace):
         other = sorted({w.path for w in chosen} - {"gateway"})
         if other:
             raise ValueError(f"--tensor-parallel-size / --load-format dummy time the gateway path only (the "
-                             f"verifier starts the ranks); drop --paths {' '.join(other)} or filter with --paths gateway")
+                             f"verifier starts the ranks); drop --paths {' '.join(other)} or filter with "
+                             f"--paths gateway")
     filters = [f"--{n} {getattr(args, n)}" for n in ("paths", "drafters", "concurrency", "prompt_tokens",
                                                      "temperatures", "max_tokens", "draft_vocab") if getattr(args, n)]
     return BenchConfig(

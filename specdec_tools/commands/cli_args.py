@@ -6,16 +6,10 @@ import os
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=os.environ.get("SPECDEC_MODEL") or None,
                    help="Hugging Face model folder (default: $SPECDEC_MODEL, else the embedded demo model)")
-    p.add_argument("--device", default="auto", type=device_arg, metavar="{auto,cpu,cuda,cuda:N}",
-                   help="where the model runs (default auto: cuda when a GPU is visible, else cpu)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="where the model runs (default auto: cuda when a GPU is visible, else cpu; another GPU "
+                        "than the first: CUDA_VISIBLE_DEVICES)")
     p.add_argument("--dtype", default="auto", help="float32 | bfloat16 | float16 | auto (bf16 on GPU, fp32 on CPU)")
-
-
-def device_arg(value: str) -> str:
-    head, _, index = value.partition(":")
-    if value in ("auto", "cpu", "cuda") or (head == "cuda" and index.isdigit()):
-        return value
-    raise argparse.ArgumentTypeError(f"{value!r}: expected auto, cpu, cuda or cuda:N")
 
 
 def add_load_format_arg(p: argparse.ArgumentParser) -> None:
@@ -70,7 +64,7 @@ def resolve(args: argparse.Namespace) -> tuple[str, str, str]:
     from specdec.demo import demo_model_dir
     model = args.model or demo_model_dir()
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
+    dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
     return model, device, dtype
 
 
