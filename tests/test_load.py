@@ -9,7 +9,7 @@ from reliability_stack import REPO, references, start_stack, tiny_with_tokenizer
 
 from specdec.demo import demo_model_dir
 
-sys.path.insert(0, str(REPO / "bench"))
+sys.path.append(str(REPO / "bench"))   # after the packages: bench/kernels.py must not hide kernels/
 from load_test import leaks, make_jobs, random_prompts, rss_mb, run_load  # noqa: E402
 
 CLIENTS = 64

@@ -291,6 +291,34 @@ def test_a_rank_lost_while_no_step_notices_ends_the_verifier(tiny_dir, tmp_path)
     assert "tensor-parallel rank 1" in done.stderr and "stuck waiting for it" in done.stderr
 
 
+DEAD_START_SCRIPT = """
+import sys, time
+from verifier_service.rank_group import RankGroup, RankLost, RankSpec
+sys.path.insert(0, sys.argv[2])   # an empty kernels.py first on the path: the spawned rank cannot import kernels/
+started = time.monotonic()
+try:
+    RankGroup(RankSpec(sys.argv[1], 2, runner=dict(num_blocks=16, block_size=4, max_seqs=2)))
+except RankLost as e:
+    print(f"RankLost after {time.monotonic() - started:.1f} s: {e}")
+"""
+
+
+def test_a_rank_that_dies_starting_is_reported_not_waited_for(tiny_dir, tmp_path):
+    """Rank 0 waits for the others at the store while checking they live: a rank dead before it joins raises
+    RankLost within seconds (the store alone would wait START_TIMEOUT_S, 10 minutes)."""
+    import subprocess
+    import sys
+    (tmp_path / "shadow").mkdir()
+    (tmp_path / "shadow" / "kernels.py").write_text("")
+    script = tmp_path / "dead_start.py"
+    script.write_text("if __name__ == '__main__':\n" + "".join(f"    {line}\n" for line in
+                                                              DEAD_START_SCRIPT.splitlines()))
+    done = subprocess.run([sys.executable, str(script), str(tiny_dir), str(tmp_path / "shadow")],
+                          capture_output=True, text=True, timeout=60)
+    assert "RankLost after" in done.stdout and "tensor-parallel rank 1" in done.stdout, done.stderr[-2000:]
+    assert float(done.stdout.split("after ")[1].split(" s")[0]) < 20
+
+
 @pytest.mark.gpu
 def test_two_gpus_with_graphs_and_overlap_match_one(tmp_path, cuda):
     """NCCL collectives inside the CUDA graphs, overlapped steps sharing rank 0's inputs: TP = 2 computes TP = 1's

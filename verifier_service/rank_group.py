@@ -72,13 +72,22 @@ class RankSpec:
         return f"cuda:{rank}" if torch.device(self.device).type == "cuda" else "cpu"
 
 
-def _join(spec: RankSpec, rank: int, port: int) -> tuple[TensorParallel, object]:
-    """Join the group: (the device collectives' TensorParallel, the host group that carries the messages)."""
+def _join(spec: RankSpec, rank: int, port: int, check_alive=None) -> tuple[TensorParallel, object]:
+    """Join the group: (the device collectives' TensorParallel, the host group that carries the messages). Rank 0
+    waits for the others to reach the store calling `check_alive` (a rank that died starting raises RankLost there,
+    where the store would wait START_TIMEOUT_S for it)."""
     device = torch.device(spec.device_of(rank))
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    store = dist.TCPStore("127.0.0.1", port, spec.size, is_master=rank == 0,
+    store = dist.TCPStore("127.0.0.1", port, spec.size, is_master=rank == 0, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=START_TIMEOUT_S))
+    if rank:
+        store.set(f"specdec-rank{rank}", "started")
+    else:
+        waiting = [f"specdec-rank{r}" for r in range(1, spec.size)]
+        while not store.check(waiting):
+            check_alive()
+            time.sleep(0.05)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
                             world_size=spec.size, device_id=device if device.type == "cuda" else None)
     host = dist.new_group(backend="gloo")
@@ -159,7 +168,7 @@ class RankGroup:
         self.lost_reported = False
         started = time.monotonic()
         try:
-            self.tp, host = _join(spec, 0, store_port)
+            self.tp, host = _join(spec, 0, store_port, self.check_alive)
         except BaseException:
             self.stop_processes(wait_s=0)
             raise
