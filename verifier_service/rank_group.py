@@ -6,15 +6,17 @@ runs every step rank 0 tells it, in the same order:
     rank r   receive StepMessage → reset fresh GDN slots → run its shard (the collectives meet rank 0's)
 
 The message crosses a gloo group on the host (step_message.py); the collectives inside the step use NCCL on GPUs
-(rank r on cuda:r) and gloo on the CPU. A step whose inputs rank 0 rewrote on the device from an
-unread verdict (overlapped steps) broadcasts them first (ModelRunner.run's share_inputs). A rank that exits is seen
-at the next step, or by the step it breaks (gloo raises): the step raises RankLost, which fails the requests in
-flight and turns the verifier's health NOT_SERVING (engine_loop.py). A serving verifier also watches its ranks
-(`watch`): REPORTED_GRACE_S after that it exits with code 3, for its supervisor to start it again with every rank
-(`specdec serve` and compose's restart do); a collective whose peer is gone may instead wait forever (NCCL), so
-with no RankLost raised within STUCK_AFTER_S of the loss it exits the same way. A rank dies with rank 0 (PR_SET_PDEATHSIG: with
-the thread that started it, the main thread here), and ignores SIGINT (a terminal's Ctrl-C reaches the whole
-process group: rank 0 stops the ranks itself).
+(rank r on cuda:r) and gloo on the CPU. A step whose inputs rank 0 rewrote on the device from an unread verdict
+(overlapped steps) broadcasts them first (ModelRunner.run's share_inputs).
+
+A rank that dies before joining is seen at once (rank 0 waits for the ranks at the store, checking they live). A
+rank that exits later is seen at the next step, or by the step it breaks (gloo raises): the step raises RankLost,
+which fails the requests in flight and turns the verifier's health NOT_SERVING (engine_loop.py). A serving verifier
+also watches its ranks (`watch`): REPORTED_GRACE_S after that it exits with code 3, for its supervisor to start it
+again with every rank (`specdec serve` and compose's restart do); a collective whose peer is gone may instead wait
+forever (NCCL), so with no RankLost raised within STUCK_AFTER_S of the loss it exits the same way. A rank dies with
+rank 0 (PR_SET_PDEATHSIG: with the thread that started it, the main thread here) and ignores SIGINT (a terminal's
+Ctrl-C reaches the whole process group: rank 0 stops the ranks itself).
 """
 from __future__ import annotations
 
