@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.parent_pid is not None:
-        from .process_guard import die_with_parent
+        from specdec.process_guard import die_with_parent
         die_with_parent(args.parent_pid)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)

@@ -1,7 +1,7 @@
 """The three services as separate local processes on 127.0.0.1 (what `specdec serve` runs).
 
 No child outlives the stack: each is started with `--parent-pid` (it gets SIGTERM when this process exits,
-even by SIGKILL; see specdec_tools.process_guard), a failed or interrupted start stops what was started, and
+even by SIGKILL; see specdec.process_guard), a failed or interrupted start stops what was started, and
 ``run_stack`` turns SIGTERM and SIGHUP into the same clean stop as Ctrl-C. Start a stack from a thread that
 lives as long as it (the main thread): on Linux the children follow the thread that started them.
 """
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -20,36 +19,10 @@ from pathlib import Path
 from typing import Callable
 
 from specdec.rpc.health_probe import is_serving
+from specdec.transport.host import free_port
 
 log = logging.getLogger(__name__)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
-_handed_out: set[int] = set()
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now, for a service this process starts next. Drawn below the kernel's
-    ephemeral range and never one handed out before by this process: bind(0) picks from that range, where any
-    process's outgoing connection can take the port before the service binds it (a test gateway's HTTP port was
-    lost that way)."""
-    low = ephemeral_port_floor()
-    draw = random.Random()
-    for _ in range(200):
-        port = draw.randrange(max(1024, low - 16384), low)
-        if port in _handed_out:
-            continue
-        try:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        _handed_out.add(port)
-        return port
-    with socket.socket() as s:   # nothing free below the range: the kernel's choice
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def services_of(serve_pid: int) -> dict[str, int]:
@@ -66,14 +39,6 @@ def services_of(serve_pid: int) -> dict[str, int]:
             if name:
                 out[name] = int(kid)
     return out
-
-
-def ephemeral_port_floor() -> int:
-    """The first port of the kernel's ephemeral range (32768 where it cannot be read)."""
-    try:
-        return int(EPHEMERAL_RANGE_FILE.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,8 @@
 kernel's ephemeral range (where outgoing connections could take them before the service binds)."""
 import socket
 
-from specdec_tools import local_stack
-from specdec_tools.local_stack import ephemeral_port_floor, free_port
+from specdec.transport import host
+from specdec.transport.host import ephemeral_port_floor, free_port
 
 
 def test_ports_are_distinct_bindable_and_below_the_ephemeral_range():
@@ -19,7 +19,7 @@ def test_a_port_in_use_is_not_handed_out(monkeypatch):
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         taken = held.getsockname()[1]
-        monkeypatch.setattr(local_stack, "ephemeral_port_floor", lambda: taken + 1)   # the range below holds it
-        monkeypatch.setattr(local_stack.random.Random, "randrange", lambda self, a, b: taken)
+        monkeypatch.setattr(host, "ephemeral_port_floor", lambda: taken + 1)   # the range below holds it
+        monkeypatch.setattr(host.random.Random, "randrange", lambda self, a, b: taken)
         port = free_port()                     # every draw is the taken port: the kernel's choice instead
         assert port != taken

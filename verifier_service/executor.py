@@ -80,12 +80,12 @@ class Executor:
             self.blocks.reserve(seq, seq.num_cached + len(chunk))
         fresh = self.blocks.take_fresh_slots()
         plan = self.plan(seqs, chunks, num_drafts, logits)
-        share = self.ranks is not None and before is not None
-        if self.ranks is not None:
-            self.ranks.send(StepMessage(plan, fresh, share))
-        self.runner.reset_slots(fresh)
         if self.ranks is None:
+            self.runner.reset_slots(fresh)
             return self.runner.run(plan, before)
+        share = before is not None   # rank 0's inputs rewritten from the unread verdict go to the others
+        self.ranks.send(StepMessage(plan, fresh, share))
+        self.runner.reset_slots(fresh)
         try:
             return self.runner.run(plan, before, share_inputs=share)
         except RuntimeError as e:   # a collective that lost its peer: say which rank, if one exited

@@ -20,14 +20,11 @@ Ctrl-C reaches the whole process group: rank 0 stops the ranks itself).
 """
 from __future__ import annotations
 
-import ctypes
 import datetime
 import logging
 import multiprocessing as mp
 import os
 import signal
-import socket
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -37,13 +34,14 @@ import torch.distributed as dist
 
 from specdec.models.loader import load_model
 from specdec.models.tensor_parallel import TensorParallel
+from specdec.process_guard import die_with_parent
+from specdec.transport.host import free_port
 
 from .model_runner import ModelRunner
 from .step_message import PER_SEQ, MessageChannel, StepMessage
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 600.0   # a rank loads its shard and captures its graphs within this
-PR_SET_PDEATHSIG = 1
 STUCK_AFTER_S = 10.0      # a rank exited and no step has raised RankLost since: rank 0 waits in a collective
 REPORTED_GRACE_S = 2.0    # a step raised RankLost: the failed requests reach their clients, then the exit
 TEARDOWN_S = 10.0
@@ -109,7 +107,7 @@ def rank_main(spec: RankSpec, rank: int, port: int, parent: int) -> None:
     """A rank r > 0: build, then run rank 0's steps until told to stop (or until rank 0, pid `parent`, is gone)."""
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _die_with_parent(parent)
+    die_with_parent(parent, signal.SIGKILL)   # a killed rank 0 must not leave it holding its GPU
     tp, host = _join(spec, rank, port)
     runner = _build_runner(spec, tp)
     channel = MessageChannel(host, spec.message_words)
@@ -142,15 +140,6 @@ def teardown(timeout_s: float = TEARDOWN_S) -> None:
         log.warning("tensor-parallel teardown did not finish in %.0f s: left to the process exit", timeout_s)
 
 
-def _die_with_parent(parent: int) -> None:
-    """SIGKILL this rank when rank 0 exits, however it exits (a killed rank 0 would leave it holding its GPU's
-    memory: a receive from a vanished peer is not always seen to fail)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:   # rank 0 exited before the line above
-        os._exit(1)
-
-
 class RankGroup:
     """Rank 0's side: the other ranks' processes and the host group that reaches them."""
 
@@ -161,7 +150,7 @@ class RankGroup:
             raise ValueError(f"--tensor-parallel-size {spec.size} needs {spec.size} GPUs; "
                              f"{torch.cuda.device_count()} visible")
         self.spec, self.closing, self.closed, self.lock = spec, False, False, threading.Lock()
-        store_port = _free_port()
+        store_port = free_port()
         context = mp.get_context("spawn")
         self.processes = [context.Process(target=rank_main, args=(spec, r, store_port, os.getpid()),
                                           name=f"specdec-rank{r}", daemon=True) for r in range(1, spec.size)]
@@ -260,9 +249,3 @@ class RankGroup:
             if p.exitcode is None:
                 p.kill()
                 p.join(timeout=5)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
