@@ -40,6 +40,7 @@ class ChatTemplate:
             self._template = env.from_string(source)
         except jinja2.TemplateSyntaxError as e:
             raise ValueError(f"chat template: syntax error at line {e.lineno}: {e.message}") from e
+        self.source = source
         self.special_tokens = dict(special_tokens or {})
 
     @classmethod

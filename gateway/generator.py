@@ -1,10 +1,10 @@
 """The one path of a Generate request, whichever API it came by (gRPC or HTTP). No torch here.
 
 ``prepare`` checks the request (the same validation for both APIs), renders ``messages`` with the model's chat
-template, tokenizes, settles max_tokens (``MaxTokens``: the server's default for a request that gives none, capped
+template (with the request's tools, whose tool_choice "required" or a named function becomes a grammar), tokenizes, settles max_tokens (``MaxTokens``: the server's default for a request that gives none, capped
 by what the context leaves, and the most one may ask for), and checks the context; ``stream`` relays the
 verifier's token stream as ``GenerateResponse`` messages (text deltas, stop strings applied, a last message with
-finish_reason and usage).
+finish_reason and usage; a chat reply's reasoning and tool calls parsed out of its text, chat_output.py).
 Problems are raised as ``Refused`` carrying the gRPC status code; the HTTP face maps that code to its status.
 Closing the ``stream`` generator early (the client went away) cancels the verifier call, which frees the
 request's KV blocks and GDN slot at once. Every request is counted in GatewayMetrics once.
@@ -23,10 +23,14 @@ from specdec.rpc.sampling_codec import params_to_proto
 from specdec.rpc.v1 import gateway_pb2, verifier_pb2, verifier_pb2_grpc
 from specdec.sampling_params import SamplingError, SamplingParams
 
+from .chat_output import ChatOutput, ChatShape
 from .chat_template import ChatTemplate, ChatTemplateError
 from .completion import CompletionStream
 from .metrics import GatewayMetrics, RequestRecord
+from .reasoning import prompt_opens_reasoning
 from .tokenizer import TextTokenizer
+from .tool_calls import detect_format
+from .tool_choice import NO_TOOLS, ToolPlan, ToolRequestError, plan_tools, template_tool_calls
 from .validation import InvalidRequest, TooLong, check_context, validate_request
 
 log = logging.getLogger(__name__)
@@ -75,6 +79,9 @@ class PromptRequest:
     chat_template_kwargs: dict = field(default_factory=dict)
     max_tokens_set: bool = True                    # False: the client gave none; sampling.max_tokens is ignored and
     api_default_max_tokens: int | None = None      # ... MaxTokens.for_unset decides, with this API's own default
+    tools: list[dict] | None = None                # OpenAI tools ({"type": "function", "function": {...}})
+    tool_choice: str | dict | None = None          # "auto" (None) | "none" | "required" | {"type": "function", ...}
+    parallel_tool_calls: bool | None = None        # False: "required" makes exactly one call
 
 
 @dataclass
@@ -82,6 +89,7 @@ class Prepared:
     prompt_ids: list[int]
     params: SamplingParams                         # validated
     record: RequestRecord
+    shape: ChatShape = field(default_factory=ChatShape)   # how the reply's text is parsed (a chat's)
 
 
 class Generator:
@@ -91,6 +99,9 @@ class Generator:
         self.verifier, self.tokenizer, self.chat_template = verifier, tokenizer, chat_template
         self.metrics = metrics or GatewayMetrics()
         self.max_tokens = max_tokens or MaxTokens()
+        source = chat_template.source if chat_template is not None else ""
+        self.tool_format = detect_format(source)          # the template's tool-call format, None: no tools
+        self.thinks = "<think>" in source                 # the template has a thinking form
         self.info: gateway_pb2.InfoResponse | None = None  # the verifier's answer; None until it gave one
         self.serving = False                               # the verifier reports SERVING (the gateway's health)
 
@@ -111,13 +122,13 @@ class Generator:
         """Validate and tokenize; Refused (counted in the metrics) when the request cannot run."""
         record = self.metrics.start(api)
         try:
-            ids, params = await self._prepare(request)
+            ids, params, shape = await self._prepare(request)
         except Refused as e:
             record.failed(e.code.name)
             raise
-        return Prepared(ids, params, record)
+        return Prepared(ids, params, record, shape)
 
-    async def _prepare(self, request: PromptRequest) -> tuple[list[int], SamplingParams]:
+    async def _prepare(self, request: PromptRequest) -> tuple[list[int], SamplingParams, ChatShape]:
         info = self.info
         if info is None:
             raise Refused(grpc.StatusCode.UNAVAILABLE, NOT_READY)
@@ -127,9 +138,13 @@ class Generator:
                                       self.tokenizer is not None, info.vocab_size, info.max_context,
                                       messages=request.messages, chat_template_kwargs=request.chat_template_kwargs,
                                       max_tokens_limit=self.max_tokens.limit)
-            ids = list(request.prompt_token_ids)
+            plan = self._plan_tools(request, params)
+            ids, shape = list(request.prompt_token_ids), ChatShape()
             if not ids:  # text or messages: render and encode off the event loop (long prompts take a while)
-                ids = await asyncio.to_thread(self._encode, request)
+                ids, shape = await asyncio.to_thread(self._encode, request, plan)
+            if plan.parses:
+                tool_grammar = plan.grammar(self.tool_format, shape.starts_in_reasoning)
+                params = replace(params, grammar=tool_grammar) if tool_grammar is not None else params
             if not ids:
                 raise InvalidRequest(f"{'messages' if request.messages else 'prompt'}: encodes to no tokens")
             if not request.max_tokens_set:
@@ -138,23 +153,37 @@ class Generator:
             check_context(len(ids), params.max_tokens, info.max_context)
         except TooLong as e:
             raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e), too_long=True) from None
-        except (InvalidRequest, SamplingError) as e:
+        except (InvalidRequest, SamplingError, ToolRequestError) as e:
             raise Refused(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
-        return ids, params
+        return ids, params, shape
 
-    def _encode(self, request: PromptRequest) -> list[int]:
+    def _plan_tools(self, request: PromptRequest, params: SamplingParams) -> ToolPlan:
+        plan = plan_tools(request.tools, request.tool_choice, request.parallel_tool_calls)
+        if plan.tools and not request.messages:
+            raise InvalidRequest("tools: tools go with messages (a chat), not with a prompt")
+        if plan.parses and self.tool_format is None:
+            raise InvalidRequest("tools: this model's chat template has no tool-call format (<tool_call>)")
+        if plan.choice in ("required", "named") and params.grammar is not None:
+            raise InvalidRequest("tool_choice: a required or named tool call is a grammar of its own; it cannot "
+                                 "be combined with response_format")
+        return plan
+
+    def _encode(self, request: PromptRequest, plan: ToolPlan = NO_TOOLS) -> tuple[list[int], ChatShape]:
         if not request.messages:
-            return self.tokenizer.encode(request.prompt)
+            return self.tokenizer.encode(request.prompt), ChatShape()
         if self.chat_template is None:
             raise InvalidRequest(NO_TEMPLATE)
         for i, message in enumerate(request.messages):
             if not isinstance(message.get("role"), str) or not message["role"]:
                 raise InvalidRequest(f"messages[{i}].role: a non-empty string is required")
+        kwargs = dict(request.chat_template_kwargs) | ({"tools": plan.tools} if plan.tools else {})
         try:
-            text = self.chat_template.render(request.messages, True, request.chat_template_kwargs)
+            text = self.chat_template.render(template_tool_calls(request.messages), True, kwargs)
         except ChatTemplateError as e:
             raise InvalidRequest(str(e)) from None
-        return self.tokenizer.encode(text, add_special_tokens=False)  # the template wrote the special tokens
+        shape = ChatShape(self.thinks, self.thinks and prompt_opens_reasoning(text),
+                          self.tool_format if plan.parses else None, plan.tools)
+        return self.tokenizer.encode(text, add_special_tokens=False), shape  # the template wrote the special tokens
 
     async def stream(self, request_id: str, prepared: Prepared) -> AsyncIterator[gateway_pb2.GenerateResponse]:
         """The responses of one prepared request; Refused if the verifier fails it."""
@@ -163,6 +192,7 @@ class Generator:
         call = self.verifier.Generate(verifier_pb2.TokenRequest(
             request_id=f"{request_id}.{uuid.uuid4().hex[:12]}", prompt_token_ids=ids, sampling=forwarded))
         output = CompletionStream(self.tokenizer, ids, params.stop)
+        chat = ChatOutput(prepared.shape) if not prepared.shape.plain else None
         usage = gateway_pb2.Usage(prompt_tokens=len(ids))
         try:
             async for reply in call:
@@ -171,6 +201,12 @@ class Generator:
                 reason = "stop" if stopped else reply.finish_reason
                 response = gateway_pb2.GenerateResponse(token_ids=tokens, text=text, finish_reason=reason,
                                                         request_id=request_id, logprobs=reply.logprobs[:len(tokens)])
+                if chat is not None:
+                    delta = chat.feed(text, bool(reason))
+                    response.text, response.reasoning_text = delta.text, delta.reasoning
+                    response.tool_calls.extend(delta.tool_calls)
+                    if reason == "stop" and chat.num_calls:
+                        response.finish_reason = reason = "tool_calls"   # as OpenAI ends a reply that calls
                 record.sent(len(tokens))
                 if reason:
                     usage.completion_tokens = output.completion_tokens

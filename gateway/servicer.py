@@ -7,6 +7,7 @@ stream that ends normally ends with a message carrying a finish_reason and usage
 """
 from __future__ import annotations
 
+import json
 import uuid
 
 import grpc
@@ -61,10 +62,47 @@ class GatewayServicer:
 
 
 def prompt_request(request: gateway_pb2.GenerateRequest) -> PromptRequest:
-    messages = [{"role": m.role, "content": m.content} for m in request.messages]
+    """SamplingError names a field that does not decode (a tool's parameters_json, chat_template_kwargs_json)."""
+    messages = [_message(m) for m in request.messages]
+    tools = [{"type": "function", "function": {"name": t.name, "description": t.description,
+                                               "parameters": _json_object(f"tools[{i}].parameters_json",
+                                                                          t.parameters_json)}}
+             for i, t in enumerate(request.tools)]
+    choice = request.tool_choice or None
+    if choice not in (None, "auto", "none", "required"):
+        choice = {"type": "function", "function": {"name": choice}}
     return PromptRequest(prompt=request.prompt, prompt_token_ids=tuple(request.prompt_token_ids),
                          messages=messages or None, sampling=params_from_proto(request.sampling),
-                         max_tokens_set=request.sampling.HasField("max_tokens"))   # unset: the server's default
+                         max_tokens_set=request.sampling.HasField("max_tokens"),   # unset: the server's default
+                         tools=tools or None, tool_choice=choice,
+                         parallel_tool_calls=request.parallel_tool_calls if request.HasField("parallel_tool_calls")
+                         else None,
+                         chat_template_kwargs=_json_object("chat_template_kwargs_json",
+                                                           request.chat_template_kwargs_json))
+
+
+def _message(m: gateway_pb2.ChatMessage) -> dict:
+    message = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        message["tool_calls"] = [{"id": c.id, "type": "function",
+                                  "function": {"name": c.name, "arguments": c.arguments_json}} for c in m.tool_calls]
+    if m.tool_call_id:
+        message["tool_call_id"] = m.tool_call_id
+    if m.reasoning_content:
+        message["reasoning_content"] = m.reasoning_content
+    return message
+
+
+def _json_object(name: str, text: str) -> dict:
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SamplingError(f"{name}: not valid JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise SamplingError(f"{name}: a JSON object is required")
+    return value
 
 
 def _request_id_problem(rid: str) -> str:

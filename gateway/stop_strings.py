@@ -76,3 +76,11 @@ class StopStringMatcher:
                     break
                 i = buf.find(s[0], i + 1)
         return keep
+
+
+def partial_tag_length(text: str, tag: str) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of ``tag`` (what a stream holds back)."""
+    for length in range(min(len(text), len(tag) - 1), 0, -1):
+        if text.endswith(tag[:length]):
+            return length
+    return 0

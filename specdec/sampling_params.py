@@ -8,6 +8,8 @@ Semantics (the order they apply in, per verify row; docs/sampling.md):
   2. temperature (0, or below 1e-5: greedy, i.e. argmax of the penalised logits);
   3. top-k, then top-p (the smallest prefix of the sorted distribution with mass >= top_p), then min-p (drop
      tokens below min_p × the largest probability); the rest renormalised. Tokens cut here are never emitted.
+`grammar` constrains the output: every verify row samples from the distribution above masked to the tokens the
+grammar allows next (specdec/grammar.py), so output follows the grammar exactly, with or without drafts.
 `logprobs` (n in 0..20) streams each emitted token's log-probability under that processed distribution (for
 greedy requests: the same processing at temperature 1) and its n most likely alternatives.
 """
@@ -24,10 +26,29 @@ GREEDY_BELOW = 1e-5                   # temperatures under this sample as greedy
 SEED_LIMIT = 2 ** 63
 TOP_K_LIMIT = 2 ** 31 - 1             # the wire's int32; any larger value would overflow the device tensors
 PENALTY_LIMIT = 2.0                   # presence / frequency penalties in [-2, 2], as the OpenAI API
+GRAMMAR_KINDS = ("json_object", "json_schema", "regex", "ebnf", "structural_tag")
+MAX_GRAMMAR_CHARS = 1 << 20
 
 
 class SamplingError(ValueError):
     """A bad sampling field; the message names it."""
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """What the output must match. `kind`: "json_object" (any JSON object; `text` unused), "json_schema" (`text`: the
+    schema as JSON), "regex", "ebnf" (xgrammar's EBNF, rule `root`), "structural_tag" (`text`: an xgrammar
+    structural tag as JSON, e.g. a model's tool-call format)."""
+    kind: str
+    text: str = ""
+
+    def validate(self) -> None:
+        if self.kind not in GRAMMAR_KINDS:
+            raise SamplingError(f"grammar kind must be one of {', '.join(GRAMMAR_KINDS)}, got {self.kind!r}")
+        if not isinstance(self.text, str) or len(self.text) > MAX_GRAMMAR_CHARS:
+            raise SamplingError(f"grammar text must be a string of at most {MAX_GRAMMAR_CHARS} characters")
+        if self.kind != "json_object" and not self.text.strip():
+            raise SamplingError(f"grammar ({self.kind}) needs its text")
 
 
 @dataclass(frozen=True)
@@ -46,6 +67,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     speculation: bool = True          # False: this request verifies no drafts (others in its batch still do)
+    grammar: GrammarSpec | None = None  # None: unconstrained
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -59,15 +81,17 @@ class SamplingParams:
 
     @property
     def argmax_only(self) -> bool:
-        """Verification needs only each row's argmax: greedy, no penalties, no logprobs."""
+        """Verification needs only each row's argmax (a grammar's mask applies before it): greedy, no penalties,
+        no logprobs."""
         return self.greedy and not self.penalised and self.logprobs is None
 
     @property
     def decided_on_device(self) -> bool:
         """Verification needs nothing of the request that only the host has: no penalties (they count the
-        output tokens), no logprobs (read per token). Temperature, top-k, top-p and min-p are per-row parameters
-        and the draws are keyed by output position, which the device can count on from an unread step."""
-        return not self.penalised and self.logprobs is None
+        output tokens), no logprobs (read per token), no grammar (its matcher walks the host's tokens).
+        Temperature, top-k, top-p and min-p are per-row parameters and the draws are keyed by output position,
+        which the device can count on from an unread step."""
+        return not self.penalised and self.logprobs is None and self.grammar is None
 
     @staticmethod
     def from_fields(values: dict) -> "SamplingParams":
@@ -82,6 +106,11 @@ class SamplingParams:
                 if isinstance(given[name], (str, bytes)) or not isinstance(given[name], (list, tuple)):
                     raise SamplingError(f"{name} must be a list, got {type(given[name]).__name__}")
                 given[name] = tuple(given[name])
+        if isinstance(given.get("grammar"), dict):
+            grammar = given["grammar"]
+            if set(grammar) - {"kind", "text"}:
+                raise SamplingError(f"grammar: unknown field(s) {', '.join(sorted(set(grammar) - {'kind', 'text'}))}")
+            given["grammar"] = GrammarSpec(grammar.get("kind"), grammar.get("text", ""))
         return SamplingParams(**given)
 
     def validate(self, vocab_size: int | None = None) -> "SamplingParams":
@@ -102,6 +131,10 @@ class SamplingParams:
             if not isinstance(getattr(self, name), bool):
                 raise SamplingError(f"{name} must be a boolean, got {getattr(self, name)!r}")
         self._validate_stops(vocab_size)
+        if self.grammar is not None:
+            if not isinstance(self.grammar, GrammarSpec):
+                raise SamplingError(f"grammar must be a GrammarSpec, got {type(self.grammar).__name__}")
+            self.grammar.validate()
         return self
 
     def _validate_stops(self, vocab_size: int | None) -> None:

@@ -63,7 +63,7 @@ def gateway_ids(folder, messages, kwargs=None) -> list[int]:
     """Prompt ids as the gateway makes them for a `messages` request (the code path both APIs take)."""
     tokenizer = TextTokenizer.from_folder(folder)
     generator = Generator(None, tokenizer, ChatTemplate.from_folder(folder, tokenizer.special_tokens_map))
-    return generator._encode(PromptRequest(messages=messages, chat_template_kwargs=kwargs or {}))
+    return generator._encode(PromptRequest(messages=messages, chat_template_kwargs=kwargs or {}))[0]
 
 
 @pytest.mark.parametrize("which", ["demo", "chatml"])

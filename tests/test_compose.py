@@ -474,17 +474,22 @@ def test_cpu_image_takes_torch_from_the_cpu_index_or_local_wheels_only(tmp_path)
 
 
 def test_cpu_image_installs_the_dependencies_of_pyproject_less_triton(tmp_path):
-    """The CPU image's requirement list, computed by its own snippet from pyproject.toml: all but triton."""
+    """The CPU image's requirement lists, computed by its own snippets from pyproject.toml: all but triton, and
+    xgrammar (which requires triton) without its dependencies."""
     import tomllib
     runs = " ".join(parse_dockerfile("compose/Dockerfile.cpu")["run"])
-    snippet = re.search(r'python -c "(import re, tomllib;.*?)" > /tmp/requirements.txt', runs).group(1)
     (tmp_path / "src").symlink_to(REPO)
-    out = subprocess.run([sys.executable, "-c", snippet.replace("/src/", f"{tmp_path}/src/")],
-                         capture_output=True, text=True, check=True).stdout.splitlines()
+
+    def listed(target):
+        snippet = re.search(r'python -c "(import re, tomllib;[^"]*?)" > ' + target, runs).group(1)
+        return subprocess.run([sys.executable, "-c", snippet.replace("/src/", f"{tmp_path}/src/")],
+                              capture_output=True, text=True, check=True).stdout.splitlines()
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
-    assert any(d.startswith("triton") for d in deps)
-    assert out == [d for d in deps if not d.startswith("triton")]
+    assert any(d.startswith("triton") for d in deps) and any(d.startswith("xgrammar") for d in deps)
+    assert listed("/tmp/requirements.txt") == [d for d in deps if not d.startswith(("triton", "xgrammar"))]
+    assert listed("/tmp/no-deps.txt") == [d for d in deps if d.startswith("xgrammar")]
     assert "pip install -r /tmp/requirements.txt" in runs and "pip install --no-deps /src" in runs
+    assert "pip install --no-deps -r /tmp/no-deps.txt" in runs
 
 
 def test_readme_documents_the_commands():

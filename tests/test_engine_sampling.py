@@ -96,7 +96,7 @@ def test_drafter_probabilities_reach_the_rejection_sampler(tiny_model, monkeypat
     seen = []
     real = engine_module.sample
 
-    def spy(logits, rows, sampling, draft_probs=None, forced_accepts=None):
+    def spy(logits, rows, sampling, draft_probs=None, forced_accepts=None, token_masks=None):
         if draft_probs is not None:
             seen.append(draft_probs.shape)
             assert draft_probs.shape == logits.shape  # q on the draft rows of the sequences that sent it
@@ -105,7 +105,7 @@ def test_drafter_probabilities_reach_the_rejection_sampler(tiny_model, monkeypat
                                     zip(num_drafts.tolist(), torch.cumsum(num_drafts + 1, 0) - num_drafts - 1)])
             assert sampling.uses_q.any()
             assert torch.allclose(draft_probs[draft_rows].sum(-1), torch.ones(len(draft_rows)))
-        return real(logits, rows, sampling, draft_probs, forced_accepts)
+        return real(logits, rows, sampling, draft_probs, forced_accepts, token_masks=token_masks)
     monkeypatch.setattr(engine_module, "sample", spy)
     import torch
     prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 9, 9, 9, 9, 9]]

@@ -205,8 +205,8 @@ def test_400_names_the_field(client):
             client.completions.create(model="demo_model", prompt=PROMPT, max_tokens=4, **kwargs)
         assert error.value.status_code == 400 and error.value.body["param"] == field, (kwargs, error.value.body)
     with pytest.raises(openai.BadRequestError) as error:
-        client.chat.completions.create(model="demo_model", messages=[{"role": "tool", "content": "x"}], max_tokens=4)
-    assert error.value.body["param"] == "messages" and "roles system, user and assistant" in error.value.message
+        client.chat.completions.create(model="demo_model", messages=[{"role": "robot", "content": "x"}], max_tokens=4)
+    assert error.value.body["param"] == "messages" and "roles system, user, assistant and tool" in error.value.message
     with pytest.raises(openai.BadRequestError) as error:
         client.completions.create(model="demo_model", prompt=PROMPT, max_tokens=5000)
     assert error.value.body["code"] == "context_length_exceeded"

@@ -344,9 +344,9 @@ def test_overlapped_steps_never_verify_with_a_q_from_a_synchronous_step(tiny_mod
         drafter.follow(engine.by_request[f"r{i}"].seq_id, prompt + expected[i])
     seen, launching, real = [], [None], engine_module.sample
 
-    def spy(logits, rows, sampling, draft_probs=None, forced_accepts=None):
+    def spy(logits, rows, sampling, draft_probs=None, forced_accepts=None, token_masks=None):
         seen.append((launching[0], draft_probs is not None))    # (overlapped launch, verified with a q)
-        return real(logits, rows, sampling, draft_probs, forced_accepts)
+        return real(logits, rows, sampling, draft_probs, forced_accepts, token_masks=token_masks)
     monkeypatch.setattr(engine_module, "sample", spy)
     launch = engine._launch
 

@@ -10,6 +10,7 @@ from typing import Callable
 import torch
 
 from specdec.drafting import Drafter, vocabulary_fingerprint
+from specdec.grammar import Grammars
 from specdec.models.loader import LoadedModel, load_model
 from specdec.models.model_config import ModelConfig
 from specdec.step_trace import StepTrace
@@ -134,4 +135,5 @@ def build_engine(config: VerifierConfig, make_drafter: DrafterFactory | None = N
     if drafter is not None:
         log.info("draft policy: %s (--draft-policy %s)", "adaptive k in 0..%d" % config.num_drafts
                  if engine_config.adaptive_drafts else "fixed k = %d" % config.num_drafts, config.draft_policy)
-    return SpecEngine(executor, drafter, engine_config, trace)
+    grammars = Grammars.from_folder(config.model_dir, model_config.vocab_size, list(model_config.eos_token_id))
+    return SpecEngine(executor, drafter, engine_config, trace, grammars)

@@ -33,6 +33,7 @@ import torch
 
 from kernels.sampling import cu_rows_of
 from specdec.drafting import Drafter
+from specdec.grammar import GrammarError, Grammars, masks_array
 from specdec.models.pinned_upload import PinnedUpload
 from specdec.sampling_params import SamplingParams
 from specdec.step_trace import OFF, StepTrace
@@ -82,8 +83,10 @@ class LaunchedStep:
 
 
 class SpecEngine:
-    def __init__(self, executor: Executor, drafter: Drafter | None, config: EngineConfig, trace: StepTrace = OFF):
+    def __init__(self, executor: Executor, drafter: Drafter | None, config: EngineConfig, trace: StepTrace = OFF,
+                 grammars: Grammars | None = None):
         self.executor, self.config = executor, config
+        self.grammars = grammars                 # None: the model folder has no tokenizer, grammars are refused
         device = executor.device
         self.scheduler = Scheduler(executor.blocks, config.scheduler)
         self.drafting = DraftingStage(drafter, config.num_drafts, executor.config.vocab_size,
@@ -102,14 +105,25 @@ class SpecEngine:
         self._upload_verify = PinnedUpload(device)
         self._upload_sampling = (PinnedUpload(device), PinnedUpload(device))
         self._upload_fill = PinnedUpload(device)
+        self._upload_masks = PinnedUpload(device)
         self._in_flight: LaunchedStep | None = None   # an overlapped step launched and not read yet
         capacity = executor.blocks.kv_blocks.size * executor.block_size
         self.max_len = min(config.max_context, capacity) if config.max_context else capacity
 
     # ---- requests ----------------------------------------------------------------------
+    def check_grammar(self, params: SamplingParams) -> None:
+        """Compile the request's grammar, if any (any thread: the compiled grammar is cached for add_request);
+        GrammarError when it does not compile or the model has no tokenizer to compile it for."""
+        if params.grammar is None:
+            return
+        if self.grammars is None:
+            raise GrammarError("grammar: this model folder has no tokenizer.json, which constrained decoding needs")
+        self.grammars.compile(params.grammar)
+
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
         vocab = self.executor.config.vocab_size
         params.validate(vocab)
+        self.check_grammar(params)
         if not prompt_ids:
             raise ValueError("the prompt is empty")
         if any(not 0 <= t < vocab for t in prompt_ids):
@@ -123,6 +137,8 @@ class SpecEngine:
                                 f"maximum context of {self.max_len} tokens")
         seed = params.seed if params.seed is not None else self._seeds.getrandbits(62)
         seq = Sequence(next(self._ids), list(prompt_ids), len(prompt_ids), params, seed, request_id)
+        if params.grammar is not None:
+            seq.grammar = self.grammars.matcher(params.grammar)
         self.by_request[request_id] = seq
         self.scheduler.add(seq)
 
@@ -282,15 +298,31 @@ class SpecEngine:
         rows = VerifyRows(torch.where(index >= 0, input_ids[index.clamp(min=0)], -1), flat[at:at + s],
                           flat[at + s:at + 2 * s + 1], width)
         forced_accepts = None if forced is None else flat[at + 2 * s + 1:]
+        masks = self._grammar_masks(sampled, logits.shape[-1])
         if all(p.seq.params.argmax_only for p in sampled):   # no sampling state, no draws
-            return sample(logits, rows, None, None, forced_accepts)
+            return sample(logits, rows, None, None, forced_accepts, token_masks=masks)
         uses_q = [not overlap and p.seq.draft_probs is not None and p.num_drafts > 0 and not p.seq.params.greedy
                   for p in sampled]
         sampling = SamplingBatch.of([p.seq for p in sampled], uses_q, logits.shape[-1], self._upload_sampling)
         if unread is not None and unread.sampled:   # + the unread step's tokens, which only the device knows
             sampling = dataclasses.replace(sampling, offsets=sampling.offsets + unread_emitted(
                 sampled, unread, self._upload_sampling[1]))
-        return sample(logits, rows, sampling, draft_probs_rows(sampled, uses_q, logits), forced_accepts)
+        return sample(logits, rows, sampling, draft_probs_rows(sampled, uses_q, logits), forced_accepts,
+                      token_masks=masks)
+
+    def _grammar_masks(self, sampled: list[ScheduledSeq], vocab: int) -> torch.Tensor | None:
+        """The allowed tokens of every verify row ([R, ceil(V / 32)] int32 bitmask on the device), when some
+        sequence has a grammar; computed on the host while the forward runs (constrained steps are synchronous:
+        the drafts are the host's, the last ones of each chunk)."""
+        if not any(p.seq.grammar is not None for p in sampled):
+            return None
+        masks = masks_array(sum(p.num_drafts + 1 for p in sampled), vocab)
+        row = 0
+        for p in sampled:
+            if p.seq.grammar is not None:
+                p.seq.grammar.masks(p.chunk[len(p.chunk) - p.num_drafts:], masks[row:row + p.num_drafts + 1])
+            row += p.num_drafts + 1
+        return self._upload_masks(masks.numpy())
 
     def _forced_counts(self, sampled: list[ScheduledSeq]) -> list[int] | None:
         """Forced acceptance (benchmarks): each verify step's count, keyed by the request's seed and how many
@@ -336,7 +368,9 @@ class SpecEngine:
         kept, reason = [], None
         for t in tokens:
             kept.append(t)
-            if (t in self.eos and not seq.params.ignore_eos) or t in seq.params.stop_token_ids:
+            # (a grammar allows the stop token only where it may end: then it ends, ignore_eos or not)
+            ends = t in self.eos and (not seq.params.ignore_eos or seq.grammar is not None)
+            if ends or t in seq.params.stop_token_ids:
                 reason = "stop"
                 break
             if len(seq.output_ids) + len(kept) >= seq.params.max_tokens:

@@ -104,6 +104,11 @@ class EngineLoop:
         self._wake.set()
         return ticket
 
+    def check_grammar(self, params: SamplingParams) -> None:
+        """Compile the request's grammar in the caller's thread (GrammarError if it does not compile), so that the
+        engine's thread finds it compiled when the request is added."""
+        self.engine.check_grammar(params)
+
     def cancel(self, ticket: Ticket) -> None:
         """The caller of this ticket went away (or is done: then a no-op)."""
         self._command(("cancel", ticket))

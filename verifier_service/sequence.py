@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specdec.grammar import TokenMatcher
 from specdec.sampling_params import SamplingParams
 
 from .acceptance_stats import AcceptanceStats
@@ -53,6 +54,7 @@ class Sequence:
     stats: AcceptanceStats = field(default_factory=AcceptanceStats)
     finish_reason: str | None = None     # "stop" | "length" | "abort" | "error"
     penalty: PenaltyState | None = None  # built on first use by a penalised request
+    grammar: TokenMatcher | None = None  # its grammar's state after the committed output (None: unconstrained)
     arrived_at: float = field(default_factory=time.monotonic)  # when the engine took the request
     queue_seconds: float | None = None   # from arrival to its first admission into the running batch
 
@@ -108,8 +110,10 @@ class Sequence:
             self.drafts, self.draft_probs = (drafts if current else []), None
 
     def emitted(self, tokens: list[int]) -> None:
-        """Commit emitted tokens (and count them for penalties)."""
+        """Commit emitted tokens (count them for penalties, walk the grammar through them)."""
         self.token_ids += tokens
+        if self.grammar is not None:
+            self.grammar.accept(tokens)
         if self.penalty is not None and tokens:
             ids = torch.tensor(tokens, dtype=torch.long).to(self.penalty.output_counts.device, non_blocking=True)
             self.penalty.output_counts.index_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))

@@ -43,6 +43,8 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
         rid = request.request_id or uuid.uuid4().hex
         try:
             params = params_from_proto(request.sampling).validate(self.info.vocab_size)
+            if params.grammar is not None:   # compiled off the event loop (a large schema takes a while)
+                await asyncio.to_thread(self.loop.check_grammar, params)
         except SamplingError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         outputs: asyncio.Queue = asyncio.Queue()

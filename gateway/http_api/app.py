@@ -65,7 +65,7 @@ def build_app(generator: Generator) -> FastAPI:
         model = served_model(body.model)
         _refuse_unsupported(body)
         text, ids = body.prompt_parts()
-        fields = body.sampling_fields() | {"logprobs": body.logprobs, "max_tokens": body.max_tokens}
+        fields = _fields(body) | {"logprobs": body.logprobs, "max_tokens": body.max_tokens}
         prompt = PromptRequest(prompt=text, prompt_token_ids=ids, sampling=_sampling(fields),
                                max_tokens_set=body.max_tokens is not None,
                                api_default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS)
@@ -84,10 +84,11 @@ def build_app(generator: Generator) -> FastAPI:
         except ValueError as e:
             raise errors.HttpError(400, str(e), "messages") from None
         max_tokens = _default(body.max_completion_tokens, body.max_tokens)
-        fields = body.sampling_fields() | {"max_tokens": max_tokens,
+        fields = _fields(body) | {"max_tokens": max_tokens,
                                            "logprobs": (body.top_logprobs or 0) if body.logprobs else None}
         prompt = PromptRequest(messages=messages, sampling=_sampling(fields), max_tokens_set=max_tokens is not None,
-                               chat_template_kwargs=body.chat_template_kwargs or {})
+                               chat_template_kwargs=body.chat_template_kwargs or {}, tools=body.tools,
+                               tool_choice=body.tool_choice, parallel_tool_calls=body.parallel_tool_calls)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         fmt = ChatFormat(rid, model, token_text, bool(body.logprobs), _include_usage(body))
         names = CHAT_NAMES | ({"max_tokens": "max_completion_tokens"} if body.max_completion_tokens is not None else {})
@@ -99,12 +100,13 @@ def build_app(generator: Generator) -> FastAPI:
 
 COMMON_NAMES = {n: n for n in ("model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
                                "stop_token_ids", "ignore_eos", "speculation", "presence_penalty", "frequency_penalty",
-                               "repetition_penalty", "stream", "stream_options", "n", "logit_bias", "sampling")}
+                               "repetition_penalty", "stream", "stream_options", "n", "logit_bias", "sampling",
+                               "response_format", "structured_outputs")} | {"grammar": "response_format"}
 COMPLETION_NAMES = COMMON_NAMES | {"prompt": "prompt", "prompt_token_ids": "prompt", "logprobs": "logprobs",
                                    "echo": "echo", "suffix": "suffix", "best_of": "best_of"}
 CHAT_NAMES = COMMON_NAMES | {"messages": "messages", "logprobs": "top_logprobs", "top_logprobs": "top_logprobs",
                              "max_completion_tokens": "max_completion_tokens", "tools": "tools",
-                             "response_format": "response_format", "chat_template_kwargs": "chat_template_kwargs"}
+                             "tool_choice": "tool_choice", "chat_template_kwargs": "chat_template_kwargs"}
 
 
 def _default(value, default):
@@ -113,6 +115,14 @@ def _default(value, default):
 
 def _include_usage(body) -> bool:
     return bool(body.stream and body.stream_options and body.stream_options.include_usage)
+
+
+def _fields(body) -> dict:
+    try:
+        return body.sampling_fields()
+    except ValueError as e:
+        field = "structured_outputs" if str(e).startswith("structured_outputs") else "response_format"
+        raise errors.HttpError(400, str(e), field) from None
 
 
 def _refuse_unsupported(body) -> None:

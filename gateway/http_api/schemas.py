@@ -4,11 +4,14 @@ SamplingParams.validate, that gRPC requests go through too).
 Types are strict (``"0.5"`` is not a number, ``true`` is not an integer). Fields we do not know are ignored, as
 the OpenAI API's many optional fields come and go; fields we know but cannot honour (``n`` > 1, ``echo``,
 ``logit_bias``, ``tools`` ...) are refused by name in ``unsupported``. Beyond OpenAI's fields, vLLM's sampling
-extras are accepted: ``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos`` and (chat)
-``chat_template_kwargs``; and ours, ``speculation`` (false: this request verifies no drafts).
+extras are accepted: ``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``,
+``structured_outputs`` (one of ``json`` (a schema), ``json_object``, ``regex``, ``grammar`` (EBNF),
+``structural_tag``) and (chat) ``chat_template_kwargs``; and ours, ``speculation`` (false: this request verifies
+no drafts). ``response_format`` (``text``, ``json_object``, ``json_schema``) works on both endpoints.
 """
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -42,14 +45,28 @@ class _Sampling(_Body):
     n: int | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
 
     def sampling_fields(self) -> dict:
-        """SamplingParams fields that were set (max_tokens and logprobs are the endpoints' business)."""
+        """SamplingParams fields that were set (max_tokens and logprobs are the endpoints' business); ValueError
+        (starting with the field's name) for a response format we cannot read."""
         names = ("temperature", "top_p", "top_k", "min_p", "seed", "stop_token_ids", "ignore_eos", "speculation",
                  "presence_penalty", "frequency_penalty", "repetition_penalty")
         values = {name: getattr(self, name) for name in names}
         values["stop"] = [self.stop] if isinstance(self.stop, str) else self.stop
+        values["grammar"] = self.grammar()
         return values
+
+    def grammar(self) -> dict | None:
+        """{"kind", "text"} of response_format or structured_outputs (not both); None: unconstrained."""
+        if self.response_format is not None and self.structured_outputs is not None:
+            raise ValueError("response_format: give response_format or structured_outputs, not both")
+        if self.structured_outputs is not None:
+            return _structured_outputs(self.structured_outputs)
+        if self.response_format is not None:
+            return _response_format(self.response_format)
+        return None
 
     def unsupported(self) -> tuple[str, str] | None:
         """(field, why) for the first field set to something we cannot do; None if none is."""
@@ -107,14 +124,11 @@ class ChatRequest(_Sampling):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     tools: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None   # false: tool_choice "required" makes exactly one call
     chat_template_kwargs: dict[str, Any] | None = None
 
     def unsupported(self) -> tuple[str, str] | None:
-        if self.tools:
-            return "tools", "tool calling is not supported"
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
-            return "response_format", "only response_format {\"type\": \"text\"} is supported"
         if self.top_logprobs is not None and not self.logprobs:
             return "top_logprobs", "top_logprobs needs logprobs: true"
         return super().unsupported()
@@ -135,3 +149,36 @@ class ChatRequest(_Sampling):
                 data["content"] = "\n".join(texts)
             out.append(data)
         return out
+
+
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+STRUCTURED_OUTPUTS = {"json": "json_schema", "json_object": "json_object", "regex": "regex", "grammar": "ebnf",
+                      "structural_tag": "structural_tag"}
+
+
+def _response_format(value: dict) -> dict | None:
+    kind = value.get("type")
+    if kind not in RESPONSE_FORMATS:
+        raise ValueError(f"response_format.type must be one of {', '.join(RESPONSE_FORMATS)}, got {kind!r}")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"kind": "json_object"}
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+        raise ValueError("response_format.json_schema.schema: a JSON Schema object is required")
+    return {"kind": "json_schema", "text": json.dumps(spec["schema"])}
+
+
+def _structured_outputs(value: dict) -> dict:
+    given = {k: v for k, v in value.items() if k in STRUCTURED_OUTPUTS and v not in (None, False)}
+    if len(given) != 1:
+        raise ValueError(f"structured_outputs: give exactly one of {', '.join(STRUCTURED_OUTPUTS)}")
+    (name, text), = given.items()
+    if name == "json_object":
+        return {"kind": "json_object"}
+    if name in ("json", "structural_tag") and isinstance(text, (dict, list)):
+        text = json.dumps(text)
+    if not isinstance(text, str):
+        raise ValueError(f"structured_outputs.{name}: a string is required")
+    return {"kind": STRUCTURED_OUTPUTS[name], "text": text}

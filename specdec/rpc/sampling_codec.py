@@ -6,7 +6,7 @@ Unset optional fields take the defaults of specdec.sampling_params; set ones are
 from __future__ import annotations
 
 from specdec.rpc.v1 import gateway_pb2
-from specdec.sampling_params import SamplingParams
+from specdec.sampling_params import GrammarSpec, SamplingError, SamplingParams
 
 OPTIONAL = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
             "frequency_penalty", "seed", "logprobs", "speculation")
@@ -17,6 +17,11 @@ def params_from_proto(message: gateway_pb2.SamplingParams) -> SamplingParams:
     values = {name: getattr(message, name) for name in OPTIONAL if message.HasField(name)}
     values |= {"stop": list(message.stop), "stop_token_ids": list(message.stop_token_ids),
                "ignore_eos": message.ignore_eos}
+    if message.HasField("grammar"):
+        kind = message.grammar.WhichOneof("kind")
+        if kind is None:
+            raise SamplingError("grammar: set one of json_object, json_schema, regex, ebnf, structural_tag")
+        values["grammar"] = GrammarSpec(kind, "" if kind == "json_object" else getattr(message.grammar, kind))
     return SamplingParams.from_fields(values)
 
 
@@ -27,4 +32,7 @@ def params_to_proto(params: SamplingParams) -> gateway_pb2.SamplingParams:
         value = getattr(params, name)
         if value is not None:
             setattr(message, name, value)
+    if params.grammar is not None:
+        setattr(message.grammar, params.grammar.kind,
+                True if params.grammar.kind == "json_object" else params.grammar.text)
     return message

@@ -1,0 +1,147 @@
+"""Grammar-constrained decoding in the verifier (issue 40): outputs follow the grammar, exactly as plain constrained
+decoding does with and without drafts (greedy and seeded), a draft the grammar refuses is never accepted, the
+matcher ends where the committed output is, and bad grammars are refused by name."""
+import json
+import re
+from pathlib import Path
+
+import jsonschema
+import pytest
+import torch
+from transformers import PreTrainedTokenizerFast
+
+from specdec.demo import demo_model_dir
+from specdec.grammar import GrammarError, Grammars, masks_array, unpack_mask
+from specdec.rpc.sampling_codec import params_from_proto, params_to_proto
+from specdec.sampling_params import GrammarSpec, SamplingError, SamplingParams
+from specdec_tools.commands.in_process_drafter import in_process_drafter
+from verifier_service.builder import VerifierConfig, build_engine
+from verifier_service.sampler import VerifyRows, sample
+
+pytestmark = pytest.mark.timeout(600)
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "count", "kind"],
+          "properties": {"name": {"type": "string", "maxLength": 16}, "count": {"type": "integer"},
+                         "kind": {"enum": ["a", "b", "c"]}}}
+DATE = r"20[0-9]{2}-(0[1-9]|1[0-2])-[0-2][0-9]"
+PROMPTS = ["# user: describe the config\n\n", "def parse(x):\n    return ", "import json\ndata = "]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return PreTrainedTokenizerFast(tokenizer_file=str(Path(demo_model_dir()) / "tokenizer.json"))
+
+
+@pytest.fixture(scope="module")
+def grammars():
+    return Grammars.from_folder(demo_model_dir(), 4096, [0])
+
+
+def engine(kind=None, k=3):
+    config = VerifierConfig(model_dir=str(demo_model_dir()), num_drafts=k if kind else 0, in_process_drafter=kind,
+                            max_context=512, max_running=8, max_batched_tokens=256, prefill_chunk=64, warm_up=False)
+    return build_engine(config, in_process_drafter(kind) if kind else None)
+
+
+def texts(tokenizer, outputs):
+    return [tokenizer.decode(o, skip_special_tokens=True) for o in outputs]
+
+
+@pytest.mark.parametrize("temperature, seed", [(0.0, None), (0.8, 11)], ids=["greedy", "seeded"])
+@pytest.mark.parametrize("spec", [GrammarSpec("json_schema", json.dumps(SCHEMA)), GrammarSpec("regex", DATE)],
+                         ids=["json_schema", "regex"])
+def test_constrained_output_is_the_same_with_and_without_drafts(tokenizer, spec, temperature, seed):
+    prompts = [tokenizer.encode(p) for p in PROMPTS]
+    params = SamplingParams(max_tokens=120, temperature=temperature, seed=seed, grammar=spec)
+    plain = engine().generate(prompts, params)
+    for kind in ("mtp", "ngram"):
+        spec_engine = engine(kind)
+        assert spec_engine.generate(prompts, params) == plain, kind
+        assert spec_engine.stats.drafted > 0                          # drafts were verified under the masks
+    for text in texts(tokenizer, plain):
+        if spec.kind == "json_schema":
+            jsonschema.validate(json.loads(text), SCHEMA)
+        else:
+            assert re.fullmatch(DATE, text), text
+    # the same prompts unconstrained are not JSON: the grammar, not the prompt, made them so
+    free = texts(tokenizer, engine().generate(prompts, SamplingParams(max_tokens=40, temperature=temperature,
+                                                                      seed=seed)))
+    assert not any(re.fullmatch(DATE, t) for t in free) and not any(t.startswith("{\"name\"") for t in free)
+
+
+def test_ignore_eos_still_ends_where_the_grammar_ends(tokenizer):
+    params = SamplingParams(max_tokens=200, grammar=GrammarSpec("regex", DATE), ignore_eos=True)
+    out = engine("ngram").generate([tokenizer.encode(PROMPTS[0])], params)[0]
+    assert out[-1] == 0 and re.fullmatch(DATE, tokenizer.decode(out[:-1])) and len(out) < 20
+
+
+def test_masks_walk_the_drafts_and_roll_back(grammars, tokenizer):
+    matcher = grammars.matcher(GrammarSpec("regex", DATE))
+    good = tokenizer.encode("2024-")
+    refused = tokenizer.encode("x")[0]
+    drafts = good[:2] + [refused] + good[2:3]
+    masks = masks_array(len(drafts) + 1, 4096)
+    matcher.masks(drafts, masks)
+    allowed = unpack_mask(masks, 4096)                                            # [k + 1, V]
+    assert allowed[0, good[0]] and not allowed[0, refused]
+    assert allowed[1, good[1]] and allowed[2].sum() < 4096                         # walked through the drafts
+    assert allowed[3].all() and allowed[4].all()                                   # after the refused draft: open
+    matcher.masks([], masks[:1])                                                   # rolled back: row 0 as before
+    assert torch.equal(unpack_mask(masks[:1], 4096)[0], allowed[0])
+    matcher.accept(good)
+    assert not matcher.terminated
+    with pytest.raises(RuntimeError, match="against its grammar"):
+        matcher.accept([refused])
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_a_draft_the_grammar_refuses_is_never_accepted(grammars, tokenizer, greedy):
+    """The target prefers the draft (logit 50), the mask forbids it: rejected; the emitted token is allowed."""
+    matcher = grammars.matcher(GrammarSpec("regex", "[0-9]+"))
+    draft = tokenizer.encode("x")[0]
+    masks = masks_array(2, 4096)
+    matcher.masks([draft], masks)
+    logits = torch.zeros(2, 4096)
+    logits[:, draft] = 50.0
+    rows = VerifyRows(torch.tensor([[draft]]), torch.tensor([1]), torch.tensor([0, 2]), 1)
+    sampling = None
+    if not greedy:
+        from verifier_service.sampler import SamplingBatch
+        from verifier_service.sequence import Sequence
+        from specdec.models.pinned_upload import PinnedUpload
+        seq = Sequence(0, [1, 2], 2, SamplingParams(temperature=1.0, seed=3), seed=3)
+        sampling = SamplingBatch.of([seq], [False], 4096, (PinnedUpload("cpu"), PinnedUpload("cpu")))
+    verdict = sample(logits, rows, sampling, token_masks=masks)
+    token = int(verdict.tokens[0, 0])
+    assert int(verdict.accepted[0]) == 0 and token != draft
+    assert unpack_mask(masks, 4096)[0, token]
+    unmasked = sample(logits, rows, sampling)                        # the planted defect: no mask, draft accepted
+    assert int(unmasked.accepted[0]) == 1
+
+
+def test_bad_grammars_are_refused_by_name(grammars):
+    with pytest.raises(GrammarError, match="does not compile"):
+        grammars.compile(GrammarSpec("json_schema", "{not json"))
+    with pytest.raises(GrammarError, match="Unsupported type"):
+        grammars.compile(GrammarSpec("json_schema", json.dumps({"type": "objectx"})))
+    with pytest.raises(GrammarError, match="regex"):
+        grammars.compile(GrammarSpec("regex", "(unclosed"))
+    with pytest.raises(SamplingError, match="grammar kind"):
+        SamplingParams(grammar=GrammarSpec("yaml", "x")).validate()
+    with pytest.raises(SamplingError, match="needs its text"):
+        SamplingParams(grammar=GrammarSpec("regex", " ")).validate()
+    with pytest.raises(SamplingError, match="unknown field"):
+        SamplingParams.from_fields({"grammar": {"kind": "regex", "text": "a", "extra": 1}})
+
+
+def test_engine_refuses_a_grammar_without_a_tokenizer(tiny_dir):
+    config = VerifierConfig(model_dir=str(tiny_dir), num_drafts=0, max_context=64, warm_up=False)
+    with pytest.raises(GrammarError, match="no tokenizer.json"):
+        build_engine(config).add_request("r", [1, 2], SamplingParams(grammar=GrammarSpec("json_object")))
+
+
+@pytest.mark.parametrize("spec", [GrammarSpec("json_object"), GrammarSpec("json_schema", "{}"),
+                                  GrammarSpec("regex", "a+"), GrammarSpec("ebnf", 'root ::= "x"'),
+                                  GrammarSpec("structural_tag", "{}")])
+def test_the_grammar_crosses_the_wire(spec):
+    params = SamplingParams(max_tokens=5, grammar=spec)
+    assert params_from_proto(params_to_proto(params)) == params
