@@ -1,20 +1,23 @@
-"""Grammar-constrained decoding: a request's grammar → per-row token masks, with xgrammar as the engine.
+"""Grammar-constrained decoding: a request's grammar → per-row token masks.
 
-A request may carry a `GrammarSpec` (sampling_params.py): any JSON value, a JSON Schema, a regex, an EBNF grammar
-or an xgrammar structural tag (what tool calls compile to). `Grammars` compiles specs against the model's
-tokenizer (compiled grammars are cached by xgrammar's compiler, so a schema sent twice compiles once) and makes a
-`TokenMatcher` per sequence. The matcher always stands after the sequence's committed output:
+A request may carry a `GrammarSpec` (sampling_params.py). Two engines serve the kinds, as bench/grammar_mask_bench.py
+picked them (bench/README, "Grammar engines"): llguidance for JSON (`json_object`, `json_schema`: 2-6x less mask
+time than xgrammar on schemas, and no multi-second compiles), xgrammar for `regex`, `ebnf` and `structural_tag` (tool
+calls; 4-10x less mask time there, compiled grammars cached). `Grammars` checks specs against the model's tokenizer
+and makes a `TokenMatcher` per sequence. The matcher always stands after the sequence's committed output:
 
-    masks(drafts)   the allowed-token bitmask of each verify row of one step: row 0 after the committed output,
-                    row j after drafts 1..j. It walks through the drafts and rolls back, so the matcher is where it
+    masks           the allowed-token bitmask of each verify row of one step: row 0 after the committed output,
+                    row j after drafts 1..j. The matcher walks through the drafts and rolls back, so it is where it
                     was. Rows after a draft the grammar refuses are left open: that draft is rejected whatever
                     follows (its target probability is 0 once masked), so those rows never emit.
     accept(tokens)  the step's emitted tokens (accepted drafts + recovered / bonus token) join the state.
 
-Masks are bitmasks, int32 [rows, ceil(V / 32)], bit (t % 32) of word t // 32 set when token t is allowed (xgrammar's
-layout); `unpack_mask` turns them into a bool mask on the device. Ids past the tokenizer (a vocabulary padded to a
-multiple of 64) are never allowed. Every verify row samples from the target's distribution masked to the grammar, so
-speculation stays exact: the output is the constrained distribution's, the same with and without drafts.
+`Grammars.fill_masks` does one step's sequences at once: llguidance's in parallel on its thread pool, drafts
+included, xgrammar's one after another. Masks are bitmasks, int32 [rows, ceil(V / 32)], bit (t % 32) of word t // 32
+set when token t is allowed (both engines' layout); `unpack_mask` turns them into a bool mask on the device. Ids past
+the tokenizer (a vocabulary padded to a multiple of 64) are never allowed. Every verify row samples from the target's
+distribution masked to the grammar, so speculation stays exact: the output is the constrained distribution's, the
+same with and without drafts.
 """
 from __future__ import annotations
 
@@ -30,7 +33,10 @@ from .sampling_params import GrammarSpec, SamplingError
 
 log = logging.getLogger(__name__)
 TOKENIZER_FILE = "tokenizer.json"
-ALL_ALLOWED = -1          # an int32 word with every bit set
+ALL_ALLOWED = -1                  # an int32 word with every bit set
+JSON_KINDS = ("json_object", "json_schema")
+# JSON whitespace: at most 4 characters between two tokens (a model that loops on newlines cannot run away)
+JSON_OPTIONS = {"whitespace_pattern": r"[\x20\x0A\x0D\x09]{0,4}"}
 
 
 class GrammarError(SamplingError):
@@ -38,11 +44,10 @@ class GrammarError(SamplingError):
 
 
 class TokenMatcher:
-    """One sequence's place in its grammar, after its committed output."""
+    """One sequence's place in its grammar, after its committed output (xgrammar's matcher)."""
 
-    def __init__(self, matcher, vocab_size: int):
-        self._matcher, self.vocab_size = matcher, vocab_size
-        self.num_words = (vocab_size + 31) // 32
+    def __init__(self, matcher):
+        self._matcher = matcher
 
     @property
     def terminated(self) -> bool:
@@ -50,8 +55,7 @@ class TokenMatcher:
         return self._matcher.is_terminated()
 
     def masks(self, drafts: list[int], out: torch.Tensor) -> None:
-        """Fill `out` ([len(drafts) + 1, num_words] int32, host) with the allowed tokens of each verify row."""
-        out.fill_(ALL_ALLOWED)
+        """Fill `out` ([len(drafts) + 1, words] int32, host, all allowed) with each verify row's tokens."""
         walked = 0
         for row in range(len(drafts) + 1):
             if self._matcher.is_terminated():
@@ -66,23 +70,53 @@ class TokenMatcher:
     def accept(self, tokens: list[int]) -> None:
         """The step's emitted tokens. Each was sampled under this matcher's mask, so a refusal is a bug."""
         for t in tokens:
-            if self._matcher.is_terminated():
+            if self.terminated:
                 return                                  # tokens after the stop token are cut by the engine
             if not self._matcher.accept_token(t):
                 raise RuntimeError(f"token {t} was emitted against its grammar's mask")
 
 
+class GuidanceMatcher(TokenMatcher):
+    """The same over llguidance's matcher. It stops as soon as only a stop token can follow; `terminated` is
+    after that token, as xgrammar's."""
+
+    def __init__(self, matcher, stop_token_ids: set[int], executor):
+        super().__init__(matcher)
+        self._stop_ids, self._ended, self._executor = stop_token_ids, False, executor
+
+    @property
+    def terminated(self) -> bool:
+        return self._ended
+
+    def masks(self, drafts: list[int], out: torch.Tensor) -> None:
+        _fill_guided(self._executor, [(self._matcher, 0, drafts)], out)
+
+    def accept(self, tokens: list[int]) -> None:
+        for t in tokens:
+            if self._ended:
+                return
+            if not self._matcher.consume_token(t):
+                raise RuntimeError(f"token {t} was emitted against its grammar's mask "
+                                   f"({self._matcher.get_error()})")
+            self._ended = t in self._stop_ids
+
+
 class Grammars:
-    """Compiles grammar specs for one tokenizer and vocabulary; thread-safe (requests are checked in gRPC threads
-    before they queue, so a schema compiles there and the step thread finds it cached)."""
+    """Checks grammar specs for one tokenizer and vocabulary and makes matchers; thread-safe (requests are checked
+    in gRPC threads before they queue, so an xgrammar grammar compiles there and the step thread finds it
+    cached)."""
 
     def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int], max_threads: int = 2):
+        import llguidance
+        import llguidance.hf
         import xgrammar as xgr
-        self._xgr = xgr
-        self.vocab_size = vocab_size
-        self.info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
-                                                       stop_token_ids=list(stop_token_ids))
-        self.compiler = xgr.GrammarCompiler(self.info, max_threads=max_threads, cache_enabled=True)
+        self._xgr, self._llg = xgr, llguidance
+        self.vocab_size, self.stop_token_ids = vocab_size, set(stop_token_ids)
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+                                                  stop_token_ids=list(stop_token_ids))
+        self.compiler = xgr.GrammarCompiler(info, max_threads=max_threads, cache_enabled=True)
+        self.guidance = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=list(stop_token_ids))
+        self.executor = llguidance.LLExecutor(max_threads)
 
     @classmethod
     def from_folder(cls, model_dir: str | Path, vocab_size: int, stop_token_ids: list[int]) -> "Grammars | None":
@@ -93,27 +127,56 @@ class Grammars:
         from transformers import PreTrainedTokenizerFast
         start = time.perf_counter()
         grammars = cls(PreTrainedTokenizerFast(tokenizer_file=str(path)), vocab_size, stop_token_ids)
-        log.info("grammar engine: xgrammar over %d token ids (%.2f s)", vocab_size, time.perf_counter() - start)
+        log.info("grammar engines over %d token ids: llguidance (JSON), xgrammar (regex, EBNF, structural tags); "
+                 "%.2f s", vocab_size, time.perf_counter() - start)
         return grammars
 
     def compile(self, spec: GrammarSpec):
-        """The compiled grammar (cached); GrammarError names what is wrong with the spec."""
-        c = self.compiler
+        """xgrammar: the compiled grammar (cached); llguidance: its grammar text, checked. GrammarError names what
+        is wrong with the spec."""
         try:
-            if spec.kind == "json_object":
-                return c.compile_builtin_json_grammar()
-            if spec.kind == "json_schema":
-                return c.compile_json_schema(spec.text, any_whitespace=True, max_whitespace_cnt=4)
+            if spec.kind in JSON_KINDS:
+                schema = spec.text if spec.kind == "json_schema" else '{"type": "object"}'
+                grammar = self._llg.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
+                error = self._llg.LLMatcher.validate_grammar(grammar, self.guidance)
+                if error and not error.startswith("WARNING"):
+                    raise ValueError(error)
+                return grammar
+            c = self.compiler
             if spec.kind == "regex":
                 return c.compile_regex(spec.text)
             if spec.kind == "ebnf":
                 return c.compile_grammar(spec.text)
             return c.compile_structural_tag(json.loads(spec.text))   # structural_tag
-        except Exception as e:  # xgrammar raises RuntimeError, ValueError and its own (InvalidJSONError, ...)
+        except Exception as e:  # both engines raise RuntimeError, ValueError and their own kinds
             raise GrammarError(f"grammar ({spec.kind}) does not compile: {_first_line(e)}") from e
 
     def matcher(self, spec: GrammarSpec) -> TokenMatcher:
-        return TokenMatcher(self._xgr.GrammarMatcher(self.compile(spec)), self.vocab_size)
+        compiled = self.compile(spec)
+        if spec.kind in JSON_KINDS:
+            return GuidanceMatcher(self._llg.LLMatcher(self.guidance, compiled), self.stop_token_ids, self.executor)
+        return TokenMatcher(self._xgr.GrammarMatcher(compiled))
+
+    def fill_masks(self, jobs: list[tuple[TokenMatcher, int, list[int]]], out: torch.Tensor) -> None:
+        """One step's masks: for each (matcher, first row, drafts), rows first .. first + len(drafts) of `out`
+        ([R, words] int32, host, all allowed where no grammar is)."""
+        _fill_guided(self.executor, [(m._matcher, row, drafts) for m, row, drafts in jobs
+                                     if isinstance(m, GuidanceMatcher)], out)
+        for matcher, row, drafts in jobs:
+            if not isinstance(matcher, GuidanceMatcher):
+                matcher.masks(drafts, out[row:row + len(drafts) + 1])
+
+
+def _fill_guided(executor, jobs: list[tuple], out: torch.Tensor) -> None:
+    """llguidance matchers' rows, in parallel: (matcher, first row, drafts); with drafts it walks them and rolls
+    back, leaving the rows after a refused or stop token as they were (its draft call refuses none)."""
+    import llguidance.torch
+    with_drafts = [job for job in jobs if job[2]]
+    if with_drafts:
+        llguidance.torch.fill_next_token_bitmask_par_with_draft_tokens(executor, with_drafts, out)
+    plain = [(matcher, row) for matcher, row, drafts in jobs if not drafts]
+    if plain:
+        llguidance.torch.fill_next_token_bitmask_par(executor, plain, out)
 
 
 def unpack_mask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -137,4 +200,4 @@ def _first_line(e: Exception) -> str:
     return text.splitlines()[0][:500] if text else type(e).__name__
 
 
-__all__ = ["GrammarError", "Grammars", "TokenMatcher", "masks_array", "unpack_mask"]
+__all__ = ["GrammarError", "Grammars", "GuidanceMatcher", "TokenMatcher", "masks_array", "unpack_mask"]

@@ -68,35 +68,56 @@ def test_constrained_output_is_the_same_with_and_without_drafts(tokenizer, spec,
     assert not any(re.fullmatch(DATE, t) for t in free) and not any(t.startswith("{\"name\"") for t in free)
 
 
+def test_a_batch_mixing_both_engines_and_free_requests_is_the_same_with_and_without_drafts(tokenizer):
+    """JSON (llguidance, its masks filled in parallel), a regex (xgrammar) and an unconstrained request, seeded."""
+    prompts = [tokenizer.encode(p) for p in PROMPTS]
+    params = [SamplingParams(max_tokens=100, temperature=0.8, seed=21, grammar=GrammarSpec("json_object")),
+              SamplingParams(max_tokens=100, temperature=0.8, seed=22, grammar=GrammarSpec("regex", DATE)),
+              SamplingParams(max_tokens=30, temperature=0.8, seed=23)]
+    plain = engine().generate(prompts, params)
+    assert engine("mtp").generate(prompts, params) == plain
+    json_text, date, _ = texts(tokenizer, plain)
+    assert isinstance(json.loads(json_text), dict) and re.fullmatch(DATE, date)
+
+
 def test_ignore_eos_still_ends_where_the_grammar_ends(tokenizer):
     params = SamplingParams(max_tokens=200, grammar=GrammarSpec("regex", DATE), ignore_eos=True)
     out = engine("ngram").generate([tokenizer.encode(PROMPTS[0])], params)[0]
     assert out[-1] == 0 and re.fullmatch(DATE, tokenizer.decode(out[:-1])) and len(out) < 20
 
 
-def test_masks_walk_the_drafts_and_roll_back(grammars, tokenizer):
-    matcher = grammars.matcher(GrammarSpec("regex", DATE))
-    good = tokenizer.encode("2024-")
+@pytest.mark.parametrize("spec, text, wrong_next", [(GrammarSpec("regex", DATE), "2024-", "x"),
+                                                    (GrammarSpec("json_schema", json.dumps(SCHEMA)), '{"name": "', "\n")],
+                         ids=["xgrammar", "llguidance"])
+def test_masks_walk_the_drafts_and_roll_back(grammars, tokenizer, spec, text, wrong_next):
+    matcher = grammars.matcher(spec)
+    good = tokenizer.encode(text)
     refused = tokenizer.encode("x")[0]
     drafts = good[:2] + [refused] + good[2:3]
     masks = masks_array(len(drafts) + 1, 4096)
     matcher.masks(drafts, masks)
     allowed = unpack_mask(masks, 4096)                                            # [k + 1, V]
     assert allowed[0, good[0]] and not allowed[0, refused]
-    assert allowed[1, good[1]] and allowed[2].sum() < 4096                         # walked through the drafts
+    assert allowed[1, good[1]] and allowed[2].sum() < 4096 and not allowed[2, refused]   # walked the drafts
     assert allowed[3].all() and allowed[4].all()                                   # after the refused draft: open
-    matcher.masks([], masks[:1])                                                   # rolled back: row 0 as before
-    assert torch.equal(unpack_mask(masks[:1], 4096)[0], allowed[0])
+    again = masks_array(1, 4096)
+    matcher.masks([], again)                                                       # rolled back: row 0 as before
+    assert torch.equal(unpack_mask(again, 4096)[0], allowed[0])
+    both = masks_array(len(drafts) + 2, 4096)                                      # a step's rows, at row 1
+    grammars.fill_masks([(matcher, 1, drafts)], both)
+    assert both[0].eq(-1).all() and torch.equal(unpack_mask(both[1:], 4096), allowed)
     matcher.accept(good)
     assert not matcher.terminated
     with pytest.raises(RuntimeError, match="against its grammar"):
-        matcher.accept([refused])
+        matcher.accept(tokenizer.encode(wrong_next)[:1])
 
 
 @pytest.mark.parametrize("greedy", [True, False])
-def test_a_draft_the_grammar_refuses_is_never_accepted(grammars, tokenizer, greedy):
+@pytest.mark.parametrize("spec", [GrammarSpec("regex", "[0-9]+"), GrammarSpec("json_object")],
+                         ids=["xgrammar", "llguidance"])
+def test_a_draft_the_grammar_refuses_is_never_accepted(grammars, tokenizer, greedy, spec):
     """The target prefers the draft (logit 50), the mask forbids it: rejected; the emitted token is allowed."""
-    matcher = grammars.matcher(GrammarSpec("regex", "[0-9]+"))
+    matcher = grammars.matcher(spec)
     draft = tokenizer.encode("x")[0]
     masks = masks_array(2, 4096)
     matcher.masks([draft], masks)
@@ -121,8 +142,12 @@ def test_a_draft_the_grammar_refuses_is_never_accepted(grammars, tokenizer, gree
 def test_bad_grammars_are_refused_by_name(grammars):
     with pytest.raises(GrammarError, match="does not compile"):
         grammars.compile(GrammarSpec("json_schema", "{not json"))
-    with pytest.raises(GrammarError, match="Unsupported type"):
+    with pytest.raises(GrammarError, match="objectx"):
         grammars.compile(GrammarSpec("json_schema", json.dumps({"type": "objectx"})))
+    with pytest.raises(GrammarError, match="ebnf"):
+        grammars.compile(GrammarSpec("ebnf", "root ::= missing"))
+    with pytest.raises(GrammarError, match="structural_tag"):
+        grammars.compile(GrammarSpec("structural_tag", '{"type": "nothing"}'))
     with pytest.raises(GrammarError, match="regex"):
         grammars.compile(GrammarSpec("regex", "(unclosed"))
     with pytest.raises(SamplingError, match="grammar kind"):

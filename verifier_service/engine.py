@@ -317,11 +317,9 @@ class SpecEngine:
         if not any(p.seq.grammar is not None for p in sampled):
             return None
         masks = masks_array(sum(p.num_drafts + 1 for p in sampled), vocab)
-        row = 0
-        for p in sampled:
-            if p.seq.grammar is not None:
-                p.seq.grammar.masks(p.chunk[len(p.chunk) - p.num_drafts:], masks[row:row + p.num_drafts + 1])
-            row += p.num_drafts + 1
+        rows = np.cumsum([0] + [p.num_drafts + 1 for p in sampled])[:-1]
+        self.grammars.fill_masks([(p.seq.grammar, int(row), p.chunk[len(p.chunk) - p.num_drafts:])
+                                  for p, row in zip(sampled, rows) if p.seq.grammar is not None], masks)
         return self._upload_masks(masks.numpy())
 
     def _forced_counts(self, sampled: list[ScheduledSeq]) -> list[int] | None:
