@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from specdec.models.fp8 import SCALE_SUFFIX, Fp8Format, quantize_blocks
+
 from .tiny_presets import (BF16_PRESETS, FAMILIES, FULL, MOE_FIELDS, PRESET_FAMILIES, PRESETS, VISION_MODEL_TYPE,
                            layer_types)
 
@@ -40,7 +42,7 @@ _NORMAL = {"embed": (1.0, 0.0), "norm0": (0.1, 0.0), "norm1": (0.1, 1.0), "dt_bi
 def make_tiny(out_dir: str | Path, *, family: str | None = None, preset: str = "tiny", seed: int = 0,
               layout: str = "text", mtp_layers: int = 1, tokenizer: bool = False,
               dtype: str | None = None, overrides: dict | None = None, progress: bool = True,
-              expert_layout: str = "per_expert", weights: bool = True) -> Path:
+              expert_layout: str = "per_expert", weights: bool = True, quantization: str = "none") -> Path:
     """Write a random checkpoint into `out_dir` (created) and return its path.
 
     family: "qwen3_5" | "qwen3_5_moe" | "qwen3_next" (default: the preset's, else qwen3_5);
@@ -51,7 +53,8 @@ def make_tiny(out_dir: str | Path, *, family: str | None = None, preset: str = "
     mlp.experts.E.{gate,up,down}_proj.weight, "fused" writes mlp.experts.gate_up_proj [E, 2I, H]
     and mlp.experts.down_proj [E, H, I]; tokenizer: also write a byte-level BPE tokenizer (needs
     vocab_size >= 258) whose `<|endoftext|>` id becomes eos_token_id; weights=False: config.json (and the
-    tokenizer) only, for `--load-format dummy`.
+    tokenizer) only, for `--load-format dummy`; quantization "fp8": the linears in Qwen's FP8 format
+    (specdec/models/fp8.py: float8_e4m3fn weights, 128 x 128 block scales, quantization_config in config.json).
     """
     family = family or PRESET_FAMILIES.get(preset, "qwen3_5")
     if family not in FAMILIES:
@@ -62,6 +65,9 @@ def make_tiny(out_dir: str | Path, *, family: str | None = None, preset: str = "
         raise ValueError(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
     if expert_layout not in ("per_expert", "fused"):
         raise ValueError(f"expert_layout must be 'per_expert' or 'fused', not {expert_layout!r}")
+    if quantization not in ("none", "fp8"):
+        raise ValueError(f"quantization must be 'none' or 'fp8', not {quantization!r}")
+    fp8 = Fp8Format() if quantization == "fp8" else None
     if mtp_layers < 0:
         raise ValueError(f"mtp_layers must be >= 0, not {mtp_layers}")
     dtype = dtype or ("bfloat16" if preset in BF16_PRESETS else "float32")
@@ -78,8 +84,8 @@ def make_tiny(out_dir: str | Path, *, family: str | None = None, preset: str = "
     if tokenizer:
         text["eos_token_id"] = _write_tokenizer(out, text["vocab_size"])
     if weights:
-        _write_tensors(out, _tensor_specs(family, layout, text, expert_layout), seed, _DTYPES[dtype], progress)
-    config = _full_config(family, layout, text, dtype)
+        _write_tensors(out, _tensor_specs(family, layout, text, expert_layout), seed, _DTYPES[dtype], progress, fp8)
+    config = _full_config(family, layout, text, dtype) | ({"quantization_config": fp8.to_config()} if fp8 else {})
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out
 
@@ -227,7 +233,8 @@ def _draw(seed: int, name: str, shape: tuple, init: str) -> torch.Tensor:
     return x.mul_(std).add_(mean)
 
 
-def _write_tensors(out: Path, specs: list, seed: int, dtype: torch.dtype, progress: bool) -> None:
+def _write_tensors(out: Path, specs: list, seed: int, dtype: torch.dtype, progress: bool,
+                   fp8: Fp8Format | None = None) -> None:
     esize = torch.empty((), dtype=dtype).element_size()
     sizes = [math.prod(shape) * esize for _, _, shape, _ in specs]
     total = sum(sizes)
@@ -254,6 +261,9 @@ def _write_tensors(out: Path, specs: list, seed: int, dtype: torch.dtype, progre
             key, name, shape, init = specs[idx]
             shard[key] = _draw(seed, name, shape, init).to(dtype).contiguous()
             weight_map[key] = fname
+            if fp8 is not None and fp8.converts(key, tuple(shape)):
+                shard[key], shard[key + SCALE_SUFFIX] = quantize_blocks(shard[key], fp8.block)
+                weight_map[key + SCALE_SUFFIX] = fname
             if bar is not None:
                 bar.update(1)
         save_file(shard, str(out / fname), metadata={"format": "pt"})

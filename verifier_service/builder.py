@@ -11,7 +11,7 @@ import torch
 
 from specdec.drafting import Drafter, vocabulary_fingerprint
 from specdec.grammar import Grammars
-from specdec.models.loader import LoadedModel, load_model
+from specdec.models.loader import LoadedModel, fp8_format, load_model
 from specdec.models.model_config import ModelConfig
 from specdec.step_trace import StepTrace
 
@@ -55,6 +55,7 @@ class VerifierConfig:
     enforce_eager: bool = False            # no CUDA graphs
     tensor_parallel_size: int = 1          # ranks the target is split over (rank r on cuda:r; gloo on the CPU)
     load_format: str = "safetensors"       # dummy: random weights of the config's shapes (benchmarks only)
+    quantization: str = "none"             # fp8: the target's linears rounded through FP8 blocks at load time
     overlap: bool = True                   # launch a step before reading the last one's tokens (when it can)
     warm_up: bool = True                   # run verifier_service.warm_up before reporting SERVING
     trace_steps: str | None = None         # diagnostics: a specdec.step_trace file
@@ -92,6 +93,9 @@ def build_engine(config: VerifierConfig, make_drafter: DrafterFactory | None = N
         raise ValueError(f"an in-process {config.in_process_drafter} drafter cannot run beside tensor-parallel ranks "
                          f"(no rank holds the whole embedding and LM head): serve it as a drafter service "
                          f"(specdec serve does)")
+    if parallel and (config.quantization != "none" or (loaded is None and fp8_format(config.model_dir))):
+        raise ValueError("FP8 weights (--quantization fp8 or an FP8 checkpoint) under --tensor-parallel-size are not "
+                         "supported yet: their block scales are not sharded")
     model_config = loaded.config if loaded is not None else ModelConfig.from_folder(config.model_dir)
     max_context, blocks = config.context_and_blocks(model_config)
     sizes = dict(num_blocks=blocks, block_size=config.block_size, max_seqs=config.max_running,
@@ -104,7 +108,7 @@ def build_engine(config: VerifierConfig, make_drafter: DrafterFactory | None = N
     else:
         if loaded is None:
             loaded = load_model(config.model_dir, dtype=config.dtype, device=config.device,
-                                load_format=config.load_format)
+                                load_format=config.load_format, quantization=config.quantization)
         executor = Executor(ModelRunner(loaded, device=config.device, **sizes))
     trace = StepTrace(config.trace_steps, "verifier")
     drafter = None

@@ -2,7 +2,9 @@
 
 Reads `config.json` and `model.safetensors` or a sharded `model.safetensors.index.json`; renames and
 re-lays-out tensors (checkpoint_keys), checks every name and shape against the model before assigning,
-and keeps the `mtp.*` tensors apart for the MTP drafter. Problems raise one CheckpointError naming them.
+and keeps the `mtp.*` tensors apart for the MTP drafter. FP8 checkpoints (fp8.py) are dequantized into the
+model's dtype; `quantization="fp8"` rounds a bf16 checkpoint's weights through FP8. Problems raise one
+CheckpointError naming them.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from safetensors import SafetensorError, safe_open
 from tqdm import tqdm
 
 from .checkpoint_keys import strip_prefix, to_canonical
+from .fp8 import QUANTIZATIONS, SCALE_SUFFIX, Fp8Format, dequantize_checkpoint, round_through_fp8
 from .fused_linear import fuse_projections
 from .hybrid_model import HybridModel
 from .model_config import CheckpointError, ModelConfig
@@ -85,7 +88,8 @@ def read_tensors(files: list[Path], dtype: torch.dtype, device: torch.device | s
                         part = shard(name) if shard is not None else None
                         t = reader.get_tensor(key) if part is None else _read_slices(reader, key, part)
                         bar.update(t.numel() * t.element_size())
-                        out[name] = t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+                        cast = t.is_floating_point() and not name.endswith(SCALE_SUFFIX)   # FP8 scales stay fp32
+                        out[name] = t.to(device=device, dtype=dtype if cast else t.dtype)
             except (SafetensorError, OSError) as e:
                 raise CheckpointError(f"{f}: not a readable safetensors file ({e})") from e
     return out
@@ -146,13 +150,21 @@ def check_against(expected: dict[str, torch.Size], given: dict[str, torch.Tensor
 
 def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu",
                progress: bool | None = None, tp: TensorParallel = TensorParallel(),
-               load_format: str = "safetensors") -> LoadedModel:
+               load_format: str = "safetensors", quantization: str = "none") -> LoadedModel:
     """The target in `folder`. Under tensor parallelism (`tp`) only this rank's shard is read, and the mtp.* tensors
-    are left to the drafter service. load_format "dummy": random weights of the config's shapes, no files read."""
+    are left to the drafter service. load_format "dummy": random weights of the config's shapes, no files read.
+    quantization "fp8": the weights an FP8 checkpoint would store are rounded through FP8 blocks (an FP8
+    checkpoint is read as it is either way)."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load format must be one of {', '.join(LOAD_FORMATS)}, not {load_format!r}")
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, not {quantization!r}")
     folder = Path(folder)
     config = ModelConfig.from_folder(folder)
+    fp8 = fp8_format(folder)
+    if (fp8 is not None or quantization == "fp8") and tp.active:
+        raise CheckpointError(f"{folder}: FP8 weights under tensor parallelism are not supported yet (their block "
+                              f"scales are not sharded): serve on one GPU or from a bf16 checkpoint")
     torch_dtype = parse_dtype(dtype)
     with torch.device("meta"):
         model = HybridModel(config, tp)
@@ -168,6 +180,10 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device:
         keep = (lambda name: not name.startswith("mtp.")) if tp.active else None  # noqa: E731
         shard = (lambda name: shard_of(config, tp, name)) if tp.active else None  # noqa: E731
         tensors = read_tensors(checkpoint_files(folder), torch_dtype, device, progress, keep, shard)
+        if fp8 is not None:
+            tensors = dequantize_checkpoint(tensors, fp8, torch_dtype)
+        elif quantization == "fp8":
+            tensors = round_through_fp8(tensors, Fp8Format())
         canonical = to_canonical(model.config, tensors)
         mtp = {k[len("mtp."):]: v for k, v in canonical.items() if k.startswith("mtp.")}
         target = {k: v for k, v in canonical.items() if not k.startswith("mtp.")}
@@ -179,9 +195,10 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device:
         model.lm_head.weight = model.embed_tokens.weight
     model.requires_grad_(False).eval()
     fuse_projections(model)
-    log.info("loaded %s (%s, %d layers, %s) from %s; %d mtp tensors%s", config.model_type, config.family,
-             config.num_hidden_layers, torch_dtype, folder, len(mtp),
-             f"; tensor-parallel rank {tp.rank} of {tp.size}" if tp.active else "")
+    log.info("loaded %s (%s, %d layers, %s%s) from %s; %d mtp tensors%s", config.model_type, config.family,
+             config.num_hidden_layers, torch_dtype,
+             ", FP8 checkpoint dequantized" if fp8 else ", weights rounded through FP8" if quantization == "fp8" else "",
+             folder, len(mtp), f"; tensor-parallel rank {tp.rank} of {tp.size}" if tp.active else "")
     return LoadedModel(config=config, model=model, mtp_weights=mtp)
 
 
@@ -195,7 +212,9 @@ def load_drafter_weights(folder: str | Path, dtype: str | torch.dtype = "float32
     folder = Path(folder)
     config = ModelConfig.from_folder(folder)
     wanted = lambda name: name.startswith("mtp.") or (shared and name in SHARED_WITH_DRAFTER)  # noqa: E731
-    tensors = to_canonical(config, read_tensors(checkpoint_files(folder), parse_dtype(dtype), device, None, wanted))
+    tensors = read_tensors(checkpoint_files(folder), parse_dtype(dtype), device, None, wanted)
+    fp8 = fp8_format(folder)
+    tensors = to_canonical(config, dequantize_checkpoint(tensors, fp8, parse_dtype(dtype)) if fp8 else tensors)
     mtp = {k[len("mtp."):]: v for k, v in tensors.items() if k.startswith("mtp.")}
     weights = {k: v for k, v in tensors.items() if not k.startswith("mtp.")}
     if shared and config.tie_word_embeddings:
@@ -204,6 +223,11 @@ def load_drafter_weights(folder: str | Path, dtype: str | torch.dtype = "float32
         if name not in weights:
             raise CheckpointError(f"{folder}: missing tensor {name}")
     return config, mtp, weights
+
+
+def fp8_format(folder: Path) -> Fp8Format | None:
+    """The folder's FP8 format (config.json's quantization_config), None for a bf16 / fp32 checkpoint."""
+    return Fp8Format.from_config(json.loads((Path(folder) / "config.json").read_text()))
 
 
 def has_mtp_weights(folder: str | Path) -> bool:

@@ -19,6 +19,13 @@ def add_load_format_arg(p: argparse.ArgumentParser) -> None:
                         "pair it with --forced-acceptance-length to time speculation)")
 
 
+def add_quantization_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quantization", default="none", choices=["none", "fp8"],
+                   help="fp8: round the target's linear weights through Qwen's FP8 format (e4m3, 128 x 128 block "
+                        "scales) at load time; an FP8 checkpoint is read as it is either way. The weights are then "
+                        "kept in --dtype (FP8 kernels are not built yet: no speed-up, FP8's fidelity)")
+
+
 def add_tensor_parallel_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1, metavar="N",
                    help="split the target over N ranks by heads and columns (rank r on cuda:r, started by the "

@@ -19,6 +19,8 @@ def add_parser(sub) -> None:
     p.add_argument("--tokenizer", action="store_true", help="also train and save a byte-level BPE tokenizer")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quantization", default="none", choices=["none", "fp8"],
+                   help="fp8: the linears in Qwen's FP8 format (float8_e4m3fn weights with 128 x 128 block scales)")
     p.add_argument("--config-only", action="store_true",
                    help="write config.json (and --tokenizer) but no weights: for --load-format dummy (the "
                         "qwen3-next-80b-a3b preset's weights are 160 GB)")
@@ -44,11 +46,12 @@ def run(args: argparse.Namespace) -> int:
     from specdec_tools.tiny import make_tiny
     kwargs = dict(family=args.family, preset=args.preset, seed=args.seed, layout=args.layout,
                   mtp_layers=args.mtp_layers, tokenizer=args.tokenizer, overrides=parse_overrides(args.overrides),
-                  expert_layout=args.expert_layout, weights=not args.config_only)
+                  expert_layout=args.expert_layout, weights=not args.config_only, quantization=args.quantization)
     if args.dtype:
         kwargs["dtype"] = args.dtype
     path = make_tiny(args.out_dir, **kwargs)
     from specdec_tools.tiny_presets import PRESET_FAMILIES
     family = args.family or PRESET_FAMILIES.get(args.preset, "qwen3_5")
-    print(f"wrote {family}/{args.preset} {'config' if args.config_only else 'checkpoint'} to {path}")
+    fp8 = " (FP8 linears)" if args.quantization == "fp8" and not args.config_only else ""
+    print(f"wrote {family}/{args.preset} {'config' if args.config_only else 'checkpoint'}{fp8} to {path}")
     return 0

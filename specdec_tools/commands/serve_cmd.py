@@ -3,7 +3,7 @@ import argparse
 import sys
 
 from .cli_args import (add_draft_policy_arg, add_enforce_eager_arg, add_load_format_arg, add_model_args,
-                       add_tensor_parallel_arg, resolve)
+                       add_quantization_arg, add_tensor_parallel_arg, resolve)
 from .gateway_cmd import add_public_args, gateway_argv
 
 
@@ -50,6 +50,7 @@ def add_stack_args(p: argparse.ArgumentParser) -> None:
     add_enforce_eager_arg(p)
     add_tensor_parallel_arg(p)
     add_load_format_arg(p)
+    add_quantization_arg(p)
 
 
 def stack_config(args: argparse.Namespace, port: int, log_dir: str | None = None, http_port: int | None = None):
@@ -72,6 +73,8 @@ def stack_config(args: argparse.Namespace, port: int, log_dir: str | None = None
     verifier_args += ("--draft-policy", args.draft_policy)
     if args.tensor_parallel_size != 1:
         verifier_args += ("--tensor-parallel-size", str(args.tensor_parallel_size))
+    if args.quantization != "none":
+        verifier_args += ("--quantization", args.quantization)
     if args.load_format != "safetensors":
         verifier_args += ("--load-format", args.load_format)
         drafter_args += ("--load-format", args.load_format)

@@ -2,7 +2,8 @@
 import argparse
 
 from .cli_args import (add_draft_policy_arg, add_enforce_eager_arg, add_listen_args, add_load_format_arg,
-                       add_model_args, add_no_overlap_arg, add_tensor_parallel_arg, add_trace_steps_arg, resolve)
+                       add_model_args, add_no_overlap_arg, add_quantization_arg, add_tensor_parallel_arg,
+                       add_trace_steps_arg, resolve)
 from .in_process_drafter import IN_PROCESS_KINDS, in_process_drafter
 
 
@@ -13,6 +14,7 @@ def add_parser(sub) -> None:
     add_model_args(p)
     add_tensor_parallel_arg(p)
     add_load_format_arg(p)
+    add_quantization_arg(p)
     add_listen_args(p, 50052)
     p.add_argument("--drafter-address", default=None, help="HOST:PORT of a drafter; omit for plain decoding")
     p.add_argument("--in-process-drafter", default=None, choices=IN_PROCESS_KINDS,
@@ -84,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
         prefill_chunk=args.prefill_chunk, kv_blocks=args.kv_blocks, metrics_port=args.metrics_port,
         forced_acceptance_length=args.forced_acceptance_length, unsafe_forced_acceptance=args.unsafe_forced_acceptance,
         enforce_eager=args.enforce_eager, overlap=args.overlap, warm_up=args.warm_up,
-        trace_steps=args.trace_steps, tensor_parallel_size=args.tensor_parallel_size, load_format=args.load_format)
+        trace_steps=args.trace_steps, tensor_parallel_size=args.tensor_parallel_size, load_format=args.load_format,
+        quantization=args.quantization)
     serve(config, args.host, args.port, make_drafter)
     return 0
