@@ -11,10 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specdec.rpc.v1 import gateway_pb2
-
 from .reasoning import ReasoningStream
-from .tool_calls import ContentDelta, ToolCallStream
+from .tool_calls import ContentDelta, ToolCallDelta, ToolCallStream
 
 
 @dataclass(frozen=True)
@@ -24,6 +22,7 @@ class ChatShape:
     starts_in_reasoning: bool = False    # the prompt ends inside <think>: the reply starts as reasoning
     tool_format: str | None = None       # "qwen_3" | "qwen_3_5" when the reply is parsed for calls
     tools: list[dict] = field(default_factory=list)
+    named_call: bool = False             # tool_choice named a function (its reply ends "stop", as OpenAI's)
 
     @property
     def plain(self) -> bool:
@@ -34,7 +33,7 @@ class ChatShape:
 class ChatDelta:
     text: str = ""
     reasoning: str = ""
-    tool_calls: list[gateway_pb2.ToolCall] = field(default_factory=list)
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
 
 
 class ChatOutput:
@@ -64,7 +63,6 @@ class ChatOutput:
             if isinstance(event, ContentDelta):
                 delta.text += event.text
             else:
-                delta.tool_calls.append(gateway_pb2.ToolCall(id=event.id, name=event.name,
-                                                             arguments_json=event.arguments))
+                delta.tool_calls.append(event)
         self.num_calls += len(delta.tool_calls)
         return delta

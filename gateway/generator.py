@@ -1,7 +1,7 @@
 """The one path of a Generate request, whichever API it came by (gRPC or HTTP). No torch here.
 
 ``prepare`` checks the request (the same validation for both APIs), renders ``messages`` with the model's chat
-template (with the request's tools, whose tool_choice "required" or a named function becomes a grammar), tokenizes, settles max_tokens (``MaxTokens``: the server's default for a request that gives none, capped
+template (with the request's tools; tool_choice "required" or a named function becomes a grammar), tokenizes, settles max_tokens (``MaxTokens``: the server's default for a request that gives none, capped
 by what the context leaves, and the most one may ask for), and checks the context; ``stream`` relays the
 verifier's token stream as ``GenerateResponse`` messages (text deltas, stop strings applied, a last message with
 finish_reason and usage; a chat reply's reasoning and tool calls parsed out of its text, chat_output.py).
@@ -182,7 +182,7 @@ class Generator:
         except ChatTemplateError as e:
             raise InvalidRequest(str(e)) from None
         shape = ChatShape(self.thinks, self.thinks and prompt_opens_reasoning(text),
-                          self.tool_format if plan.parses else None, plan.tools)
+                          self.tool_format if plan.parses else None, plan.tools, plan.choice == "named")
         return self.tokenizer.encode(text, add_special_tokens=False), shape  # the template wrote the special tokens
 
     async def stream(self, request_id: str, prepared: Prepared) -> AsyncIterator[gateway_pb2.GenerateResponse]:
@@ -202,10 +202,8 @@ class Generator:
                 response = gateway_pb2.GenerateResponse(token_ids=tokens, text=text, finish_reason=reason,
                                                         request_id=request_id, logprobs=reply.logprobs[:len(tokens)])
                 if chat is not None:
-                    delta = chat.feed(text, bool(reason))
-                    response.text, response.reasoning_text = delta.text, delta.reasoning
-                    response.tool_calls.extend(delta.tool_calls)
-                    if reason == "stop" and chat.num_calls:
+                    _put_chat_delta(response, chat.feed(text, bool(reason)))
+                    if reason == "stop" and chat.num_calls and not prepared.shape.named_call:
                         response.finish_reason = reason = "tool_calls"   # as OpenAI ends a reply that calls
                 record.sent(len(tokens))
                 if reason:
@@ -218,7 +216,10 @@ class Generator:
             # The verifier ended the stream without a finish_reason (it should not): end it for the client.
             usage.completion_tokens = output.completion_tokens
             record.finished("abort", usage)
-            yield gateway_pb2.GenerateResponse(finish_reason="abort", request_id=request_id, usage=usage)
+            last = gateway_pb2.GenerateResponse(finish_reason="abort", request_id=request_id, usage=usage)
+            if chat is not None:   # what the parsers held back (a partial tag) is text the client gets
+                _put_chat_delta(last, chat.feed("", True))
+            yield last
         except grpc.aio.AioRpcError as e:
             refused = _verifier_refusal(request_id, e)
             record.failed(refused.code.name)
@@ -229,6 +230,12 @@ class Generator:
         finally:
             call.cancel()                # the client went away or the stream is done: the verifier frees the slots
             record.failed("CANCELLED")   # a no-op when the request ended above
+
+
+def _put_chat_delta(response: gateway_pb2.GenerateResponse, delta) -> None:
+    response.text, response.reasoning_text = delta.text, delta.reasoning
+    response.tool_calls.extend(gateway_pb2.ToolCall(id=c.id, name=c.name, arguments_json=c.arguments)
+                               for c in delta.tool_calls)
 
 
 def _verifier_refusal(request_id: str, e: grpc.aio.AioRpcError) -> Refused:

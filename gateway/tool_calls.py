@@ -214,8 +214,6 @@ class _ContentAroundCalls:
         return rest
 
 
-
-
 def _parse_json_call(body: str) -> tuple[str, dict] | None:
     """``{"name": ..., "arguments": {...}}`` → (name, arguments); None when it is not that."""
     parsed, call = _loads(body)

@@ -15,6 +15,7 @@ inside `<think>`, the reasoning comes first, free text up to `</think>`, then th
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from specdec.sampling_params import GrammarSpec
@@ -26,6 +27,7 @@ WRAPPERS = {
     "qwen_3_5": ("<tool_call>\n<function=", ">\n", "\n</function>\n</tool_call>", "qwen_xml"),
 }
 THINK_TAGS = ["<think>", "</think>"]
+NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")   # OpenAI's rule for function names (they go into the grammar's text)
 MAX_WHITESPACE = 4       # whitespace runs inside the arguments (a model that loops on newlines cannot run away)
 
 
@@ -76,8 +78,9 @@ def plan_tools(tools: list | None, tool_choice, parallel: bool | None = None) ->
         if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(function, dict):
             raise ToolRequestError(f"tools[{i}]: a {{\"type\": \"function\", \"function\": {{...}}}} object is "
                                    f"required")
-        if not isinstance(function.get("name"), str) or not function["name"]:
-            raise ToolRequestError(f"tools[{i}].function.name: a non-empty string is required")
+        if not isinstance(function.get("name"), str) or not NAME.fullmatch(function["name"]):
+            raise ToolRequestError(f"tools[{i}].function.name: 1 to 64 letters, digits, underscores or dashes are "
+                                   f"required, got {function.get('name')!r}")
         if not isinstance(function.get("parameters", {}), dict):
             raise ToolRequestError(f"tools[{i}].function.parameters: a JSON Schema object is required")
         names.append(function["name"])

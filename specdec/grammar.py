@@ -21,10 +21,13 @@ same with and without drafts.
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -37,6 +40,8 @@ ALL_ALLOWED = -1                  # an int32 word with every bit set
 JSON_KINDS = ("json_object", "json_schema")
 # JSON whitespace: at most 4 characters between two tokens (a model that loops on newlines cannot run away)
 JSON_OPTIONS = {"whitespace_pattern": r"[\x20\x0A\x0D\x09]{0,4}"}
+JSON_CACHE = 256                    # checked JSON grammars kept (llguidance's text; its matchers compile lazily)
+XGRAMMAR_CACHE_BYTES = 512 << 20    # xgrammar's compiled grammars kept (tool sets differ per chat)
 
 
 class GrammarError(SamplingError):
@@ -44,10 +49,12 @@ class GrammarError(SamplingError):
 
 
 class TokenMatcher:
-    """One sequence's place in its grammar, after its committed output (xgrammar's matcher)."""
+    """One sequence's place in its grammar, after its committed output (xgrammar's matcher). `error` is set, and
+    the matcher stops, when a token it must take is refused (the engine then ends the request with "error")."""
 
     def __init__(self, matcher):
         self._matcher = matcher
+        self.error: str | None = None
 
     @property
     def terminated(self) -> bool:
@@ -68,17 +75,17 @@ class TokenMatcher:
             self._matcher.rollback(walked)
 
     def accept(self, tokens: list[int]) -> None:
-        """The step's emitted tokens. Each was sampled under this matcher's mask, so a refusal is a bug."""
+        """The step's emitted tokens. Each was sampled under this matcher's mask, so a refusal is a fault."""
         for t in tokens:
-            if self.terminated:
+            if self.terminated or self.error:
                 return                                  # tokens after the stop token are cut by the engine
             if not self._matcher.accept_token(t):
-                raise RuntimeError(f"token {t} was emitted against its grammar's mask")
+                self.error = f"token {t} was emitted against the grammar's mask"
 
 
 class GuidanceMatcher(TokenMatcher):
     """The same over llguidance's matcher. It stops as soon as only a stop token can follow; `terminated` is
-    after that token, as xgrammar's."""
+    after that token, as xgrammar's. A parser limit puts it in an error state, which `error` reports."""
 
     def __init__(self, matcher, stop_token_ids: set[int], executor):
         super().__init__(matcher)
@@ -93,55 +100,66 @@ class GuidanceMatcher(TokenMatcher):
 
     def accept(self, tokens: list[int]) -> None:
         for t in tokens:
-            if self._ended:
+            if self._ended or self.error:
                 return
-            if not self._matcher.consume_token(t):
-                raise RuntimeError(f"token {t} was emitted against its grammar's mask "
-                                   f"({self._matcher.get_error()})")
+            if not self._matcher.consume_token(t) or self._matcher.is_error():
+                self.error = _first_line(RuntimeError(self._matcher.get_error() or
+                                                      f"token {t} was emitted against the grammar's mask"))
+                return
             self._ended = t in self._stop_ids
 
 
 class Grammars:
-    """Checks grammar specs for one tokenizer and vocabulary and makes matchers; thread-safe (requests are checked
-    in gRPC threads before they queue, so an xgrammar grammar compiles there and the step thread finds it
-    cached)."""
+    """Checks grammar specs for one tokenizer and vocabulary and makes matchers. Thread-safe: requests are checked
+    in gRPC threads before they queue, so a grammar compiles there and the step thread finds it cached. The
+    engines load the tokenizer on the first grammar request (seconds at a 248k vocabulary), not at start-up."""
 
-    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int], max_threads: int = 2):
-        import llguidance
-        import llguidance.hf
-        import xgrammar as xgr
-        self._xgr, self._llg = xgr, llguidance
-        self.vocab_size, self.stop_token_ids = vocab_size, set(stop_token_ids)
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
-                                                  stop_token_ids=list(stop_token_ids))
-        self.compiler = xgr.GrammarCompiler(info, max_threads=max_threads, cache_enabled=True)
-        self.guidance = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=list(stop_token_ids))
-        self.executor = llguidance.LLExecutor(max_threads)
+    def __init__(self, tokenizer_file: Path, vocab_size: int, stop_token_ids: list[int], max_threads: int = 2):
+        self.tokenizer_file, self.vocab_size = tokenizer_file, vocab_size
+        self.stop_token_ids, self.max_threads = set(stop_token_ids), max_threads
+        self._lock = threading.Lock()
+        self._loaded = False
+        self._json_grammars = functools.lru_cache(maxsize=JSON_CACHE)(self._json_grammar)
 
     @classmethod
     def from_folder(cls, model_dir: str | Path, vocab_size: int, stop_token_ids: list[int]) -> "Grammars | None":
         """For the model folder's tokenizer; None when it has no tokenizer.json (grammar requests are refused)."""
         path = Path(model_dir) / TOKENIZER_FILE
-        if not path.is_file():
-            return None
-        from transformers import PreTrainedTokenizerFast
-        start = time.perf_counter()
-        grammars = cls(PreTrainedTokenizerFast(tokenizer_file=str(path)), vocab_size, stop_token_ids)
-        log.info("grammar engines over %d token ids: llguidance (JSON), xgrammar (regex, EBNF, structural tags); "
-                 "%.2f s", vocab_size, time.perf_counter() - start)
-        return grammars
+        return cls(path, vocab_size, stop_token_ids) if path.is_file() else None
+
+    def _load(self) -> None:
+        with self._lock:
+            if self._loaded:
+                return
+            import llguidance
+            import llguidance.hf
+            import xgrammar as xgr
+            from transformers import PreTrainedTokenizerFast
+            start = time.perf_counter()
+            try:
+                tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(self.tokenizer_file))
+                info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size,
+                                                          stop_token_ids=sorted(self.stop_token_ids))
+                self.guidance = llguidance.hf.from_tokenizer(tokenizer, n_vocab=self.vocab_size,
+                                                             eos_token=sorted(self.stop_token_ids))
+            except Exception as e:  # a tokenizer either engine cannot read: grammar requests are refused
+                raise GrammarError(f"grammar: the grammar engines cannot read {self.tokenizer_file} "
+                                   f"({_first_line(e)})") from e
+            self._xgr, self._llg = xgr, llguidance
+            self.compiler = xgr.GrammarCompiler(info, max_threads=self.max_threads, cache_enabled=True,
+                                                cache_limit_bytes=XGRAMMAR_CACHE_BYTES)
+            self.executor = llguidance.LLExecutor(self.max_threads)
+            self._loaded = True
+            log.info("grammar engines loaded over %d token ids in %.2f s: llguidance (JSON), xgrammar (regex, EBNF, "
+                     "structural tags)", self.vocab_size, time.perf_counter() - start)
 
     def compile(self, spec: GrammarSpec):
-        """xgrammar: the compiled grammar (cached); llguidance: its grammar text, checked. GrammarError names what
-        is wrong with the spec."""
+        """xgrammar: the compiled grammar; llguidance: its grammar text, checked (both cached). GrammarError names
+        what is wrong with the spec."""
+        self._load()
         try:
             if spec.kind in JSON_KINDS:
-                schema = spec.text if spec.kind == "json_schema" else '{"type": "object"}'
-                grammar = self._llg.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
-                error = self._llg.LLMatcher.validate_grammar(grammar, self.guidance)
-                if error and not error.startswith("WARNING"):
-                    raise ValueError(error)
-                return grammar
+                return self._json_grammars(spec)
             c = self.compiler
             if spec.kind == "regex":
                 return c.compile_regex(spec.text)
@@ -151,6 +169,14 @@ class Grammars:
         except Exception as e:  # both engines raise RuntimeError, ValueError and their own kinds
             raise GrammarError(f"grammar ({spec.kind}) does not compile: {_first_line(e)}") from e
 
+    def _json_grammar(self, spec: GrammarSpec) -> str:
+        schema = spec.text if spec.kind == "json_schema" else '{"type": "object"}'
+        grammar = self._llg.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
+        error = self._llg.LLMatcher.validate_grammar(grammar, self.guidance)
+        if error:
+            raise ValueError(error)
+        return grammar
+
     def matcher(self, spec: GrammarSpec) -> TokenMatcher:
         compiled = self.compile(spec)
         if spec.kind in JSON_KINDS:
@@ -159,7 +185,7 @@ class Grammars:
 
     def fill_masks(self, jobs: list[tuple[TokenMatcher, int, list[int]]], out: torch.Tensor) -> None:
         """One step's masks: for each (matcher, first row, drafts), rows first .. first + len(drafts) of `out`
-        ([R, words] int32, host, all allowed where no grammar is)."""
+        ([R, words] int32, host, all allowed)."""
         _fill_guided(self.executor, [(m._matcher, row, drafts) for m, row, drafts in jobs
                                      if isinstance(m, GuidanceMatcher)], out)
         for matcher, row, drafts in jobs:
@@ -169,7 +195,8 @@ class Grammars:
 
 def _fill_guided(executor, jobs: list[tuple], out: torch.Tensor) -> None:
     """llguidance matchers' rows, in parallel: (matcher, first row, drafts); with drafts it walks them and rolls
-    back, leaving the rows after a refused or stop token as they were (its draft call refuses none)."""
+    back. The row after a drafted stop token allows the stop token only; rows after a refused draft are left as
+    they were (those rows never emit)."""
     import llguidance.torch
     with_drafts = [job for job in jobs if job[2]]
     if with_drafts:
@@ -179,10 +206,19 @@ def _fill_guided(executor, jobs: list[tuple], out: torch.Tensor) -> None:
         llguidance.torch.fill_next_token_bitmask_par(executor, plain, out)
 
 
+@dataclass
+class RowMasks:
+    """The grammar masks of a step's constrained verify rows (on the device)."""
+    rows: torch.Tensor                # [Rg] int64: the rows of the step's logits they mask
+    bits: torch.Tensor                # [Rg, ceil(V / 32)] int32 bitmasks
+
+
 def unpack_mask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """int32 [R, W] bitmask (on the device) → bool [R, vocab_size], True where the token is allowed."""
-    shifts = torch.arange(32, device=bitmask.device, dtype=torch.int32)
-    bits = (bitmask[:, :, None] >> shifts) & 1                                   # [R, W, 32]
+    """int32 [R, W] bitmask → bool [R, vocab_size], True where the token is allowed. Read as bytes (little-endian:
+    token t is bit t % 8 of byte t // 8), so the unpacked temporary is one byte per token."""
+    shifts = torch.arange(8, device=bitmask.device, dtype=torch.uint8)
+    octets = bitmask.contiguous().view(torch.uint8)                              # [R, 4W]
+    bits = (octets[:, :, None] >> shifts) & 1                                    # [R, 4W, 8]
     return bits.view(bitmask.shape[0], -1)[:, :vocab_size].bool()
 
 
@@ -200,4 +236,4 @@ def _first_line(e: Exception) -> str:
     return text.splitlines()[0][:500] if text else type(e).__name__
 
 
-__all__ = ["GrammarError", "Grammars", "GuidanceMatcher", "TokenMatcher", "masks_array", "unpack_mask"]
+__all__ = ["GrammarError", "Grammars", "GuidanceMatcher", "RowMasks", "TokenMatcher", "masks_array", "unpack_mask"]

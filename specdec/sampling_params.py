@@ -8,8 +8,9 @@ Semantics (the order they apply in, per verify row; docs/sampling.md):
   2. temperature (0, or below 1e-5: greedy, i.e. argmax of the penalised logits);
   3. top-k, then top-p (the smallest prefix of the sorted distribution with mass >= top_p), then min-p (drop
      tokens below min_p × the largest probability); the rest renormalised. Tokens cut here are never emitted.
-`grammar` constrains the output: every verify row samples from the distribution above masked to the tokens the
-grammar allows next (specdec/grammar.py), so output follows the grammar exactly, with or without drafts.
+`grammar` constrains the output: before step 1, the tokens the grammar does not allow next get logit −inf
+(specdec/grammar.py), so every verify row samples from the masked distribution and the output follows the grammar
+exactly, with or without drafts.
 `logprobs` (n in 0..20) streams each emitted token's log-probability under that processed distribution (for
 greedy requests: the same processing at temperature 1) and its n most likely alternatives.
 """

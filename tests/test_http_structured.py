@@ -70,7 +70,8 @@ def test_json_object_and_seeded_output_equal_without_speculation(client):
                                                extra_body={"speculation": speculation})
         outputs.append(reply.choices[0].message.content)
         assert reply.choices[0].finish_reason == "stop" and isinstance(json.loads(outputs[-1]), dict)
-        assert (reply.usage.model_extra or {}).get("draft_tokens", 1) >= 0
+        drafts = reply.usage.model_extra["spec_decode"]["draft_tokens"]
+        assert drafts > 0 if speculation else drafts == 0                         # drafts verified under the mask
     assert outputs[0] == outputs[1]
 
 
@@ -105,7 +106,7 @@ def test_a_named_function_is_the_one_called_and_the_conversation_goes_on(client)
     first = client.chat.completions.create(model="demo_model", messages=ASK, max_tokens=200, tools=TOOLS,
                                            tool_choice=named)
     call = first.choices[0].message.tool_calls[0]
-    assert first.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
+    assert first.choices[0].finish_reason == "stop" and call.function.name == "get_weather"   # named: as OpenAI
     _check_call(call, ("get_weather",))
     turn = [*ASK, first.choices[0].message.model_dump(exclude_none=True),
             {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"forecast": "rain", "celsius": 11})}]
@@ -117,10 +118,14 @@ def test_a_named_function_is_the_one_called_and_the_conversation_goes_on(client)
 
 
 def test_tool_choice_none_and_auto_leave_plain_text_alone(client):
+    prompt_tokens = {}
     for choice in ("none", "auto"):
         reply = client.chat.completions.create(model="demo_model", messages=ASK, max_tokens=16, tools=TOOLS,
                                                tool_choice=choice)
         assert reply.choices[0].message.tool_calls is None and reply.choices[0].message.content
+        prompt_tokens[choice] = reply.usage.prompt_tokens
+    bare = client.chat.completions.create(model="demo_model", messages=ASK, max_tokens=1).usage.prompt_tokens
+    assert prompt_tokens["none"] == bare < prompt_tokens["auto"]                  # none: the tools are not shown
 
 
 def test_reasoning_is_split_out_streamed_and_not(client):
@@ -150,7 +155,7 @@ def test_grpc_takes_grammars_and_tools(client, stub):
         messages=messages, sampling=gateway_pb2.SamplingParams(max_tokens=200), tools=tools,
         tool_choice="get_weather"), timeout=300))
     calls = [c for r in replies for c in r.tool_calls]
-    assert replies[-1].finish_reason == "tool_calls" and [c.name for c in calls] == ["get_weather"]
+    assert replies[-1].finish_reason == "stop" and [c.name for c in calls] == ["get_weather"]
     jsonschema.validate(json.loads(calls[0].arguments_json), WEATHER)
     with pytest.raises(grpc.RpcError) as error:
         list(stub.Generate(gateway_pb2.GenerateRequest(
@@ -165,6 +170,10 @@ def test_grpc_takes_grammars_and_tools(client, stub):
     (dict(extra_body={"structured_outputs": {"regex": "a", "grammar": "b"}}), "structured_outputs"),
     (dict(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "fly"}}), "tool_choice"),
     (dict(tools=[{"type": "function", "function": {"name": 3}}]), "tools"),
+    (dict(tools=[{"type": "function", "function": {"name": 'say "hi"'}}]), "tools"),
+    (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "objectx"}}}],
+          tool_choice="required"), "tools"),
+    (dict(extra_body={"structured_outputs": {"json": {"type": "objectx"}}}), "structured_outputs"),
     (dict(tools=TOOLS, tool_choice="required", response_format={"type": "json_object"}), "tool_choice"),
 ])
 def test_400_names_the_field(client, kwargs, field):

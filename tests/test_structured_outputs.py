@@ -1,6 +1,7 @@
 """Grammar-constrained decoding in the verifier (issue 40): outputs follow the grammar, exactly as plain constrained
 decoding does with and without drafts (greedy and seeded), a draft the grammar refuses is never accepted, the
 matcher ends where the committed output is, and bad grammars are refused by name."""
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -11,7 +12,7 @@ import torch
 from transformers import PreTrainedTokenizerFast
 
 from specdec.demo import demo_model_dir
-from specdec.grammar import GrammarError, Grammars, masks_array, unpack_mask
+from specdec.grammar import GrammarError, Grammars, RowMasks, masks_array, unpack_mask
 from specdec.rpc.sampling_codec import params_from_proto, params_to_proto
 from specdec.sampling_params import GrammarSpec, SamplingError, SamplingParams
 from specdec_tools.commands.in_process_drafter import in_process_drafter
@@ -69,9 +70,11 @@ def test_constrained_output_is_the_same_with_and_without_drafts(tokenizer, spec,
 
 
 def test_a_batch_mixing_both_engines_and_free_requests_is_the_same_with_and_without_drafts(tokenizer):
-    """JSON (llguidance, its masks filled in parallel), a regex (xgrammar) and an unconstrained request, seeded."""
+    """JSON (llguidance, its masks filled in parallel; with penalties and logprobs), a regex (xgrammar) and an
+    unconstrained request, seeded."""
     prompts = [tokenizer.encode(p) for p in PROMPTS]
-    params = [SamplingParams(max_tokens=100, temperature=0.8, seed=21, grammar=GrammarSpec("json_object")),
+    params = [SamplingParams(max_tokens=100, temperature=0.8, seed=21, grammar=GrammarSpec("json_object"),
+                             presence_penalty=0.5, logprobs=3),
               SamplingParams(max_tokens=100, temperature=0.8, seed=22, grammar=GrammarSpec("regex", DATE)),
               SamplingParams(max_tokens=30, temperature=0.8, seed=23)]
     plain = engine().generate(prompts, params)
@@ -108,8 +111,8 @@ def test_masks_walk_the_drafts_and_roll_back(grammars, tokenizer, spec, text, wr
     assert both[0].eq(-1).all() and torch.equal(unpack_mask(both[1:], 4096), allowed)
     matcher.accept(good)
     assert not matcher.terminated
-    with pytest.raises(RuntimeError, match="against its grammar"):
-        matcher.accept(tokenizer.encode(wrong_next)[:1])
+    matcher.accept(tokenizer.encode(wrong_next)[:1])                               # refused: the matcher stops
+    assert matcher.error and "\n" not in matcher.error
 
 
 @pytest.mark.parametrize("greedy", [True, False])
@@ -131,12 +134,29 @@ def test_a_draft_the_grammar_refuses_is_never_accepted(grammars, tokenizer, gree
         from specdec.models.pinned_upload import PinnedUpload
         seq = Sequence(0, [1, 2], 2, SamplingParams(temperature=1.0, seed=3), seed=3)
         sampling = SamplingBatch.of([seq], [False], 4096, (PinnedUpload("cpu"), PinnedUpload("cpu")))
-    verdict = sample(logits, rows, sampling, token_masks=masks)
+    verdict = sample(logits, rows, sampling, token_masks=RowMasks(torch.tensor([0, 1]), masks))
     token = int(verdict.tokens[0, 0])
     assert int(verdict.accepted[0]) == 0 and token != draft
     assert unpack_mask(masks, 4096)[0, token]
     unmasked = sample(logits, rows, sampling)                        # the planted defect: no mask, draft accepted
     assert int(unmasked.accepted[0]) == 1
+
+
+def test_a_failed_grammar_ends_its_request_alone_with_an_error(tokenizer):
+    eng = engine("ngram")
+    constrained = SamplingParams(max_tokens=60, grammar=GrammarSpec("json_object"))
+    eng.add_request("bad", tokenizer.encode(PROMPTS[0]), constrained)
+    eng.add_request("free", tokenizer.encode(PROMPTS[1]), SamplingParams(max_tokens=20, ignore_eos=True))
+    outputs = eng.step()                                                  # the prefill
+    eng.by_request["bad"].grammar.error = "planted: a parser limit"      # as llguidance reports one
+    while eng.has_work:
+        outputs += eng.step()
+    reasons = {o.request_id: o.finish_reason for o in outputs if o.finish_reason}
+    assert reasons == {"bad": "error", "free": "length"}
+    with pytest.raises(GrammarError, match="forced acceptance"):
+        from verifier_service.forced_acceptance import ForcedAcceptance
+        eng.config = dataclasses.replace(eng.config, forced_acceptance=ForcedAcceptance(2.0, 3, enabled=True))
+        eng.add_request("forced", [1, 2], constrained)
 
 
 def test_bad_grammars_are_refused_by_name(grammars):

@@ -33,7 +33,7 @@ import torch
 
 from kernels.sampling import cu_rows_of
 from specdec.drafting import Drafter
-from specdec.grammar import GrammarError, Grammars, masks_array
+from specdec.grammar import GrammarError, Grammars, RowMasks, masks_array
 from specdec.models.pinned_upload import PinnedUpload
 from specdec.sampling_params import SamplingParams
 from specdec.step_trace import OFF, StepTrace
@@ -105,7 +105,7 @@ class SpecEngine:
         self._upload_verify = PinnedUpload(device)
         self._upload_sampling = (PinnedUpload(device), PinnedUpload(device))
         self._upload_fill = PinnedUpload(device)
-        self._upload_masks = PinnedUpload(device)
+        self._upload_masks, self._upload_mask_rows = PinnedUpload(device), PinnedUpload(device)
         self._in_flight: LaunchedStep | None = None   # an overlapped step launched and not read yet
         capacity = executor.blocks.kv_blocks.size * executor.block_size
         self.max_len = min(config.max_context, capacity) if config.max_context else capacity
@@ -116,6 +116,9 @@ class SpecEngine:
         GrammarError when it does not compile or the model has no tokenizer to compile it for."""
         if params.grammar is None:
             return
+        if self.config.forced_acceptance:
+            raise GrammarError("grammar: not with forced acceptance (--forced-acceptance-length accepts drafts the "
+                               "grammar refuses)")
         if self.grammars is None:
             raise GrammarError("grammar: this model folder has no tokenizer.json, which constrained decoding needs")
         self.grammars.compile(params.grammar)
@@ -310,17 +313,21 @@ class SpecEngine:
         return sample(logits, rows, sampling, draft_probs_rows(sampled, uses_q, logits), forced_accepts,
                       token_masks=masks)
 
-    def _grammar_masks(self, sampled: list[ScheduledSeq], vocab: int) -> torch.Tensor | None:
-        """The allowed tokens of every verify row ([R, ceil(V / 32)] int32 bitmask on the device), when some
+    def _grammar_masks(self, sampled: list[ScheduledSeq], vocab: int) -> RowMasks | None:
+        """The allowed tokens of the constrained sequences' verify rows (bitmasks on the device), when some
         sequence has a grammar; computed on the host while the forward runs (constrained steps are synchronous:
         the drafts are the host's, the last ones of each chunk)."""
-        if not any(p.seq.grammar is not None for p in sampled):
+        constrained = [(p, first) for p, first in zip(sampled, np.cumsum([0] + [p.num_drafts + 1 for p in sampled]))
+                       if p.seq.grammar is not None]
+        if not constrained:
             return None
-        masks = masks_array(sum(p.num_drafts + 1 for p in sampled), vocab)
-        rows = np.cumsum([0] + [p.num_drafts + 1 for p in sampled])[:-1]
-        self.grammars.fill_masks([(p.seq.grammar, int(row), p.chunk[len(p.chunk) - p.num_drafts:])
-                                  for p, row in zip(sampled, rows) if p.seq.grammar is not None], masks)
-        return self._upload_masks(masks.numpy())
+        sizes = [p.num_drafts + 1 for p, _ in constrained]
+        masks = masks_array(sum(sizes), vocab)
+        at = np.cumsum([0] + sizes)[:-1]
+        self.grammars.fill_masks([(p.seq.grammar, int(a), p.chunk[len(p.chunk) - p.num_drafts:])
+                                  for (p, _), a in zip(constrained, at)], masks)
+        rows = np.concatenate([np.arange(first, first + n) for (_, first), n in zip(constrained, sizes)])
+        return RowMasks(self._upload_mask_rows(rows.astype(np.int64)), self._upload_masks(masks.numpy()))
 
     def _forced_counts(self, sampled: list[ScheduledSeq]) -> list[int] | None:
         """Forced acceptance (benchmarks): each verify step's count, keyed by the request's seed and how many
@@ -375,6 +382,10 @@ class SpecEngine:
                 reason = "length"
                 break
         seq.emitted(kept)
+        if seq.grammar is not None and seq.grammar.error:   # the grammar engine failed (e.g. a parser limit)
+            log.error("request %s: its grammar failed (%s); the request ends with an error", seq.request_id,
+                      seq.grammar.error)
+            reason = "error"
         if p.decoding:  # a verify step (the step that completes a prefill is not one)
             seq.verified(p.num_drafts, num_accepted, len(kept))
             self.stats.record(p.num_drafts, num_accepted, len(kept))

@@ -71,7 +71,8 @@ def build_app(generator: Generator) -> FastAPI:
                                api_default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS)
         rid = f"cmpl-{uuid.uuid4().hex}"
         fmt = CompletionFormat(rid, model, token_text, body.logprobs is not None, _include_usage(body))
-        return await respond(generator, request, prompt, fmt, rid, bool(body.stream), COMPLETION_NAMES)
+        return await respond(generator, request, prompt, fmt, rid, bool(body.stream),
+                             COMPLETION_NAMES | _grammar_field(body))
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request):
@@ -92,6 +93,7 @@ def build_app(generator: Generator) -> FastAPI:
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         fmt = ChatFormat(rid, model, token_text, bool(body.logprobs), _include_usage(body))
         names = CHAT_NAMES | ({"max_tokens": "max_completion_tokens"} if body.max_completion_tokens is not None else {})
+        names |= _grammar_field(body)
         return await respond(generator, request, prompt, fmt, rid, bool(body.stream), names)
 
     _add_error_handlers(app, generator)
@@ -101,7 +103,7 @@ def build_app(generator: Generator) -> FastAPI:
 COMMON_NAMES = {n: n for n in ("model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
                                "stop_token_ids", "ignore_eos", "speculation", "presence_penalty", "frequency_penalty",
                                "repetition_penalty", "stream", "stream_options", "n", "logit_bias", "sampling",
-                               "response_format", "structured_outputs")} | {"grammar": "response_format"}
+                               "response_format", "structured_outputs")}
 COMPLETION_NAMES = COMMON_NAMES | {"prompt": "prompt", "prompt_token_ids": "prompt", "logprobs": "logprobs",
                                    "echo": "echo", "suffix": "suffix", "best_of": "best_of"}
 CHAT_NAMES = COMMON_NAMES | {"messages": "messages", "logprobs": "top_logprobs", "top_logprobs": "top_logprobs",
@@ -115,6 +117,16 @@ def _default(value, default):
 
 def _include_usage(body) -> bool:
     return bool(body.stream and body.stream_options and body.stream_options.include_usage)
+
+
+def _grammar_field(body) -> dict:
+    """The field a grammar the verifier refuses came from: structured_outputs, the tools of a required or named
+    tool_choice, else response_format."""
+    if body.structured_outputs is not None:
+        return {"grammar": "structured_outputs"}
+    forced = getattr(body, "tools", None) and (getattr(body, "tool_choice", None) == "required"
+                                               or isinstance(getattr(body, "tool_choice", None), dict))
+    return {"grammar": "tools" if forced and body.response_format is None else "response_format"}
 
 
 def _fields(body) -> dict:

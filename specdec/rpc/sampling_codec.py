@@ -19,8 +19,8 @@ def params_from_proto(message: gateway_pb2.SamplingParams) -> SamplingParams:
                "ignore_eos": message.ignore_eos}
     if message.HasField("grammar"):
         kind = message.grammar.WhichOneof("kind")
-        if kind is None:
-            raise SamplingError("grammar: set one of json_object, json_schema, regex, ebnf, structural_tag")
+        if kind is None or (kind == "json_object" and not message.grammar.json_object):
+            raise SamplingError("grammar: set one of json_object (true), json_schema, regex, ebnf, structural_tag")
         values["grammar"] = GrammarSpec(kind, "" if kind == "json_object" else getattr(message.grammar, kind))
     return SamplingParams.from_fields(values)
 

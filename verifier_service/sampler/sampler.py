@@ -22,7 +22,7 @@ import torch
 
 from kernels.sampling import greedy_accept, speculative_sample
 from kernels.sampling.reference import row_layout
-from specdec.grammar import unpack_mask
+from specdec.grammar import RowMasks, unpack_mask
 
 from .batch import SamplingBatch
 from .processors import Penalties, RowParams, apply_penalties, processed_logits
@@ -83,15 +83,16 @@ class DeviceVerdict:
 
 def sample(logits: torch.Tensor, rows: VerifyRows, sampling: SamplingBatch | None,
            draft_probs: torch.Tensor | None = None, forced_accepts: torch.Tensor | None = None,
-           token_masks: torch.Tensor | None = None) -> DeviceVerdict:
+           token_masks: RowMasks | None = None) -> DeviceVerdict:
     """logits [R, V] fp32 of the sampled sequences' rows. `sampling` None: every sequence is greedy without
     penalties or logprobs (no sampling state is built). draft_probs [R, V]: q on the draft rows of sequences
     with sampling.uses_q, else None. `forced_accepts` [S] (benchmarks only) imposes the accepted count; the
-    emitted token is still the target's. `token_masks` [R, ceil(V / 32)] int32: the tokens each row's grammar
-    allows (specdec/grammar.py); the others get logit −inf before anything else, so every rule below samples
-    from the masked distribution and a draft the grammar refuses is never accepted."""
+    emitted token is still the target's. `token_masks`: the tokens the grammar of each constrained row allows
+    (specdec/grammar.py); the others get logit −inf before anything else, so every rule below samples from the
+    masked distribution and a draft the grammar refuses is never accepted."""
     if token_masks is not None:
-        logits = logits.masked_fill(~unpack_mask(token_masks, logits.shape[-1]), float("-inf"))
+        allowed = unpack_mask(token_masks.bits, logits.shape[-1])                             # [Rg, V]
+        logits = logits.index_put((token_masks.rows,), logits[token_masks.rows].masked_fill(~allowed, float("-inf")))
     if sampling is None:
         argmax = logits.argmax(-1)                                                              # [R]
         if rows.width == 0:      # plain decoding: one row per sequence, its argmax is the token
