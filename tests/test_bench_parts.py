@@ -278,3 +278,25 @@ def test_timed_passes_share_one_workload_guard(monkeypatch):
         assert len(bench._timed_passes(w, [], 5.0)) == 5
     finally:
         bench.close()
+
+
+def test_bench_grammar_flag(tmp_path, capsys, inproc_result):
+    """--grammar: parsed and checked, gateway path and real drafts only; constrained requests may end early."""
+    from specdec_tools.cli import main
+    from specdec_tools.commands.bench_cmd import parse_grammar
+    schema = tmp_path / "s.json"
+    schema.write_text('{"type": "object"}')
+    assert parse_grammar("json_object") == ("json_object", "")
+    assert parse_grammar(f"json_schema@{schema}") == ("json_schema", '{"type": "object"}')
+    assert parse_grammar("regex:[0-9]{1,3}") == ("regex", "[0-9]{1,3}")
+    with pytest.raises(ValueError, match="grammar kind"):
+        parse_grammar("yaml:x")
+    for argv, words in ([["--grammar", "json_object"], "gateway path only"],
+                        [["--grammar", "json_object", "--paths", "gateway"], "real drafts"]):
+        assert main(["bench", "--quick", "--device", "cpu", "--out", str(tmp_path), *argv]) == 2
+        assert words in capsys.readouterr().err
+    short = copy.deepcopy(inproc_result)
+    short["metrics"]["completion_tokens"] = short["metrics"]["output_tokens"] = 13
+    short["metrics"]["output_tokens_per_s"] = 13 / short["metrics"]["seconds"]
+    assert any("completion_tokens 13 != concurrency" in p for p in checks.check_result(short))
+    assert not any("!= concurrency x max_tokens" in p for p in checks.check_result(short, constrained=True))

@@ -53,6 +53,7 @@ class BenchConfig:
     command: str = ""
     tensor_parallel_size: int = 1        # gateway path: the verifier's ranks
     load_format: str = "safetensors"     # dummy: random weights, config.json only (gateway path)
+    grammar: tuple[str, str] | None = None  # gateway path: (kind, text) every request is constrained by
 
 
 @dataclass
@@ -87,7 +88,8 @@ class BenchRun:
             c = self.config
             self._gateway = GatewayBench(c.model, c.device, c.dtype, trace_dir=c.trace_steps_dir,
                                          step_channel=c.step_channel, repeats=c.repeats, overlap=c.overlap,
-                                         tensor_parallel_size=c.tensor_parallel_size, load_format=c.load_format)
+                                         tensor_parallel_size=c.tensor_parallel_size, load_format=c.load_format,
+                                         grammar=c.grammar)
         return self._gateway
 
     # ---- the run ------------------------------------------------------------------------
@@ -105,7 +107,8 @@ class BenchRun:
                        "settings": {"workload_timeout_s": c.workload_timeout_s, "time_budget_s": c.time_budget_s,
                                     "seed": c.seed, "planned": len(c.workloads), "step_channel": c.step_channel,
                                     "repeats": c.repeats, "overlap": c.overlap,
-                                    "tensor_parallel_size": c.tensor_parallel_size, "load_format": c.load_format},
+                                    "tensor_parallel_size": c.tensor_parallel_size, "load_format": c.load_format,
+                                    "grammar": c.grammar[0] if c.grammar else None},
                        "roofline": None, "profile": None, "results": self.results, "skipped": self.skipped,
                        "problems": []}
         log.info("measuring the device copy and the weight-GEMM chain (%d GEMMs)", len(self.traffic.linear_shapes))
@@ -118,7 +121,7 @@ class BenchRun:
             self._workloads()
         finally:
             self._close()
-        self.record["problems"] = checks.check_all(self.results)
+        self.record["problems"] = checks.check_all(self.results, constrained=self.config.grammar is not None)
         self.record["seconds"] = round(time.perf_counter() - self.start, 1)
         self._save()
         if c.plot:

@@ -62,8 +62,10 @@ class GatewayBench:
 
     def __init__(self, model: str, device: str, dtype: str, startup_timeout_s: float = 300.0,
                  trace_dir: str | None = None, step_channel: str = "auto", repeats: int = 1, overlap: bool = True,
-                 tensor_parallel_size: int = 1, load_format: str = "safetensors"):
+                 tensor_parallel_size: int = 1, load_format: str = "safetensors",
+                 grammar: tuple[str, str] | None = None):
         self.model, self.device, self.dtype, self.startup_timeout_s = model, device, dtype, startup_timeout_s
+        self.grammar = grammar            # (kind, text) every request is constrained by, or None
         self.tensor_parallel_size, self.load_format = tensor_parallel_size, load_format
         self.step_channel = step_channel  # the verifier's --step-channel (a drafter service's steps)
         self.repeats = repeats            # timed passes per workload; the one of median tokens/s is reported
@@ -213,6 +215,9 @@ class GatewayBench:
         calls: list = [None] * n
         barrier = threading.Barrier(n + 1)
         sampling = dict(max_tokens=w.max_tokens, temperature=w.temperature, ignore_eos=True)
+        if self.grammar is not None:   # (ignore_eos: a grammar still ends where it ends, before max_tokens)
+            kind, text = self.grammar
+            sampling["grammar"] = gateway_pb2.Grammar(**{kind: True if kind == "json_object" else text})
         with grpc.insecure_channel(self.stack.address) as channel:
             stub = gateway_pb2_grpc.GatewayStub(channel)
 

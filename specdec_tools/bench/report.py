@@ -98,6 +98,8 @@ def render_table(record: dict, markdown: bool = False) -> str:
         head += f"; tensor parallel {settings['tensor_parallel_size']} (BW per GPU)"
     if settings.get("load_format") == "dummy":
         head += "; dummy (random) weights"
+    if settings.get("grammar"):
+        head += f"; every request constrained by a {settings['grammar']} grammar"
     if markdown:
         lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
         lines += ["| " + " | ".join(r) + " |" for r in rows]

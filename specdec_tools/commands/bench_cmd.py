@@ -56,6 +56,10 @@ def add_parser(sub) -> None:
                    help="seconds one workload may run before it is cut (default: full 600, baseline 40, quick 60)")
     p.add_argument("--time-budget", type=float, default=None,
                    help="seconds for the whole run: a workload that might not finish within it is skipped")
+    p.add_argument("--grammar", default=None, metavar="KIND[:TEXT|@FILE]",
+                   help="gateway path: every request constrained by this grammar (json_object, json_schema@FILE, "
+                        "regex:TEXT, ebnf@FILE ...); time it against a run without. Real drafts only (no mtp@L: "
+                        "forced acceptance would accept what the grammar refuses)")
     p.add_argument("--profile", action="store_true", help="torch.profiler summary of in-process decode steps")
     p.add_argument("--profile-steps", type=int, default=10)
     p.add_argument("--trace-steps", default=None, metavar="DIR",
@@ -100,6 +104,13 @@ def build_config(args: argparse.Namespace):
             raise ValueError(f"--tensor-parallel-size / --load-format dummy time the gateway path only (the "
                              f"verifier starts the ranks); drop --paths {' '.join(other)} or filter with "
                              f"--paths gateway")
+    grammar = parse_grammar(args.grammar) if args.grammar else None
+    if grammar is not None:
+        if {w.path for w in chosen} - {"gateway"}:
+            raise ValueError("--grammar times the gateway path only: add --paths gateway")
+        if any(w.forced_length for w in chosen):
+            raise ValueError("--grammar needs real drafts (--drafters none ngram mtp): forced acceptance (mtp@L) "
+                             "accepts drafts the grammar refuses")
     filters = [f"--{n} {getattr(args, n)}" for n in ("paths", "drafters", "concurrency", "prompt_tokens",
                                                      "temperatures", "max_tokens", "draft_vocab") if getattr(args, n)]
     return BenchConfig(
@@ -110,8 +121,17 @@ def build_config(args: argparse.Namespace):
         profile=args.profile, profile_steps=args.profile_steps, trace_steps_dir=args.trace_steps,
         step_channel=args.step_channel, repeats=args.repeats, overlap=args.overlap,
         plot=not args.no_plot, seed=args.seed, tensor_parallel_size=args.tensor_parallel_size,
-        load_format=args.load_format,
+        load_format=args.load_format, grammar=grammar,
         command="specdec " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+
+
+def parse_grammar(value: str) -> tuple[str, str]:
+    """"json_object", "json_schema@schema.json", "regex:[0-9]+" → (kind, text), checked."""
+    from specdec.sampling_params import GrammarSpec
+    kind, sep, rest = value.partition("@") if "@" in value.split(":", 1)[0] else value.partition(":")
+    text = Path(rest).read_text() if sep == "@" else rest
+    GrammarSpec(kind, text).validate()
+    return kind, text
 
 
 def run(args: argparse.Namespace) -> int:
