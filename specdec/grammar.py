@@ -1,10 +1,9 @@
 """Grammar-constrained decoding: a request's grammar → per-row token masks.
 
-A request may carry a `GrammarSpec` (sampling_params.py). Two engines serve the kinds, as bench/grammar_mask_bench.py
-picked them (bench/README, "Grammar engines"): llguidance for JSON (`json_object`, `json_schema`: 2-6x less mask
-time than xgrammar on schemas, and no multi-second compiles), xgrammar for `regex`, `ebnf` and `structural_tag` (tool
-calls; 4-10x less mask time there, compiled grammars cached). `Grammars` checks specs against the model's tokenizer
-and makes a `TokenMatcher` per sequence. The matcher always stands after the sequence's committed output:
+A request may carry a `GrammarSpec` (sampling_params.py). Two engines serve the kinds, each where
+bench/grammar_mask_bench.py measured it ahead (bench/README, "Grammar engines"): llguidance for JSON (`json_object`,
+`json_schema`), xgrammar for `regex`, `ebnf` and `structural_tag` (tool calls). `Grammars` checks specs against the
+model's tokenizer and makes a `TokenMatcher` per sequence. The matcher always stands after the sequence's committed output:
 
     masks           the allowed-token bitmask of each verify row of one step: row 0 after the committed output,
                     row j after drafts 1..j. The matcher walks through the drafts and rolls back, so it is where it
@@ -112,7 +111,8 @@ class GuidanceMatcher(TokenMatcher):
 class Grammars:
     """Checks grammar specs for one tokenizer and vocabulary and makes matchers. Thread-safe: requests are checked
     in gRPC threads before they queue, so a grammar compiles there and the step thread finds it cached. The
-    engines load the tokenizer on the first grammar request (seconds at a 248k vocabulary), not at start-up."""
+    engines load the tokenizer on the first grammar request (bench/README: seconds at Qwen3.5's vocabulary), not at
+    start-up."""
 
     def __init__(self, tokenizer_file: Path, vocab_size: int, stop_token_ids: list[int], max_threads: int = 2):
         self.tokenizer_file, self.vocab_size = tokenizer_file, vocab_size

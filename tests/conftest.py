@@ -27,6 +27,22 @@ def tiny_model(tiny_dir):
     return load_model(tiny_dir)
 
 
+@pytest.fixture(scope="module")
+def client(stack):
+    """The official openai client on the module's `stack` (a LocalStack with --http-port)."""
+    import openai
+    return openai.OpenAI(base_url=stack.http_url, api_key="none", max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def stub(stack):
+    """A Gateway stub on the module's `stack`."""
+    import grpc
+    from specdec.rpc.v1 import gateway_pb2_grpc
+    with grpc.insecure_channel(stack.address) as channel:
+        yield gateway_pb2_grpc.GatewayStub(channel)
+
+
 @pytest.fixture(autouse=True)
 def _deterministic_threads():
     torch.set_num_threads(1)  # same reduction order everywhere: batch mates never change a row's numbers

@@ -11,7 +11,6 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-import grpc
 import openai
 import pytest
 from reliability_stack import assert_no_leak, spawn_gateway, stop, verifier_stats, wait_for
@@ -19,7 +18,7 @@ from reliability_stack import assert_no_leak, spawn_gateway, stop, verifier_stat
 from gateway.tokenizer import TextTokenizer
 from specdec.demo import demo_model_dir
 from specdec_tools.local_stack import LocalStack, StackConfig, free_port
-from specdec.rpc.v1 import gateway_pb2, gateway_pb2_grpc
+from specdec.rpc.v1 import gateway_pb2
 
 pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parent.parent
@@ -37,17 +36,6 @@ def stack(tmp_path_factory):
     stack.start()
     yield stack
     stack.stop()
-
-
-@pytest.fixture(scope="module")
-def client(stack):
-    return openai.OpenAI(base_url=stack.http_url, api_key="none", max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def stub(stack):
-    with grpc.insecure_channel(stack.address) as channel:
-        yield gateway_pb2_grpc.GatewayStub(channel)
 
 
 def grpc_generate(stub, **request):

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from specdec.demo import demo_model_dir
-from specdec.rpc.v1 import gateway_pb2, gateway_pb2_grpc
+from specdec.rpc.v1 import gateway_pb2
 from specdec_tools.local_stack import LocalStack, StackConfig
 
 pytestmark = pytest.mark.timeout(600)
@@ -36,17 +36,6 @@ def stack(tmp_path_factory):
     stack.start()
     yield stack
     stack.stop()
-
-
-@pytest.fixture(scope="module")
-def client(stack):
-    return openai.OpenAI(base_url=stack.http_url, api_key="none", max_retries=0, timeout=300)
-
-
-@pytest.fixture(scope="module")
-def stub(stack):
-    with grpc.insecure_channel(stack.address) as channel:
-        yield gateway_pb2_grpc.GatewayStub(channel)
 
 
 def test_50_seeded_json_schema_outputs_validate(client):
