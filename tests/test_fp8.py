@@ -123,3 +123,14 @@ def test_speculation_on_an_fp8_checkpoint_is_lossless(checkpoints, kind):
     spec = engine(kind)
     assert spec.generate(PROMPTS, params) == engine(None).generate(PROMPTS, params)
     assert spec.stats.drafted > 0 and math.isfinite(spec.stats.mean_acceptance_length)
+
+
+def test_a_drafter_service_reads_the_fp8_mtp_head_dequantized(checkpoints):
+    from specdec.models.loader import load_drafter_weights
+    fp8_dir, bf16_dir = checkpoints
+    _, mtp, shared = load_drafter_weights(fp8_dir)
+    verifier_side = load_model(fp8_dir).mtp_weights
+    assert mtp.keys() == verifier_side.keys() and all(torch.equal(mtp[k], verifier_side[k]) for k in mtp)
+    plain = load_drafter_weights(bf16_dir)[1]
+    assert any(not torch.equal(mtp[k], plain[k]) for k in mtp)                 # its linears were FP8
+    assert all(t.dtype == torch.float32 for t in [*mtp.values(), *shared.values()])
