@@ -20,11 +20,13 @@ from dataclasses import dataclass
 
 from specdec.sampling_params import GrammarSpec
 
+from .tool_calls import QWEN_3, QWEN_3_5
+
 CHOICES = ("auto", "none", "required")
 # format → (call begin before the name, between name and arguments, call end, xgrammar's json_schema style)
 WRAPPERS = {
-    "qwen_3": ('<tool_call>\n{"name": "', '", "arguments": ', "}\n</tool_call>", "json"),
-    "qwen_3_5": ("<tool_call>\n<function=", ">\n", "\n</function>\n</tool_call>", "qwen_xml"),
+    QWEN_3: ('<tool_call>\n{"name": "', '", "arguments": ', "}\n</tool_call>", "json"),
+    QWEN_3_5: ("<tool_call>\n<function=", ">\n", "\n</function>\n</tool_call>", "qwen_xml"),
 }
 THINK_TAGS = ["<think>", "</think>"]
 NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")   # OpenAI's rule for function names (they go into the grammar's text)

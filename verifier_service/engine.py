@@ -33,7 +33,7 @@ import torch
 
 from kernels.sampling import cu_rows_of
 from specdec.drafting import Drafter
-from specdec.grammar import GrammarError, Grammars, RowMasks, masks_array
+from specdec.grammar import GrammarError, Grammars
 from specdec.models.pinned_upload import PinnedUpload
 from specdec.sampling_params import SamplingParams
 from specdec.step_trace import OFF, StepTrace
@@ -44,7 +44,8 @@ from .drafting_stage import DraftingStage
 from .executor import Executor
 from .forced_acceptance import ForcedAcceptance
 from .in_flight import ChainedInputs, InFlightStep, unread_emitted
-from .sampler import DeviceVerdict, SamplingBatch, TokenLogprob, VerifyRows, draft_probs_rows, sample
+from .sampler import (DeviceVerdict, SamplingBatch, TokenLogprob, VerifyRows, draft_probs_rows, grammar_row_masks,
+                      sample)
 from .scheduler import ScheduledSeq, Scheduler, SchedulerConfig
 from .sequence import Sequence
 
@@ -105,7 +106,7 @@ class SpecEngine:
         self._upload_verify = PinnedUpload(device)
         self._upload_sampling = (PinnedUpload(device), PinnedUpload(device))
         self._upload_fill = PinnedUpload(device)
-        self._upload_masks, self._upload_mask_rows = PinnedUpload(device), PinnedUpload(device)
+        self._upload_masks = (PinnedUpload(device), PinnedUpload(device))   # rows, bitmasks
         self._in_flight: LaunchedStep | None = None   # an overlapped step launched and not read yet
         capacity = executor.blocks.kv_blocks.size * executor.block_size
         self.max_len = min(config.max_context, capacity) if config.max_context else capacity
@@ -301,7 +302,8 @@ class SpecEngine:
         rows = VerifyRows(torch.where(index >= 0, input_ids[index.clamp(min=0)], -1), flat[at:at + s],
                           flat[at + s:at + 2 * s + 1], width)
         forced_accepts = None if forced is None else flat[at + 2 * s + 1:]
-        masks = self._grammar_masks(sampled, logits.shape[-1])
+        # grammar masks: filled on the host while the forward runs (constrained steps are synchronous)
+        masks = grammar_row_masks(sampled, self.grammars, logits.shape[-1], self._upload_masks)
         if all(p.seq.params.argmax_only for p in sampled):   # no sampling state, no draws
             return sample(logits, rows, None, None, forced_accepts, token_masks=masks)
         uses_q = [not overlap and p.seq.draft_probs is not None and p.num_drafts > 0 and not p.seq.params.greedy
@@ -312,22 +314,6 @@ class SpecEngine:
                 sampled, unread, self._upload_sampling[1]))
         return sample(logits, rows, sampling, draft_probs_rows(sampled, uses_q, logits), forced_accepts,
                       token_masks=masks)
-
-    def _grammar_masks(self, sampled: list[ScheduledSeq], vocab: int) -> RowMasks | None:
-        """The allowed tokens of the constrained sequences' verify rows (bitmasks on the device), when some
-        sequence has a grammar; computed on the host while the forward runs (constrained steps are synchronous:
-        the drafts are the host's, the last ones of each chunk)."""
-        constrained = [(p, first) for p, first in zip(sampled, np.cumsum([0] + [p.num_drafts + 1 for p in sampled]))
-                       if p.seq.grammar is not None]
-        if not constrained:
-            return None
-        sizes = [p.num_drafts + 1 for p, _ in constrained]
-        masks = masks_array(sum(sizes), vocab)
-        at = np.cumsum([0] + sizes)[:-1]
-        self.grammars.fill_masks([(p.seq.grammar, int(a), p.chunk[len(p.chunk) - p.num_drafts:])
-                                  for (p, _), a in zip(constrained, at)], masks)
-        rows = np.concatenate([np.arange(first, first + n) for (_, first), n in zip(constrained, sizes)])
-        return RowMasks(self._upload_mask_rows(rows.astype(np.int64)), self._upload_masks(masks.numpy()))
 
     def _forced_counts(self, sampled: list[ScheduledSeq]) -> list[int] | None:
         """Forced acceptance (benchmarks): each verify step's count, keyed by the request's seed and how many

@@ -63,9 +63,10 @@ class Fp8Format:
 
     def converts(self, name: str, shape: tuple[int, ...]) -> bool:
         """Whether the checkpoint tensor `name` (a linear's weight, 2-D or experts' 3-D) is stored in FP8."""
+        # norms, A_log and dt_bias are 1-D; conv1d is the one 3-D weight that is not a stack of experts
         if not name.endswith(("weight", "_proj")) or len(shape) not in (2, 3) or name.endswith(_NEVER):
             return False
-        if "norm" in name.rsplit(".", 2)[-2] or "conv1d" in name or "embed" in name:
+        if "conv1d" in name:
             return False
         module = name[:-len(".weight")] if name.endswith(".weight") else name
         return not any(_under(module, prefix) for prefix in self.not_converted)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from specdec.grammar import Grammars, RowMasks, masks_array
 from specdec.models.pinned_upload import PinnedUpload
 
 from ..sequence import Sequence
@@ -83,3 +84,21 @@ def draft_probs_rows(sampled: list, uses_q: list[bool], logits: torch.Tensor) ->
             q[row:row + p.num_drafts] = p.seq.draft_probs[:p.num_drafts].to(q)
         row += p.num_drafts + 1
     return q
+
+
+def grammar_row_masks(sampled: list, grammars: Grammars | None, vocab: int,
+                      uploads: tuple[PinnedUpload, PinnedUpload]) -> RowMasks | None:
+    """The allowed tokens of the constrained sequences' verify rows (bitmasks on the device), None when no
+    sequence has a grammar. `sampled`: the step's ScheduledSeqs that sample, in row order; their drafts are the
+    host's (the last num_drafts tokens of each chunk: constrained steps are synchronous). `uploads`: (rows,
+    bitmasks) host → device copiers, owned by the caller across steps."""
+    firsts = np.cumsum([0] + [p.num_drafts + 1 for p in sampled])[:-1]
+    constrained = [(p, int(first)) for p, first in zip(sampled, firsts) if p.seq.grammar is not None]
+    if not constrained:
+        return None
+    sizes = [p.num_drafts + 1 for p, _ in constrained]
+    masks = masks_array(sum(sizes), vocab)
+    grammars.fill_masks([(p.seq.grammar, int(at), p.chunk[len(p.chunk) - p.num_drafts:])
+                         for (p, _), at in zip(constrained, np.cumsum([0] + sizes)[:-1])], masks)
+    rows = np.concatenate([np.arange(first, first + n) for (_, first), n in zip(constrained, sizes)])
+    return RowMasks(uploads[0](rows.astype(np.int64)), uploads[1](masks.numpy()))
