@@ -22,6 +22,7 @@ import collections
 import gc
 import importlib.metadata
 import json
+from pathlib import Path
 import os
 import pathlib
 import sysconfig
@@ -284,6 +285,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help="seed of the vocabulary draw")
     ap.add_argument("--quick", action="store_true", help="32,000-token vocabulary, 8 MiB corpus, 3 reps, 20 steps")
     ap.add_argument("--out", help="also write the results here, as JSON")
+    ap.add_argument("--save-tokenizer", metavar="DIR", help="write the synthetic tokenizer into DIR (e.g. a make-tiny "
+                                                            "checkpoint, for `specdec bench --grammar`) and stop")
     args = ap.parse_args()
     if args.quick:
         args.vocab_size, args.tokens, args.corpus_mb, args.reps, args.batch_steps = 32000, 31900, 8, 3, 20
@@ -296,6 +299,18 @@ def main() -> None:
         tokens, merges = build_vocab(args.tokens - len(SPECIAL) - len(ADDED), args.corpus_mb, args.seed,
                                      args.cross_pieces)
         hf, tokens = build_hf_tokenizer(tokens, merges), tokens + [s.encode() for s in SPECIAL + ADDED]
+        if args.save_tokenizer:
+            hf.save_pretrained(args.save_tokenizer)
+            print(f"{len(hf)} tokens written to {args.save_tokenizer} in {time.perf_counter() - t0:.1f} s, EOS "
+                  f"{EOS} = {hf.eos_token_id}")
+            config = Path(args.save_tokenizer) / "config.json"
+            if config.is_file():   # the model's EOS must be the tokenizer's (grammars end on it)
+                c = json.loads(config.read_text())
+                eos = c.get("text_config", c).get("eos_token_id", c.get("eos_token_id"))
+                if hf.eos_token_id not in (eos if isinstance(eos, list) else [eos]):
+                    raise SystemExit(f"{config}: eos_token_id {eos}, the tokenizer's {hf.eos_token_id}: choose "
+                                     f"--tokens {args.tokens + (eos[0] if isinstance(eos, list) else eos) - hf.eos_token_id}")
+            return
     n_ascii = sum(t.isascii() for t in tokens)
     vocab = {"tokens": len(hf), "mask_width": args.vocab_size, "ascii": n_ascii, "non_ascii": len(hf) - n_ascii,
              "mean_bytes": float(np.mean([len(t) for t in tokens])), "build_s": time.perf_counter() - t0}

@@ -12,6 +12,7 @@ import torch
 from specdec.drafting import (Drafter, DrafterInfo, DrafterOptions, DraftsOnDevice, ModelFacts, load_plugin,
                               plugin_entry_points, vocabulary_fingerprint)
 from specdec.drafting.acceptance_rate import acceptance_rate_for
+from specdec.drafting.draft_masks import DraftMasks
 
 from .ngram import NgramDrafter
 from .synthetic import SyntheticDrafter
@@ -49,6 +50,7 @@ class DrafterConfig:
     count_every_s: float = 60.0        # save the counts this often (and when the server stops)
     trace_steps: str | None = None     # diagnostics: a specdec.step_trace file
     load_format: str = "safetensors"   # mtp: dummy = random weights of the config's shapes (benchmarks only)
+    draft_masks: bool = True           # mtp: keep a grammar-constrained sequence's drafts inside its grammar
 
 
 class DrafterHolder:
@@ -65,6 +67,7 @@ class DrafterHolder:
         self.drafter: Drafter | None = None
         self.mtp_parts = None
         self.mtp_facts = ModelFacts()
+        self.draft_masks: DraftMasks | None = None
         if config.kind == "mtp":
             self._load_mtp_parts()
         elif config.kind == "draft_model":
@@ -113,6 +116,8 @@ class DrafterHolder:
             raise ValueError(f"{self.config.model_dir} has no mtp.* tensors: serve --kind ngram instead")
         self.mtp_parts = (config, mtp)
         c = self.config
+        self.draft_masks = DraftMasks.for_folder(c.model_dir, config.vocab_size, list(config.eos_token_id)) \
+            if c.draft_masks else None
         vocab = load_draft_vocab(c.draft_vocab, config.vocab_size) if c.draft_vocab else None
         # a device step sent as changes gives start positions up to START_POS_SLACK ahead: room for them
         self.mtp_options = MTPOptions(max_seqs=c.max_seqs, max_context=c.max_context + START_POS_SLACK,
@@ -171,13 +176,14 @@ class DrafterHolder:
         config, mtp = self.mtp_parts
         c = self.config
         drafter = MTPDrafter.from_parts(config, mtp, embed_weight, lm_head_weight, c.max_drafts,
-                                        c.num_blocks, c.block_size, c.device, self.mtp_options)
+                                        c.num_blocks, c.block_size, c.device, self.mtp_options, self.draft_masks)
         drafter.facts = replace(drafter.facts, vocab_fingerprint=self.mtp_facts.vocab_fingerprint)
         self.drafter = drafter
         vocab = drafter.loop.vocab_ids
-        log.info("mtp drafter ready: %d layer(s), k=%d, %s, %s, draft vocabulary %s", len(drafter.head.layers),
-                 c.max_drafts, c.device, "CUDA graphs" if drafter.loop.graphs else "eager",
-                 f"{vocab.numel()} of {config.vocab_size} ids" if vocab is not None else "full")
+        log.info("mtp drafter ready: %d layer(s), k=%d, %s, %s, draft vocabulary %s, grammar masks %s",
+                 len(drafter.head.layers), c.max_drafts, c.device, "CUDA graphs" if drafter.loop.graphs else "eager",
+                 f"{vocab.numel()} of {config.vocab_size} ids" if vocab is not None else "full",
+                 "on" if self.draft_masks is not None else "off")
 
     def load_shared_from_folder(self) -> None:
         """The verifier could not share weights (not the same GPU): read them from the folder after all."""

@@ -11,7 +11,8 @@ import time
 import grpc
 import torch
 
-from specdec.drafting import DraftBatch, DraftInput
+from specdec.drafting import DraftBatch, DraftInput, OutputGrammar
+from specdec.rpc.sampling_codec import grammar_from_proto
 from specdec.rpc.v1 import drafter_pb2 as pb
 
 from .device_step import DeviceSteps
@@ -88,7 +89,7 @@ class StepSession:
                 drafter.release(list(step.release_seq_ids))
             if step.HasField("device"):
                 return self._device_step(drafter, step, start)
-            seqs = [DraftInput(q.seq_id, q.start_pos, list(q.token_ids), q.num_drafts) for q in step.seqs]
+            seqs = [draft_input_of(q) for q in step.seqs]
             hidden = self.buffers.read(step.hidden) if step.HasField("hidden") and drafter.needs_hidden else None
             if hidden is not None:
                 hidden = hidden.to(s.holder.config.device, non_blocking=True)  # INLINE / SHM arrive on the host
@@ -110,3 +111,11 @@ class StepSession:
             raise RuntimeError(out.failure)
         return pb.DraftStepResponse(step=step.step, draft_counts=out.counts, missing_seq_ids=out.missing,
                                     drafter_ms=(time.perf_counter() - start) * 1e3)
+
+
+def draft_input_of(q: pb.SeqInput) -> DraftInput:
+    """A sequence's input; a grammar without a kind is left out (drafts then only lose the grammar's guidance)."""
+    grammar = None
+    if q.HasField("grammar") and q.grammar.WhichOneof("kind") is not None:
+        grammar = OutputGrammar(grammar_from_proto(q.grammar), q.output_start)
+    return DraftInput(q.seq_id, q.start_pos, list(q.token_ids), q.num_drafts, grammar)

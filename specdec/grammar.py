@@ -73,6 +73,14 @@ class TokenMatcher:
         if walked:
             self._matcher.rollback(walked)
 
+    def walk(self, token: int) -> bool:
+        """Take a drafted token, to be undone (`unwalk`); False when the grammar refuses it (nothing taken)."""
+        return self._matcher.accept_token(token)
+
+    def unwalk(self, num_tokens: int) -> None:
+        if num_tokens:
+            self._matcher.rollback(num_tokens)
+
     def accept(self, tokens: list[int]) -> None:
         """The step's emitted tokens. Each was sampled under this matcher's mask, so a refusal is a fault."""
         for t in tokens:
@@ -96,6 +104,10 @@ class GuidanceMatcher(TokenMatcher):
 
     def masks(self, drafts: list[int], out: torch.Tensor) -> None:
         _fill_guided(self._executor, [(self._matcher, 0, drafts)], out)
+
+    def walk(self, token: int) -> bool:
+        # checked first: a refused consume_token leaves llguidance's matcher in an error state for good
+        return self._matcher.validate_tokens([token]) == 1 and self._matcher.consume_token(token)
 
     def accept(self, tokens: list[int]) -> None:
         for t in tokens:

@@ -37,10 +37,10 @@ def grammars():
     return Grammars.from_folder(demo_model_dir(), 4096, [0])
 
 
-def engine(kind=None, k=3):
+def engine(kind=None, k=3, draft_masks=True):
     config = VerifierConfig(model_dir=str(demo_model_dir()), num_drafts=k if kind else 0, in_process_drafter=kind,
                             max_context=512, max_running=8, max_batched_tokens=256, prefill_chunk=64, warm_up=False)
-    return build_engine(config, in_process_drafter(kind) if kind else None)
+    return build_engine(config, in_process_drafter(kind, draft_masks=draft_masks) if kind else None)
 
 
 def texts(tokenizer, outputs):
@@ -54,9 +54,9 @@ def test_constrained_output_is_the_same_with_and_without_drafts(tokenizer, spec,
     prompts = [tokenizer.encode(p) for p in PROMPTS]
     params = SamplingParams(max_tokens=120, temperature=temperature, seed=seed, grammar=spec)
     plain = engine().generate(prompts, params)
-    for kind in ("mtp", "ngram"):
-        spec_engine = engine(kind)
-        assert spec_engine.generate(prompts, params) == plain, kind
+    for kind, masks in (("mtp", True), ("mtp", False), ("ngram", True)):   # mtp with and without draft masks
+        spec_engine = engine(kind, draft_masks=masks)
+        assert spec_engine.generate(prompts, params) == plain, (kind, masks)
         assert spec_engine.stats.drafted > 0                          # drafts were verified under the masks
     for text in texts(tokenizer, plain):
         if spec.kind == "json_schema":

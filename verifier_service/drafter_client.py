@@ -19,8 +19,9 @@ from typing import Callable
 import grpc
 import torch
 
-from specdec.drafting import (DeviceDrafts, DeviceDraftStep, DraftBatch, DrafterInfo, DraftOutput, ModelFacts,
-                              refusal_reason)
+from specdec.drafting import (DeviceDrafts, DeviceDraftStep, DraftBatch, DrafterInfo, DraftInput, DraftOutput,
+                              ModelFacts, refusal_reason)
+from specdec.rpc.sampling_codec import grammar_to_proto
 from specdec.rpc.serving import channel_options
 from specdec.rpc.v1 import drafter_pb2 as pb
 from specdec.rpc.v1 import drafter_pb2_grpc
@@ -300,9 +301,8 @@ class RemoteDrafter:
             out = DraftOutput(drafts=[[] for _ in batch.seqs], missing=missing)
             return lambda: out
         step, release = self.book.next_step()
-        message = pb.StepInput(step=step, release_seq_ids=release, seqs=[
-            pb.SeqInput(seq_id=s.seq_id, start_pos=s.start_pos, token_ids=s.token_ids, num_drafts=s.num_drafts)
-            for s in (batch.seqs[i] for i in sent)])
+        message = pb.StepInput(step=step, release_seq_ids=release,
+                               seqs=[seq_input_message(batch.seqs[i]) for i in sent])
         self.trace.mark("link.message", step)
         if hidden is not None and connection.sender is not None:
             with self._lock:   # a reconnect closes the replaced connection's sender under this lock
@@ -384,3 +384,11 @@ class RemoteDrafter:
 
 def _short(e: BaseException) -> str:
     return e.details() if isinstance(e, grpc.RpcError) and hasattr(e, "details") else str(e)
+
+
+def seq_input_message(s: DraftInput) -> pb.SeqInput:
+    message = pb.SeqInput(seq_id=s.seq_id, start_pos=s.start_pos, token_ids=s.token_ids, num_drafts=s.num_drafts)
+    if s.grammar is not None:
+        grammar_to_proto(s.grammar.spec, message.grammar)
+        message.output_start = s.grammar.output_start
+    return message

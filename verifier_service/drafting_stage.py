@@ -28,7 +28,8 @@ import numpy as np
 import torch
 
 from specdec.drafting import (AnswersLater, DeviceDrafts, DeviceDraftStep, DraftBatch, DraftInput, DraftOutput, Drafter,
-                              DraftsOnDevice, DraftsOnDeviceLater, device_drafts_problem, proposal_problem)
+                              DraftsOnDevice, DraftsOnDeviceLater, OutputGrammar, device_drafts_problem,
+                              proposal_problem)
 from specdec.models.batch_staging import concat_ranges
 from specdec.models.forward_batch import ForwardBatch
 from specdec.models.pinned_upload import PinnedUpload
@@ -275,10 +276,17 @@ class DraftingStage:
             if self.drafter.needs_hidden:
                 return None
             self.context_lost.discard(seq.seq_id)
-            return DraftInput(seq.seq_id, 0, seq.token_ids[:seq.num_cached + 1], want)
+            return DraftInput(seq.seq_id, 0, seq.token_ids[:seq.num_cached + 1], want, _grammar_of(seq))
         self.context_lost.discard(seq.seq_id)
         start = old if self.drafter.needs_hidden else min(old, self.sent.get(seq.seq_id, 0))
-        return DraftInput(seq.seq_id, start, seq.token_ids[start:seq.num_cached + 1], want)
+        return DraftInput(seq.seq_id, start, seq.token_ids[start:seq.num_cached + 1], want,
+                          _grammar_of(seq) if start == 0 else None)
+
+
+def _grammar_of(seq: Sequence) -> OutputGrammar | None:
+    """A constrained sequence's grammar, for the drafter (sent when it starts the sequence from position 0)."""
+    grammar = seq.params.grammar
+    return None if grammar is None else OutputGrammar(grammar, seq.num_prompt)
 
 
 def _answered(out):

@@ -1,11 +1,14 @@
 """The MTP draft loop on the device: catch-up over the newly committed pairs, then k greedy draft steps, fed
-back without leaving the device (no host sync inside; one read of the [B, k] drafts at the end).
+back without leaving the device (no host sync inside; one read of the [B, k] drafts at the end), unless grammar
+masks keep a constrained sequence's drafts inside its grammar (specdec/drafting/draft_masks.py: the step then runs
+eagerly and the host walks each draft step's drafts).
 
 One step of B sequences:
     out  = head(catch-up pairs (token at p + 1, target hidden at p), layer 0)[last pair of each sequence]  # [B, H]
     pos  = position of that last pair + 1                                                                # [B]
     for j in 0..k-1:
-        d_j = argmax(lm_head(out))            (over the reduced vocabulary when given, mapped to target ids)
+        d_j = argmax(lm_head(out))            (over the reduced vocabulary when given, mapped to target ids;
+                                               over what its grammar allows, for a constrained sequence)
         out = head((d_j at pos + j, out), layer (j + 1) % L)          (not after the last draft)
 The draft-step KV rows are written at pos + j, inside the blocks the drafter reserved; the next catch-up
 overwrites whatever of them the verifier did not commit, before anything reads them.
@@ -26,6 +29,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from specdec.drafting.draft_masks import DraftWalk
 from specdec.models.batch_staging import BatchStaging, StepPlan
 from specdec.models.caches import ModelCaches
 from specdec.models.cuda_graph_runner import (
@@ -102,12 +106,13 @@ class MTPDraftLoop:
         self.vocab_head = lm_head.weight.index_select(0, self.vocab_ids)                      # [V', H]
 
     def run(self, plan: StepPlan, hidden: torch.Tensor, num_steps: int,
-            before: Callable[[ForwardBatch], None] | None = None) -> torch.Tensor:
+            before: Callable[[ForwardBatch], None] | None = None, walk: DraftWalk | None = None) -> torch.Tensor:
         """Catch up on `plan` (hidden [T, H]: the target's rows for its tokens) and draft. Returns drafts
         [B, num_steps] (a graph replay drafts max_drafts steps; the caller keeps what it asked for). `before`
-        gets the staged batch first: device work that writes into it what the host does not know."""
+        gets the staged batch first: device work that writes into it what the host does not know. `walk`: grammar
+        masks on the draft steps' logits (eager: the host walks each step's drafts)."""
         graphs = self.graphs if num_steps > 0 else self.catch_up_graphs
-        bucket = graphs.bucket_for(plan) if graphs is not None else None
+        bucket = graphs.bucket_for(plan) if graphs is not None and walk is None else None
         if bucket is not None:
             self.hidden_in[: plan.num_tokens].copy_(hidden)
             _, (drafts,) = graphs.run(plan, bucket, before)
@@ -120,7 +125,7 @@ class MTPDraftLoop:
         batch = self.staging.stage(plan)
         if before is not None:
             before(batch)
-        return self._step(batch, hidden, num_steps)
+        return self._step(batch, hidden, num_steps, walk)
 
     def _graph_step(self, batch: ForwardBatch) -> tuple[torch.Tensor]:
         return (self._step(batch, self.hidden_in[: batch.num_tokens], self.max_drafts),)
@@ -129,13 +134,14 @@ class MTPDraftLoop:
         return (self._step(batch, self.hidden_in[: batch.num_tokens], 0),)
 
     @torch.inference_mode()
-    def _step(self, batch: ForwardBatch, hidden: torch.Tensor, num_steps: int) -> torch.Tensor:
+    def _step(self, batch: ForwardBatch, hidden: torch.Tensor, num_steps: int,
+              walk: DraftWalk | None = None) -> torch.Tensor:
         last = batch.logits_indices[: batch.num_seqs]          # [B] a bucket pads logit rows past B: cut them
         out = self.head(batch, hidden, self.caches, layer=0)[last]                    # [B, H]
         next_pos = batch.positions[last] + 1                                          # [B] int64
         drafts = []
         for j in range(num_steps):
-            drafts.append(self._argmax(out))                                         # [B] target ids
+            drafts.append(self._argmax(out, walk, drafts[-1] if drafts else None))   # [B] target ids
             if j + 1 == num_steps:
                 break
             feed = self._feed(batch, drafts[-1], next_pos + j)
@@ -144,10 +150,13 @@ class MTPDraftLoop:
             return torch.empty(batch.num_seqs, 0, dtype=torch.long, device=out.device)
         return torch.stack(drafts, dim=1)                                            # [B, num_steps]
 
-    def _argmax(self, out: torch.Tensor) -> torch.Tensor:
-        if self.vocab_ids is None:
-            return self.head.logits(out).argmax(-1)
-        return self.vocab_ids[(out @ self.vocab_head.t()).argmax(-1)]
+    def _argmax(self, out: torch.Tensor, walk: DraftWalk | None = None, previous: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        logits = self.head.logits(out) if self.vocab_ids is None else out @ self.vocab_head.t()     # [B, V']
+        if walk is not None:
+            logits = walk.masked(logits, previous)
+        ids = logits.argmax(-1)
+        return ids if self.vocab_ids is None else self.vocab_ids[ids]
 
     def _feed(self, batch: ForwardBatch, tokens: torch.Tensor, positions: torch.Tensor) -> ForwardBatch:
         """One token per sequence at `positions` [B], KV rows from the sequence's own block table."""

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from specdec.drafting import DeviceDrafts, DeviceDraftStep, DraftBatch, DraftOutput, ModelFacts
+from specdec.drafting.draft_masks import DraftMasks
 from specdec.id_pool import IdPool, PoolExhausted
 from specdec.models.batch_staging import concat_ranges
 from specdec.models.caches import GDNCache, KVCache, ModelCaches
@@ -49,24 +50,27 @@ class MTPDrafter:
     drafts_on_device = True
 
     def __init__(self, loaded: LoadedModel, max_drafts: int, num_blocks: int, block_size: int = 16,
-                 device: str | torch.device | None = None, options: "MTPOptions | None" = None):
+                 device: str | torch.device | None = None, options: "MTPOptions | None" = None,
+                 draft_masks: DraftMasks | None = None):
         """In-process: share the loaded target's embed_tokens / lm_head (on their device unless told)."""
         self.setup(loaded.config, loaded.mtp_weights, loaded.model.embed_tokens.weight,
                    loaded.model.lm_head.weight, max_drafts, num_blocks, block_size,
-                   device if device is not None else loaded.model.embed_tokens.weight.device, options)
+                   device if device is not None else loaded.model.embed_tokens.weight.device, options, draft_masks)
 
     @classmethod
     def from_parts(cls, config: ModelConfig, mtp_weights: dict[str, torch.Tensor], embed_weight: torch.Tensor,
                    lm_head_weight: torch.Tensor, max_drafts: int, num_blocks: int, block_size: int = 16,
-                   device: str | torch.device = "cpu", options: "MTPOptions | None" = None) -> "MTPDrafter":
+                   device: str | torch.device = "cpu", options: "MTPOptions | None" = None,
+                   draft_masks: DraftMasks | None = None) -> "MTPDrafter":
         """Out of process: weights read from the folder, or mapped from the verifier (no second copy)."""
         drafter = cls.__new__(cls)
         drafter.setup(config, mtp_weights, embed_weight, lm_head_weight, max_drafts, num_blocks, block_size, device,
-                      options)
+                      options, draft_masks)
         return drafter
 
     def setup(self, config, mtp_weights, embed_weight, lm_head_weight, max_drafts, num_blocks, block_size, device,
-              options):
+              options, draft_masks=None):
+        """`draft_masks`: keep constrained sequences' drafts inside their grammars (None: drafts are unmasked)."""
         if not mtp_weights:
             raise ValueError("the checkpoint has no mtp.* tensors: the mtp drafter cannot run (use ngram)")
         options = options or MTPOptions()
@@ -87,6 +91,7 @@ class MTPDrafter:
         self.loop = MTPDraftLoop(self.head, caches, max_drafts, options.max_seqs, self.tables.width, self.device,
                                  graphs=not options.enforce_eager, draft_vocab=draft_vocab)
         self.dropped: set[int] = set()  # sequences given up for lack of blocks, until released
+        self.draft_masks = draft_masks
         self._upload = PinnedUpload(self.device, buffers=4)   # two uploads a step with PromptRows
 
     def propose(self, batch: DraftBatch) -> DraftOutput:
@@ -95,6 +100,8 @@ class MTPDrafter:
         seen past position 0 has KV this drafter never built: it is reported missing (the verifier recomputes
         it)."""
         drafts: list[list[int]] = [[] for _ in batch.seqs]
+        if self.draft_masks is not None:
+            self.draft_masks.ingest(batch.seqs)
         lens = np.fromiter((len(s.token_ids) - 1 for s in batch.seqs), np.int64, count=len(batch.seqs))
         served, missing = [], []
         for i, s in enumerate(batch.seqs):
@@ -128,7 +135,16 @@ class MTPDrafter:
         tables, table_lens = self.tables.rows([s.seq_id for s in seqs])
         starts = np.fromiter((s.start_pos for s in seqs), np.int64, count=len(seqs))
         plan = catch_up_plan([s.token_ids for s in seqs], starts, tables, table_lens)
-        drafted = self.loop.run(plan, hidden, max(ks)).tolist()  # [B, >= max(ks)]: the one host sync
+        walk = None
+        if self.draft_masks is not None and max(ks) > 0:
+            walk = self.draft_masks.walk([s.seq_id for s in seqs], self.device, self.loop.vocab_ids)
+        try:
+            drafted = self.loop.run(plan, hidden, max(ks), walk=walk).tolist()  # [B, >= max(ks)]: the last sync
+        finally:
+            if walk is not None:
+                walk.close()
+        if walk is not None:
+            ks = walk.counts(ks)
         return [row[:k] for row, k in zip(drafted, ks)]
 
     def draft_on_device(self, step: DeviceDraftStep) -> DeviceDrafts:
@@ -166,6 +182,10 @@ class MTPDrafter:
         for i in seq_ids:
             self.tables.release(i)
             self.dropped.discard(i)
+        if self.draft_masks is not None:
+            self.draft_masks.release(seq_ids)
 
     def clear(self) -> None:
         self.release(self.tables.seq_ids())
+        if self.draft_masks is not None:
+            self.draft_masks.clear()

@@ -18,6 +18,9 @@ What a drafter may assume
   positions start_pos .. start_pos + n - 1 of every sequence, rows in `seqs` order ([Σ n_i, hidden]); pair i
   of a sequence is (token at start_pos + i + 1, hidden at start_pos + i): the MTP input convention. The
   tensor may be a view of a buffer the verifier's next step overwrites: use or copy it within the call.
+- A sequence whose output is grammar-constrained carries `DraftInput.grammar` on its calls from start_pos = 0:
+  the grammar and the position where its output starts. A drafter may keep its proposals inside the grammar
+  (drafting/draft_masks.py); one that ignores it loses only the drafts the verifier's mask rejects.
 - `release(seq_ids)` when sequences end (or are preempted); `clear()` when the verifier (re)connects.
 
 What a drafter must guarantee
@@ -39,6 +42,15 @@ from typing import Callable, Mapping, Protocol, runtime_checkable
 
 import torch
 
+from specdec.sampling_params import GrammarSpec
+
+
+@dataclass(frozen=True)
+class OutputGrammar:
+    """The grammar a sequence's output (its tokens at positions >= output_start) follows."""
+    spec: GrammarSpec
+    output_start: int
+
 
 @dataclass
 class DraftInput:
@@ -46,6 +58,7 @@ class DraftInput:
     start_pos: int
     token_ids: list[int]          # committed tokens at positions start_pos .. start_pos + n
     num_drafts: int               # proposals wanted (0: ingest only)
+    grammar: OutputGrammar | None = None  # with start_pos = 0 for a constrained sequence; None otherwise
 
 
 @dataclass

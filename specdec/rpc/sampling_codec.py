@@ -18,11 +18,20 @@ def params_from_proto(message: gateway_pb2.SamplingParams) -> SamplingParams:
     values |= {"stop": list(message.stop), "stop_token_ids": list(message.stop_token_ids),
                "ignore_eos": message.ignore_eos}
     if message.HasField("grammar"):
-        kind = message.grammar.WhichOneof("kind")
-        if kind is None or (kind == "json_object" and not message.grammar.json_object):
-            raise SamplingError("grammar: set one of json_object (true), json_schema, regex, ebnf, structural_tag")
-        values["grammar"] = GrammarSpec(kind, "" if kind == "json_object" else getattr(message.grammar, kind))
+        values["grammar"] = grammar_from_proto(message.grammar)
     return SamplingParams.from_fields(values)
+
+
+def grammar_from_proto(message: gateway_pb2.Grammar) -> GrammarSpec:
+    kind = message.WhichOneof("kind")
+    if kind is None or (kind == "json_object" and not message.json_object):
+        raise SamplingError("grammar: set one of json_object (true), json_schema, regex, ebnf, structural_tag")
+    return GrammarSpec(kind, "" if kind == "json_object" else getattr(message, kind))
+
+
+def grammar_to_proto(spec: GrammarSpec, message: gateway_pb2.Grammar) -> None:
+    """Write `spec` into `message` (a Grammar field of a message being built)."""
+    setattr(message, spec.kind, True if spec.kind == "json_object" else spec.text)
 
 
 def params_to_proto(params: SamplingParams) -> gateway_pb2.SamplingParams:
@@ -33,6 +42,5 @@ def params_to_proto(params: SamplingParams) -> gateway_pb2.SamplingParams:
         if value is not None:
             setattr(message, name, value)
     if params.grammar is not None:
-        setattr(message.grammar, params.grammar.kind,
-                True if params.grammar.kind == "json_object" else params.grammar.text)
+        grammar_to_proto(params.grammar, message.grammar)
     return message

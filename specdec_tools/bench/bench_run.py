@@ -54,6 +54,7 @@ class BenchConfig:
     tensor_parallel_size: int = 1        # gateway path: the verifier's ranks
     load_format: str = "safetensors"     # dummy: random weights, config.json only (gateway path)
     grammar: tuple[str, str] | None = None  # gateway path: (kind, text) every request is constrained by
+    draft_masks: bool = True             # gateway path: False = the mtp drafter service's --no-draft-masks
 
 
 @dataclass
@@ -89,7 +90,7 @@ class BenchRun:
             self._gateway = GatewayBench(c.model, c.device, c.dtype, trace_dir=c.trace_steps_dir,
                                          step_channel=c.step_channel, repeats=c.repeats, overlap=c.overlap,
                                          tensor_parallel_size=c.tensor_parallel_size, load_format=c.load_format,
-                                         grammar=c.grammar)
+                                         grammar=c.grammar, draft_masks=c.draft_masks)
         return self._gateway
 
     # ---- the run ------------------------------------------------------------------------
@@ -108,7 +109,8 @@ class BenchRun:
                                     "seed": c.seed, "planned": len(c.workloads), "step_channel": c.step_channel,
                                     "repeats": c.repeats, "overlap": c.overlap,
                                     "tensor_parallel_size": c.tensor_parallel_size, "load_format": c.load_format,
-                                    "grammar": c.grammar[0] if c.grammar else None},
+                                    "grammar": c.grammar[0] if c.grammar else None,
+                                    "draft_masks": c.draft_masks},
                        "roofline": None, "profile": None, "results": self.results, "skipped": self.skipped,
                        "problems": []}
         log.info("measuring the device copy and the weight-GEMM chain (%d GEMMs)", len(self.traffic.linear_shapes))

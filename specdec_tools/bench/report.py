@@ -100,6 +100,7 @@ def render_table(record: dict, markdown: bool = False) -> str:
         head += "; dummy (random) weights"
     if settings.get("grammar"):
         head += f"; every request constrained by a {settings['grammar']} grammar"
+        head += "" if settings.get("draft_masks", True) else " (mtp drafts unmasked)"
     if markdown:
         lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
         lines += ["| " + " | ".join(r) + " |" for r in rows]

@@ -60,6 +60,9 @@ def add_parser(sub) -> None:
                    help="gateway path: every request constrained by this grammar (json_object, json_schema@FILE, "
                         "regex:TEXT, ebnf@FILE ...); time it against a run without. Real drafts only (no mtp@L: "
                         "forced acceptance would accept what the grammar refuses)")
+    p.add_argument("--no-draft-masks", dest="draft_masks", action="store_false",
+                   help="with --grammar: the mtp drafter service drafts unmasked (its --no-draft-masks), to measure "
+                        "what masking the drafts adds to the acceptance length")
     p.add_argument("--profile", action="store_true", help="torch.profiler summary of in-process decode steps")
     p.add_argument("--profile-steps", type=int, default=10)
     p.add_argument("--trace-steps", default=None, metavar="DIR",
@@ -121,7 +124,7 @@ def build_config(args: argparse.Namespace):
         profile=args.profile, profile_steps=args.profile_steps, trace_steps_dir=args.trace_steps,
         step_channel=args.step_channel, repeats=args.repeats, overlap=args.overlap,
         plot=not args.no_plot, seed=args.seed, tensor_parallel_size=args.tensor_parallel_size,
-        load_format=args.load_format, grammar=grammar,
+        load_format=args.load_format, grammar=grammar, draft_masks=args.draft_masks,
         command="specdec " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
 
 

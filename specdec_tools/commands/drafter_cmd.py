@@ -32,6 +32,9 @@ def add_parser(sub) -> None:
                    help="mtp: draft over the ids of this `specdec draft-vocab` file only (a faster lm_head; "
                         "still lossless, acceptance may drop)")
     add_enforce_eager_arg(p)
+    p.add_argument("--no-draft-masks", dest="draft_masks", action="store_false",
+                   help="mtp: draft grammar-constrained sequences unmasked (by default their drafts stay inside "
+                        "the grammar, one host sync per draft step; the output is the same either way)")
     p.add_argument("--references", default=None, help="synthetic: JSON list of token-id lists")
     p.add_argument("--mean-acceptance-length", type=float, default=None, help="synthetic: target length")
     p.add_argument("--vocab-size", type=int, default=0,
@@ -94,6 +97,6 @@ def run(args: argparse.Namespace) -> int:
                            enforce_eager=args.enforce_eager, draft_vocab=args.draft_vocab,
                            options=parse_options(args.option), count_tokens=args.count_tokens,
                            count_every_s=args.count_every, trace_steps=args.trace_steps,
-                           load_format=args.load_format)
+                           load_format=args.load_format, draft_masks=args.draft_masks)
     serve(config, args.host, args.port)
     return 0

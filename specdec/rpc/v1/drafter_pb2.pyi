@@ -1,3 +1,4 @@
+from specdec.rpc.v1 import gateway_pb2 as _gateway_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -127,16 +128,20 @@ class Setup(_message.Message):
     def __init__(self, buffers: _Optional[_Iterable[_Union[SharedBuffer, _Mapping]]] = ...) -> None: ...
 
 class SeqInput(_message.Message):
-    __slots__ = ("seq_id", "start_pos", "token_ids", "num_drafts")
+    __slots__ = ("seq_id", "start_pos", "token_ids", "num_drafts", "grammar", "output_start")
     SEQ_ID_FIELD_NUMBER: _ClassVar[int]
     START_POS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_DRAFTS_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_START_FIELD_NUMBER: _ClassVar[int]
     seq_id: int
     start_pos: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     num_drafts: int
-    def __init__(self, seq_id: _Optional[int] = ..., start_pos: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_drafts: _Optional[int] = ...) -> None: ...
+    grammar: _gateway_pb2.Grammar
+    output_start: int
+    def __init__(self, seq_id: _Optional[int] = ..., start_pos: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_drafts: _Optional[int] = ..., grammar: _Optional[_Union[_gateway_pb2.Grammar, _Mapping]] = ..., output_start: _Optional[int] = ...) -> None: ...
 
 class StepInput(_message.Message):
     __slots__ = ("step", "seqs", "hidden", "release_seq_ids", "device")

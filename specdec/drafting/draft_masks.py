@@ -1,0 +1,187 @@
+"""Grammar masks on a drafter's proposals: a constrained sequence's drafts stay inside its grammar.
+
+The verifier samples every verify row of a constrained sequence from the target's distribution masked to the
+grammar (specdec/grammar.py), so a draft the grammar refuses is always rejected. A drafter that masks its own
+logits the same way proposes the likeliest token the grammar allows instead (where an unmasked head guesses free
+text, a JSON Schema's keys and punctuation or a tool call's tags are forced). Masking changes which tokens are
+proposed, never the output: the verifier verifies under the grammar either way (a drafter that reports q must
+report the masked one; an argmax drafter's one-hot q already is).
+
+`DraftMasks` keeps one matcher per constrained sequence, standing after its committed output. It learns the
+grammar from the sequence's first DraftInput (`DraftInput.grammar`), compiles it off the drafting thread (a
+large schema takes seconds: a drafting step waits COMPILE_WAIT_S for it, then the sequence drafts unmasked until
+it is ready, its output tokens kept meanwhile),
+and takes the committed tokens as they arrive. A drafting step gets a `DraftWalk`: before draft step j it masks
+the logits of the constrained rows to what the grammar allows after the committed output and drafts 0..j-1,
+which it walks on the host (one sync per draft step, only in batches with a constrained sequence) and rolls back
+when the step closes. A row stops drafting after a stop token, or when nothing the drafter may propose is
+allowed.
+"""
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+
+import torch
+
+from specdec.grammar import Grammars, TokenMatcher, masks_array, unpack_mask
+
+from .interface import DraftInput
+
+log = logging.getLogger(__name__)
+COMPILE_WAIT_S = 0.05    # how long a sequence's first drafting step waits for its grammar (then: drafts unmasked)
+
+
+@dataclass
+class _Tracked:
+    """A constrained sequence: its matcher once compiled, and the output tokens it has not taken yet."""
+    compiling: Future
+    next_pos: int                            # the next committed position to take (>= the output's start)
+    matcher: TokenMatcher | None = None
+    backlog: list[int] = field(default_factory=list)   # output tokens that arrived while it compiled
+
+    def ready(self, wait_s: float = 0.0) -> TokenMatcher | None:
+        if self.matcher is None:
+            try:    # (a compile error is raised here: the caller forgets the sequence)
+                self.matcher = self.compiling.result(timeout=wait_s)
+            except FutureTimeout:
+                return None
+            self.matcher.accept(self.backlog)
+            self.backlog = []
+        return self.matcher
+
+
+class DraftMasks:
+    """The constrained sequences a drafter holds, and a `DraftWalk` per drafting step."""
+
+    def __init__(self, grammars: Grammars):
+        self.grammars = grammars
+        self.tracked: dict[int, _Tracked] = {}
+        self._compiler = ThreadPoolExecutor(1, thread_name_prefix="draft-grammar")
+
+    @classmethod
+    def for_folder(cls, model_dir: str | None, vocab_size: int, stop_token_ids: list[int]) -> "DraftMasks | None":
+        """Masks over the model folder's tokenizer; None (drafts unmasked, logged) when it has none."""
+        grammars = Grammars.from_folder(model_dir, vocab_size, stop_token_ids) if model_dir else None
+        if grammars is None:
+            log.info("no tokenizer.json in %s: constrained sequences draft without their grammar's mask", model_dir)
+            return None
+        return cls(grammars)
+
+    def ingest(self, seqs: list[DraftInput]) -> None:
+        """Take each sequence's committed tokens (a sequence sent from position 0 with a grammar starts over)."""
+        for s in seqs:
+            if s.start_pos == 0:
+                self.tracked.pop(s.seq_id, None)
+                if s.grammar is not None:
+                    self.tracked[s.seq_id] = _Tracked(self._compiler.submit(self.grammars.matcher, s.grammar.spec),
+                                                      s.grammar.output_start)
+            t = self.tracked.get(s.seq_id)
+            end = s.start_pos + len(s.token_ids)
+            if t is None or end <= t.next_pos:
+                continue
+            if s.start_pos > t.next_pos:   # tokens this drafter never saw: its place in the grammar is lost
+                self.forget(s.seq_id, "a gap in its committed tokens")
+                continue
+            tokens = s.token_ids[t.next_pos - s.start_pos:]
+            t.next_pos = end
+            try:
+                matcher = t.ready()
+            except Exception as e:   # GrammarError, or an engine that cannot load: this sequence drafts unmasked
+                self.forget(s.seq_id, str(e))
+                continue
+            if matcher is None:
+                t.backlog.extend(tokens)
+            else:
+                matcher.accept(tokens)
+                if matcher.error:
+                    self.forget(s.seq_id, matcher.error)
+
+    def walk(self, seq_ids: list[int], device: torch.device, vocab_ids: torch.Tensor | None = None
+             ) -> "DraftWalk | None":
+        """The masks of one drafting step over a batch whose rows are `seq_ids`; None when none is constrained
+        (or ready). `vocab_ids`: the target ids of the drafter's logit columns, when it drafts over a subset."""
+        rows, matchers = [], []
+        for row, seq_id in enumerate(seq_ids):
+            t = self.tracked.get(seq_id)
+            try:
+                matcher = t.ready(COMPILE_WAIT_S) if t is not None else None
+            except Exception as e:
+                self.forget(seq_id, str(e))
+                continue
+            if matcher is not None and not matcher.terminated:
+                rows.append(row)
+                matchers.append(matcher)
+        if not rows:
+            return None
+        return DraftWalk(self.grammars, rows, matchers, device, vocab_ids)
+
+    def forget(self, seq_id: int, reason: str) -> None:
+        self.tracked.pop(seq_id, None)
+        log.warning("sequence %d drafts without its grammar's mask from now on: %s", seq_id, reason)
+
+    def release(self, seq_ids: list[int]) -> None:
+        for seq_id in seq_ids:
+            self.tracked.pop(seq_id, None)
+
+    def clear(self) -> None:
+        self.tracked.clear()
+
+
+class DraftWalk:
+    """One drafting step's grammar masks. Call `masked(logits, previous)` before each draft step's argmax
+    (`previous`: the last step's drafts [B] on the device, None at step 0), then `counts` and `close`."""
+
+    def __init__(self, grammars: Grammars, rows: list[int], matchers: list[TokenMatcher], device: torch.device,
+                 vocab_ids: torch.Tensor | None):
+        self.grammars, self.rows, self.matchers = grammars, rows, matchers
+        self.device, self.vocab_ids = device, vocab_ids
+        self.live = list(range(len(rows)))      # indices (into rows) still drafting
+        self.walked = [0] * len(rows)
+        self.limit: dict[int, int] = {}          # row -> drafts it keeps, once it stopped
+        self.step = 0
+
+    def masked(self, logits: torch.Tensor, previous: torch.Tensor | None) -> torch.Tensor:
+        """logits [B, V'] → the same with the constrained rows' disallowed ids at −inf."""
+        if previous is not None:
+            self._take(previous[self.rows].tolist())            # the host sync of this draft step
+        self.step += 1
+        if not self.live:
+            return logits
+        bits = masks_array(len(self.live), self.grammars.vocab_size)
+        self.grammars.fill_masks([(self.matchers[i], n, []) for n, i in enumerate(self.live)], bits)
+        allowed = unpack_mask(bits.to(self.device), self.grammars.vocab_size)      # [L, V]
+        if self.vocab_ids is not None:
+            allowed = allowed[:, self.vocab_ids]                                    # [L, V']
+        rows = torch.tensor([self.rows[i] for i in self.live], device=self.device)
+        logits = logits.clone()
+        logits[rows] = logits[rows].masked_fill(~allowed[:, :logits.shape[1]], float("-inf"))
+        return logits
+
+    def _take(self, tokens: list[int]) -> None:
+        """Walk each live row's matcher through its last draft (step - 1); a row whose draft was a stop token
+        keeps it and stops; one whose draft the grammar refuses (nothing allowed in the drafter's vocabulary) drops
+        it and stops."""
+        still = []
+        for i in self.live:
+            token = tokens[i]
+            if not self.matchers[i].walk(token):
+                self.limit[self.rows[i]] = self.step - 1
+                continue
+            self.walked[i] += 1
+            if token in self.grammars.stop_token_ids:
+                self.limit[self.rows[i]] = self.step
+            else:
+                still.append(i)
+        self.live = still
+
+    def counts(self, wanted: list[int]) -> list[int]:
+        """Each row's draft count (`wanted` per row of the batch) cut where its row stopped."""
+        return [min(k, self.limit.get(row, k)) for row, k in enumerate(wanted)]
+
+    def close(self) -> None:
+        """Roll each matcher back to the committed output."""
+        for matcher, walked in zip(self.matchers, self.walked):
+            matcher.unwalk(walked)
