@@ -85,10 +85,15 @@ def build_vocab(n_regular: int, max_mb: float, seed: int, cross: bool) -> tuple[
     return tokens, merges
 
 
-def build_hf_tokenizer(tokens: list[bytes], merges: list[tuple[int, int]]):
-    """A transformers fast tokenizer over the synthetic BPE, set up like Qwen's tokenizer.json."""
+def build_hf_tokenizer(tokens: list[bytes], merges: list[tuple[int, int]], eos_id: int | None = None):
+    """A transformers fast tokenizer over the synthetic BPE, set up like Qwen's tokenizer.json. `eos_id`: where EOS
+    must sit (a checkpoint's eos_token_id): text tokens that no merge makes fill the ids before Qwen's specials."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
+    fill = 0 if eos_id is None else eos_id - len(tokens) - SPECIAL.index(EOS)
+    if fill < 0:
+        raise SystemExit(f"EOS cannot sit at {eos_id}: the vocabulary has {len(tokens)} tokens before the specials")
+    tokens = tokens + [b"<unused_%d>" % i for i in range(fill)]     # plain text pieces no merge makes
     keep = [*range(33, 127), *range(161, 173), *range(174, 256)]   # GPT-2's byte -> printable character map
     b2u = {b: chr(b) for b in keep} | {b: chr(256 + i) for i, b in enumerate(sorted(set(range(256)) - set(keep)))}
     names = ["".join(b2u[b] for b in t) for t in tokens]
@@ -286,7 +291,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="32,000-token vocabulary, 8 MiB corpus, 3 reps, 20 steps")
     ap.add_argument("--out", help="also write the results here, as JSON")
     ap.add_argument("--save-tokenizer", metavar="DIR", help="write the synthetic tokenizer into DIR (e.g. a make-tiny "
-                                                            "checkpoint, for `specdec bench --grammar`) and stop")
+                                                            "checkpoint, for `specdec bench --grammar`; EOS at its "
+                                                            "config's eos_token_id) and stop")
     args = ap.parse_args()
     if args.quick:
         args.vocab_size, args.tokens, args.corpus_mb, args.reps, args.batch_steps = 32000, 31900, 8, 3, 20
@@ -298,18 +304,17 @@ def main() -> None:
     else:
         tokens, merges = build_vocab(args.tokens - len(SPECIAL) - len(ADDED), args.corpus_mb, args.seed,
                                      args.cross_pieces)
-        hf, tokens = build_hf_tokenizer(tokens, merges), tokens + [s.encode() for s in SPECIAL + ADDED]
+        eos_id = None
+        config = Path(args.save_tokenizer or "") / "config.json"
+        if args.save_tokenizer and config.is_file():   # the model's EOS must be the tokenizer's (grammars end on it)
+            c = json.loads(config.read_text())
+            eos = c.get("text_config", c).get("eos_token_id", c.get("eos_token_id"))
+            eos_id = eos[0] if isinstance(eos, list) else eos
+        hf, tokens = build_hf_tokenizer(tokens, merges, eos_id), tokens + [s.encode() for s in SPECIAL + ADDED]
         if args.save_tokenizer:
             hf.save_pretrained(args.save_tokenizer)
             print(f"{len(hf)} tokens written to {args.save_tokenizer} in {time.perf_counter() - t0:.1f} s, EOS "
                   f"{EOS} = {hf.eos_token_id}")
-            config = Path(args.save_tokenizer) / "config.json"
-            if config.is_file():   # the model's EOS must be the tokenizer's (grammars end on it)
-                c = json.loads(config.read_text())
-                eos = c.get("text_config", c).get("eos_token_id", c.get("eos_token_id"))
-                if hf.eos_token_id not in (eos if isinstance(eos, list) else [eos]):
-                    raise SystemExit(f"{config}: eos_token_id {eos}, the tokenizer's {hf.eos_token_id}: choose "
-                                     f"--tokens {args.tokens + (eos[0] if isinstance(eos, list) else eos) - hf.eos_token_id}")
             return
     n_ascii = sum(t.isascii() for t in tokens)
     vocab = {"tokens": len(hf), "mask_width": args.vocab_size, "ascii": n_ascii, "non_ascii": len(hf) - n_ascii,

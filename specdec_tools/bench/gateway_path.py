@@ -236,6 +236,8 @@ class GatewayBench:
                             finals[i] = (reply.finish_reason, reply.usage)
                 except grpc.RpcError as e:
                     finals[i] = (e.code().name.lower(), None)
+                    if i == 0:   # (the others' codes are in finish_reasons)
+                        log.warning("%s: a request failed: %s: %s", w.name, e.code().name, e.details())
             threads = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(n)]
             for t in threads:
                 t.start()
