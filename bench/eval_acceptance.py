@@ -43,7 +43,7 @@ def held_out_prompts(tokenizer: TextTokenizer, n: int, length: int) -> list[list
 
 
 def run_one(loaded, drafter_kind: str, k: int, temperature: float, prompts, max_tokens: int, device: str,
-            draft_vocab: str | None = None, grammar: GrammarSpec | None = None, draft_masks: bool = True,
+            draft_vocab: str | None = None, grammar: GrammarSpec | None = None, draft_masks: str = "on",
             model_dir: str = "") -> dict:
     config = VerifierConfig(model_dir=model_dir, device=device, num_drafts=k, in_process_drafter=drafter_kind,
                             max_running=16, max_batched_tokens=2048, prefill_chunk=512, kv_blocks=len(prompts) * 20,
@@ -96,9 +96,9 @@ def main() -> None:
     prompts = held_out_prompts(TextTokenizer.from_folder(args.model), args.num_prompts, args.prompt_len)
     results = []
     print(f"{'drafter':10} {'k':>2} {'temp':>5} {'mean acc len':>12} {'drafter ms':>10}  per-position acceptance")
-    runs = [(d, None, True) for d in args.drafters] + [("mtp", f, True) for f in args.draft_vocabs]
+    runs = [(d, None, "on") for d in args.drafters] + [("mtp", f, "on") for f in args.draft_vocabs]
     if grammar is not None:   # + each MTP run unmasked
-        runs += [(d, vocab, False) for d, vocab, _ in runs if d == "mtp"]
+        runs += [(d, vocab, "off") for d, vocab, _ in runs if d == "mtp"]
     for drafter, vocab, masks in runs:
         for temperature in args.temperatures:
             for k in args.ks:

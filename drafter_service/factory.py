@@ -50,7 +50,7 @@ class DrafterConfig:
     count_every_s: float = 60.0        # save the counts this often (and when the server stops)
     trace_steps: str | None = None     # diagnostics: a specdec.step_trace file
     load_format: str = "safetensors"   # mtp: dummy = random weights of the config's shapes (benchmarks only)
-    draft_masks: bool = True           # mtp: keep a grammar-constrained sequence's drafts inside its grammar
+    draft_masks: str = "auto"          # mtp: on | off | auto: keep a constrained sequence's drafts inside its grammar
 
 
 class DrafterHolder:
@@ -117,7 +117,7 @@ class DrafterHolder:
         self.mtp_parts = (config, mtp)
         c = self.config
         self.draft_masks = DraftMasks.for_folder(c.model_dir, config.vocab_size, list(config.eos_token_id)) \
-            if c.draft_masks else None
+            if DraftMasks.wanted(c.draft_masks, c.device, c.enforce_eager) else None
         vocab = load_draft_vocab(c.draft_vocab, config.vocab_size) if c.draft_vocab else None
         # a device step sent as changes gives start positions up to START_POS_SLACK ahead: room for them
         self.mtp_options = MTPOptions(max_seqs=c.max_seqs, max_context=c.max_context + START_POS_SLACK,

@@ -50,7 +50,8 @@ def _engine(masks: bool | None, address: str | None = None):
                             in_process_drafter="mtp" if drafting and address is None else None,
                             drafter_address=address, max_context=512, max_running=8, max_batched_tokens=256,
                             prefill_chunk=64, warm_up=False)
-    return build_engine(config, in_process_drafter("mtp", draft_masks=masks) if config.in_process_drafter else None)
+    return build_engine(config, in_process_drafter("mtp", draft_masks="on" if masks else "off")
+                        if config.in_process_drafter else None)
 
 
 class Recorder:
@@ -111,7 +112,8 @@ def test_the_grammar_reaches_a_drafter_service_and_its_masks(prompts):
     plain = _engine(None).generate(prompts, params)
     lengths = {}
     for masks in (True, False):
-        server = start_drafter(DrafterConfig("mtp", 3, str(demo_model_dir()), draft_masks=masks), "127.0.0.1", 0)
+        server = start_drafter(DrafterConfig("mtp", 3, str(demo_model_dir()), draft_masks="on" if masks else "off"),
+                               "127.0.0.1", 0)
         try:
             engine = _engine(masks, f"127.0.0.1:{server.port}")
             deadline = time.monotonic() + 60
@@ -189,3 +191,15 @@ def test_a_stop_token_ends_a_rows_drafts(grammars):
     walk.masked(torch.zeros(1, 4096), first)
     assert walk.counts([3]) == [1]
     walk.close()
+
+
+@pytest.mark.parametrize("setting, device, eager, wanted", [
+    ("auto", "cpu", False, True), ("auto", "cuda", False, False), ("auto", "cuda:1", True, True),
+    ("on", "cuda", False, True), ("off", "cpu", False, False)])
+def test_draft_masks_by_default_only_where_the_drafter_runs_eagerly(setting, device, eager, wanted):
+    assert DraftMasks.wanted(setting, device, eager) == wanted
+
+
+def test_a_bad_draft_masks_setting_is_refused():
+    with pytest.raises(ValueError, match="on, off or auto"):
+        DraftMasks.wanted("yes", "cpu", False)

@@ -40,7 +40,7 @@ def grammars():
 def engine(kind=None, k=3, draft_masks=True):
     config = VerifierConfig(model_dir=str(demo_model_dir()), num_drafts=k if kind else 0, in_process_drafter=kind,
                             max_context=512, max_running=8, max_batched_tokens=256, prefill_chunk=64, warm_up=False)
-    return build_engine(config, in_process_drafter(kind, draft_masks=draft_masks) if kind else None)
+    return build_engine(config, in_process_drafter(kind, draft_masks="on" if draft_masks else "off") if kind else None)
 
 
 def texts(tokenizer, outputs):
@@ -190,3 +190,27 @@ def test_engine_refuses_a_grammar_without_a_tokenizer(tiny_dir):
 def test_the_grammar_crosses_the_wire(spec):
     params = SamplingParams(max_tokens=5, grammar=spec)
     assert params_from_proto(params_to_proto(params)) == params
+
+
+def test_constrained_plain_decoding_overlaps_and_gives_the_same_tokens(tokenizer):
+    """Without drafts a constrained step is launched before the last one is read (that one is read between the
+    forward and the verdict): the tokens are those of synchronous steps, greedy and seeded, and the engine did
+    overlap."""
+    prompts = [tokenizer.encode(p) for p in PROMPTS]
+    params = [SamplingParams(max_tokens=80, grammar=GrammarSpec("json_schema", json.dumps(SCHEMA))),
+              SamplingParams(max_tokens=80, temperature=0.8, seed=5, grammar=GrammarSpec("regex", DATE)),
+              SamplingParams(max_tokens=80, temperature=0.8, seed=6, grammar=GrammarSpec("json_object"))]
+    synchronous = dataclasses.replace(VerifierConfig(model_dir=str(demo_model_dir()), num_drafts=0, max_context=512,
+                                                     max_running=8, max_batched_tokens=256, prefill_chunk=64,
+                                                     warm_up=False), overlap=False)
+    expected = build_engine(synchronous).generate(prompts, params)
+    overlapped = engine()
+    for i, (prompt, p) in enumerate(zip(prompts, params)):
+        overlapped.add_request(str(i), prompt, p)
+    tokens, overlapping = {str(i): [] for i in range(len(prompts))}, 0
+    while overlapped.has_work:
+        for out in overlapped.step():
+            tokens[out.request_id] += out.new_token_ids
+        overlapping += overlapped.overlapping
+    assert [tokens[str(i)] for i in range(len(prompts))] == expected
+    assert overlapping > 10

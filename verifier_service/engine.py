@@ -13,7 +13,8 @@ When no request counts penalties or asks for logprobs, and drafts (if any) are m
 step n + 1 is launched before step n is read, its inputs written on the device from step n's unread verdict
 (in_flight.py, ChainedInputs), so step() returns the outputs of the step launched by the call before it and the
 host's work between two steps runs while the GPU computes. Otherwise a step is read right after its launch. Both
-are the same path; only which step is read differs.
+are the same path; only which step is read differs. Grammar-constrained requests overlap without drafts: their
+masks need step n's tokens, so step n is read after step n + 1's forward is queued and before its verdict.
 
 A sequence's state changes only through its own methods (sequence.py): here at launch and at read, in the
 scheduler, the block manager and the drafting stage at their own moments.
@@ -207,11 +208,13 @@ class SpecEngine:
         schedule = self.scheduler.schedule(self._choose_drafts())  # a sequence whose last step is unread
         self.drafting.forget(schedule.preempted)
         asked, start = self.drafting.seconds, time.perf_counter()
-        launched = self._launch(schedule.entries, previous, overlap) if schedule.entries else None
+        launched, read_early = self._launch(schedule.entries, previous, overlap) if schedule.entries else (None, None)
         launch_seconds, asked_in_launch = time.perf_counter() - start, self.drafting.seconds - asked
         to_read, self._in_flight = (previous, launched) if overlap else (launched, None)
+        if read_early is not None:            # (read between the forward and the verdict)
+            to_read = None
         asked, start = self.drafting.seconds, time.perf_counter()
-        outputs = self._read(to_read) if to_read is not None else []
+        outputs = (read_early or []) + (self._read(to_read) if to_read is not None else [])
         read_seconds, asked_in_read = time.perf_counter() - start, self.drafting.seconds - asked
         # host time per phase: "target" queueing the step, "verify" reading a step and committing it (on a GPU the
         # target's kernels finish inside it: its one sync), "drafter" asking the drafter and reading its answers
@@ -244,18 +247,27 @@ class SpecEngine:
         in-process MTP head, or an MTP drafter service through device steps), or none are asked for (the last
         step's k was 0 and the drafter takes host tokens: it is skipped); a drafter that needs the tokens on the
         host (n-gram, a drafter service on another host or counting tokens) and a drafter that lost context run
-        synchronous steps. The engine changes mode between two steps."""
+        synchronous steps, and so do grammar-constrained requests when drafts are made (a grammar's masks walk the
+        drafts on the host; without drafts they overlap, reading the last step early: _launch). The engine changes
+        mode between two steps."""
         if not self.config.overlap or self.drafting.context_lost:
             return False
-        if self.config.num_drafts > 0 and self.drafter is not None and not self.drafting.drafts_on_device \
-                and not self.drafting.skips_drafter:
+        drafting = self.config.num_drafts > 0 and self.drafter is not None
+        if drafting and not self.drafting.drafts_on_device and not self.drafting.skips_drafter:
             return False
         sched = self.scheduler
-        return all(s.params.decided_on_device for s in chain(sched.running, sched.waiting))
+        # a grammar's masks follow the host's tokens: without drafts the step reads the last one early (_launch)
+        return all(s.params.decided_on_device or (not drafting and not s.params.penalised
+                                                  and s.params.logprobs is None)
+                   for s in chain(sched.running, sched.waiting))
 
-    def _launch(self, entries: list[ScheduledSeq], previous: LaunchedStep | None, overlap: bool) -> LaunchedStep:
+    def _launch(self, entries: list[ScheduledSeq], previous: LaunchedStep | None, overlap: bool
+                ) -> tuple[LaunchedStep, list[RequestOutput] | None]:
         """Queue the step's forward and its verdict (and, overlapped, the drafter's next drafts on the device);
-        the sequences' caches advance by what the host knows (the accepted drafts follow at the read)."""
+        the sequences' caches advance by what the host knows (the accepted drafts follow at the read). A
+        constrained step launched over an unread one reads that one between its forward and its verdict: the
+        grammar masks follow the tokens it emits, and the host reads them while the device runs the forward.
+        Returns the launched step, and the outputs of that early read (None when there was none)."""
         self.step_count += 1
         self.overlapped_draft_steps += overlap and any(p.num_drafts for p in entries)
         sampled = [p for p in entries if p.samples]            # before the counts below move
@@ -268,19 +280,29 @@ class SpecEngine:
                                                logits=[p.num_drafts + 1 if p.samples else 0 for p in entries],
                                                before=chained)
         staging = None if overlap else self.drafting.layout_hidden(entries, hidden)
+        cached_before, epochs = [p.seq.num_cached for p in entries], [p.seq.cache_epoch for p in sampled]
+        read_early = None
+        if unread is not None and any(p.seq.grammar is not None for p in sampled):
+            self._launched(entries)           # (the launch's bookkeeping before the read, as on the other path)
+            read_early, unread = self._read(previous), None
         verdict = self._verdict(entries, sampled, logits, forced, unread, overlap) if sampled else None
         if staging is not None:      # the drafter's hidden rows placed by the accepted counts, before the sync
             staging.gather(hidden, verdict.accepted if verdict is not None else None)
         self.trace.mark("forward.launched")
-        in_flight = InFlightStep.launch(sampled, verdict)
+        in_flight = InFlightStep.launch(sampled, verdict, epochs)
         if overlap:
             in_flight.drafts_answer = self.drafting.ask_on_device(
                 self.step_count, entries, self.executor.last_batch, hidden, in_flight.emitted,
                 verdict.accepted if verdict is not None else None)
-        launched = LaunchedStep(in_flight, entries, [p.seq.num_cached for p in entries], None if overlap else hidden)
+        launched = LaunchedStep(in_flight, entries, cached_before, None if overlap else hidden)
+        if read_early is None:
+            self._launched(entries)
+        return launched, read_early
+
+    @staticmethod
+    def _launched(entries: list[ScheduledSeq]) -> None:
         for p in entries:
             p.seq.launched(len(p.chunk), p.num_drafts, p.samples, p.decoding)
-        return launched
 
     def _verdict(self, entries: list[ScheduledSeq], sampled: list[ScheduledSeq], logits: torch.Tensor,
                  forced: list[int] | None, unread: InFlightStep | None, overlap: bool) -> DeviceVerdict:
@@ -288,9 +310,9 @@ class SpecEngine:
         the staged input ids on the device (written there from the unread step when overlapped, never seen by
         the host). Overlapped steps verify drafts made on the device, always one-hot: a q a drafter sent in an
         earlier synchronous step is not theirs."""
-        s = len(sampled)
+        s, chosen = len(sampled), {id(p) for p in sampled}   # (not p.samples: an early read has moved the counts)
         starts = np.cumsum([0] + [len(p.chunk) for p in entries])[:-1]
-        firsts = np.fromiter((at + 1 for at, p in zip(starts, entries) if p.samples), np.int64, count=s)
+        firsts = np.fromiter((at + 1 for at, p in zip(starts, entries) if id(p) in chosen), np.int64, count=s)
         num_drafts = np.fromiter((p.num_drafts for p in sampled), np.int64, count=s)
         width = int(num_drafts.max(initial=0))
         cols = np.arange(width)[None, :]
@@ -302,7 +324,7 @@ class SpecEngine:
         rows = VerifyRows(torch.where(index >= 0, input_ids[index.clamp(min=0)], -1), flat[at:at + s],
                           flat[at + s:at + 2 * s + 1], width)
         forced_accepts = None if forced is None else flat[at + 2 * s + 1:]
-        # grammar masks: filled on the host while the forward runs (constrained steps are synchronous)
+        # grammar masks: filled on the host while the forward runs (after the committed tokens and the host's drafts)
         masks = grammar_row_masks(sampled, self.grammars, logits.shape[-1], self._upload_masks)
         if all(p.seq.params.argmax_only for p in sampled):   # no sampling state, no draws
             return sample(logits, rows, None, None, forced_accepts, token_masks=masks)

@@ -56,10 +56,12 @@ class InFlightStep:
     drafts_copied: torch.cuda.Event | None = None
 
     @staticmethod
-    def launch(sampled: list[ScheduledSeq], verdict: DeviceVerdict | None) -> "InFlightStep":
-        """The verdict on the device (None when nothing samples): queue its copy to the host; no sync."""
+    def launch(sampled: list[ScheduledSeq], verdict: DeviceVerdict | None,
+               epochs: list[int] | None = None) -> "InFlightStep":
+        """The verdict on the device (None when nothing samples): queue its copy to the host; no sync. `epochs`:
+        the sequences' cache epochs when the forward was queued (default: now)."""
         row_of = {p.seq.seq_id: i for i, p in enumerate(sampled)}
-        epochs = [p.seq.cache_epoch for p in sampled]
+        epochs = epochs if epochs is not None else [p.seq.cache_epoch for p in sampled]
         if verdict is None:
             return InFlightStep(sampled, epochs, 0, None, None, None, None, row_of)
         tokens, accepted = verdict.tokens, verdict.accepted                                   # [S, W], [S]

@@ -61,6 +61,15 @@ class DraftMasks:
         self.tracked: dict[int, _Tracked] = {}
         self._compiler = ThreadPoolExecutor(1, thread_name_prefix="draft-grammar")
 
+    @staticmethod
+    def wanted(setting: str, device: str, eager: bool) -> bool:
+        """`setting` on | off | auto. auto: on where the drafter runs eagerly anyway (the CPU, --enforce-eager);
+        off for a GPU drafter that replays CUDA graphs, which a masked step cannot (bench/README.md, "Grammar
+        cost": there the eager masked step costs more than the acceptance it adds)."""
+        if setting not in ("on", "off", "auto"):
+            raise ValueError(f"draft masks must be on, off or auto, not {setting!r}")
+        return setting == "on" or (setting == "auto" and (not str(device).startswith("cuda") or eager))
+
     @classmethod
     def for_folder(cls, model_dir: str | None, vocab_size: int, stop_token_ids: list[int]) -> "DraftMasks | None":
         """Masks over the model folder's tokenizer; None (drafts unmasked, logged) when it has none."""

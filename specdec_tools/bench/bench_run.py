@@ -54,7 +54,7 @@ class BenchConfig:
     tensor_parallel_size: int = 1        # gateway path: the verifier's ranks
     load_format: str = "safetensors"     # dummy: random weights, config.json only (gateway path)
     grammar: tuple[str, str] | None = None  # gateway path: (kind, text) every request is constrained by
-    draft_masks: bool = True             # gateway path: False = the mtp drafter service's --no-draft-masks
+    draft_masks: str = "auto"            # gateway path: the mtp drafter service's --draft-masks
 
 
 @dataclass

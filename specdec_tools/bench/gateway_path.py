@@ -63,10 +63,10 @@ class GatewayBench:
     def __init__(self, model: str, device: str, dtype: str, startup_timeout_s: float = 300.0,
                  trace_dir: str | None = None, step_channel: str = "auto", repeats: int = 1, overlap: bool = True,
                  tensor_parallel_size: int = 1, load_format: str = "safetensors",
-                 grammar: tuple[str, str] | None = None, draft_masks: bool = True):
+                 grammar: tuple[str, str] | None = None, draft_masks: str = "auto"):
         self.model, self.device, self.dtype, self.startup_timeout_s = model, device, dtype, startup_timeout_s
         self.grammar = grammar            # (kind, text) every request is constrained by, or None
-        self.draft_masks = draft_masks    # False: the mtp drafter's --no-draft-masks
+        self.draft_masks = draft_masks    # the mtp drafter's --draft-masks
         self.tensor_parallel_size, self.load_format = tensor_parallel_size, load_format
         self.step_channel = step_channel  # the verifier's --step-channel (a drafter service's steps)
         self.repeats = repeats            # timed passes per workload; the one of median tokens/s is reported
@@ -94,7 +94,7 @@ class GatewayBench:
         verifier += ["--tensor-parallel-size", str(self.tensor_parallel_size), "--load-format", self.load_format]
         drafter = ["--max-seqs", str(running), "--max-context", str(context)] if w.drafter == "mtp" else []
         drafter += ["--load-format", self.load_format] if w.drafter == "mtp" else []
-        drafter += ["--no-draft-masks"] if w.drafter == "mtp" and not self.draft_masks else []
+        drafter += ["--draft-masks", self.draft_masks] if w.drafter == "mtp" else []
         drafter += ["--draft-vocab", w.draft_vocab] if w.draft_vocab else []
         service = w.drafter
         if w.path == "colocated":  # the same drafter inside the verifier's process (sized by its own flags)

@@ -60,9 +60,9 @@ def add_parser(sub) -> None:
                    help="gateway path: every request constrained by this grammar (json_object, json_schema@FILE, "
                         "regex:TEXT, ebnf@FILE ...); time it against a run without. Real drafts only (no mtp@L: "
                         "forced acceptance would accept what the grammar refuses)")
-    p.add_argument("--no-draft-masks", dest="draft_masks", action="store_false",
-                   help="with --grammar: the mtp drafter service drafts unmasked (its --no-draft-masks), to measure "
-                        "what masking the drafts adds to the acceptance length")
+    p.add_argument("--draft-masks", default="auto", choices=["auto", "on", "off"],
+                   help="gateway path: the mtp drafter service's --draft-masks (with --grammar: compare on and off "
+                        "for what masking the drafts costs and adds to the acceptance length)")
     p.add_argument("--profile", action="store_true", help="torch.profiler summary of in-process decode steps")
     p.add_argument("--profile-steps", type=int, default=10)
     p.add_argument("--trace-steps", default=None, metavar="DIR",

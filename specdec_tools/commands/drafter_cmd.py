@@ -32,9 +32,10 @@ def add_parser(sub) -> None:
                    help="mtp: draft over the ids of this `specdec draft-vocab` file only (a faster lm_head; "
                         "still lossless, acceptance may drop)")
     add_enforce_eager_arg(p)
-    p.add_argument("--no-draft-masks", dest="draft_masks", action="store_false",
-                   help="mtp: draft grammar-constrained sequences unmasked (by default their drafts stay inside "
-                        "the grammar, one host sync per draft step; the output is the same either way)")
+    p.add_argument("--draft-masks", default="auto", choices=["auto", "on", "off"],
+                   help="mtp: keep a grammar-constrained sequence's drafts inside its grammar (one host sync per "
+                        "draft step, eager). auto (default): on the CPU and with --enforce-eager, off where CUDA "
+                        "graphs replay the draft steps. The output is the same either way")
     p.add_argument("--references", default=None, help="synthetic: JSON list of token-id lists")
     p.add_argument("--mean-acceptance-length", type=float, default=None, help="synthetic: target length")
     p.add_argument("--vocab-size", type=int, default=0,

@@ -10,9 +10,10 @@ log = logging.getLogger(__name__)
 IN_PROCESS_KINDS = ("mtp", "ngram")
 
 
-def in_process_drafter(kind: str, draft_vocab: str | None = None, draft_masks: bool = True):
-    """A factory (loaded target, VerifierConfig) -> Drafter for `kind` (one of IN_PROCESS_KINDS). `draft_masks`:
-    an MTP drafter keeps grammar-constrained sequences' drafts inside their grammars (draft_masks.py)."""
+def in_process_drafter(kind: str, draft_vocab: str | None = None, draft_masks: str = "auto"):
+    """A factory (loaded target, VerifierConfig) -> Drafter for `kind` (one of IN_PROCESS_KINDS). `draft_masks`
+    (on | off | auto): an MTP drafter keeps grammar-constrained sequences' drafts inside their grammars
+    (specdec/drafting/draft_masks.py; auto: where it drafts eagerly anyway)."""
     if kind not in IN_PROCESS_KINDS:
         raise ValueError(f"--in-process-drafter must be one of {', '.join(IN_PROCESS_KINDS)}, not {kind!r}")
 
@@ -32,7 +33,8 @@ def in_process_drafter(kind: str, draft_vocab: str | None = None, draft_masks: b
         options = MTPOptions(max_seqs=config.max_running, max_context=max_context + config.num_drafts + 1,
                              enforce_eager=config.enforce_eager, draft_vocab=vocab)
         masks = DraftMasks.for_folder(config.model_dir, loaded.config.vocab_size,
-                                      list(loaded.config.eos_token_id)) if draft_masks else None
+                                      list(loaded.config.eos_token_id)) \
+            if DraftMasks.wanted(draft_masks, config.device, config.enforce_eager) else None
         drafter = MTPDrafter(loaded, config.num_drafts, num_blocks=blocks, block_size=config.block_size,
                              device=config.device, options=options, draft_masks=masks)
         if drafter.device.type == "cuda":   # the verifier's warm-up drafts with a stand-in: this one's eager shapes

@@ -90,10 +90,12 @@ def grammar_row_masks(sampled: list, grammars: Grammars | None, vocab: int,
                       uploads: tuple[PinnedUpload, PinnedUpload]) -> RowMasks | None:
     """The allowed tokens of the constrained sequences' verify rows (bitmasks on the device), None when no
     sequence has a grammar. `sampled`: the step's ScheduledSeqs that sample, in row order; their drafts are the
-    host's (the last num_drafts tokens of each chunk: constrained steps are synchronous). `uploads`: (rows,
-    bitmasks) host → device copiers, owned by the caller across steps."""
+    host's (the last num_drafts tokens of each chunk: constrained steps with drafts are synchronous). `uploads`:
+    (rows, bitmasks) host → device copiers, owned by the caller across steps."""
     firsts = np.cumsum([0] + [p.num_drafts + 1 for p in sampled])[:-1]
-    constrained = [(p, int(first)) for p, first in zip(sampled, firsts) if p.seq.grammar is not None]
+    # (a sequence that ended at an early read of the step before has rows here that nobody reads: left open)
+    constrained = [(p, int(first)) for p, first in zip(sampled, firsts)
+                   if p.seq.grammar is not None and p.seq.finish_reason is None]
     if not constrained:
         return None
     sizes = [p.num_drafts + 1 for p, _ in constrained]
