@@ -65,7 +65,9 @@ def run_one(loaded, drafter_kind: str, k: int, temperature: float, prompts, max_
     s = engine.stats
     label = drafter_kind if vocab is None else f"{drafter_kind}/{len(vocab)}"
     label += "+masks" if grammar is not None and getattr(engine.drafter, "draft_masks", None) is not None else ""
-    return {"drafter": label, "grammar": grammar.kind if grammar is not None else None, "draft_vocab": draft_vocab, "drafter_ms_per_call": round(1e3 * calls[1] / calls[0], 3),
+    return {"drafter": label, "grammar": grammar.kind if grammar is not None else None, "draft_vocab": draft_vocab,
+            # (None: every draft was made on the device inside overlapped steps, propose() never ran)
+            "drafter_ms_per_call": round(1e3 * calls[1] / calls[0], 3) if calls[0] else None,
             "k": k, "temperature": temperature, "prompts": len(prompts),
             "mean_acceptance_length": round(s.mean_acceptance_length, 3),
             "per_position_acceptance": [round(r, 3) for r in s.per_position_acceptance],
@@ -106,7 +108,7 @@ def main() -> None:
                             masks, args.model)
                 results.append(r)
                 print(f"{r['drafter']:10} {k:>2} {temperature:>5.1f} {r['mean_acceptance_length']:>12.2f} "
-                      f"{r['drafter_ms_per_call']:>10.2f}  {r['per_position_acceptance']}  ({r['seconds']} s)",
+                      f"{r['drafter_ms_per_call'] or float('nan'):>10.2f}  {r['per_position_acceptance']}  ({r['seconds']} s)",
                       flush=True)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
