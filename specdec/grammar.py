@@ -139,7 +139,8 @@ class Grammars:
         path = Path(model_dir) / TOKENIZER_FILE
         return cls(path, vocab_size, stop_token_ids) if path.is_file() else None
 
-    def _load(self) -> None:
+    def load(self) -> None:
+        """Load the tokenizer into both engines (once; GrammarError if they cannot read it)."""
         with self._lock:
             if self._loaded:
                 return
@@ -168,7 +169,7 @@ class Grammars:
     def compile(self, spec: GrammarSpec):
         """xgrammar: the compiled grammar; llguidance: its grammar text, checked (both cached). GrammarError names
         what is wrong with the spec."""
-        self._load()
+        self.load()
         try:
             if spec.kind in JSON_KINDS:
                 return self._json_grammars(spec)

@@ -178,18 +178,41 @@ def test_a_gap_or_a_bad_grammar_leaves_the_sequence_unmasked(grammars):
     assert masks.walk([1], torch.device("cpu")) is None
 
 
-def test_a_stop_token_ends_a_rows_drafts(grammars):
-    """After a drafted stop token the row drafts nothing more (its count is cut there)."""
+@pytest.mark.parametrize("spec, text", [(GrammarSpec("regex", "[0-9]?"), ""),
+                                        (GrammarSpec("json_schema", '{"type": "boolean"}'), "tru")],
+                         ids=["regex-xgrammar", "json-llguidance"])
+def test_a_stop_token_draft_is_kept_and_ends_the_rows_drafts(grammars, spec, text):
+    """The row keeps a drafted stop token where the grammar may end, and drafts nothing after it (llguidance takes
+    a stop token only as the end: it is checked against the mask, not walked)."""
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(Path(demo_model_dir()) / "tokenizer.json"))
     masks = DraftMasks(grammars)
-    masks.ingest([DraftInput(1, 0, [5], 3, OutputGrammar(GrammarSpec("regex", "[0-9]?"), 1))])
+    output = tokenizer.encode(text) if text else []
+    masks.ingest([DraftInput(1, 0, [5] + output, 3, OutputGrammar(spec, 1))])
     masks.tracked[1].compiling.result()
     walk = masks.walk([1], torch.device("cpu"))
-    stop = torch.zeros(1, 4096)
-    stop[0, 0] = 1.0                                             # the stop token (id 0) is the likeliest
-    first = _step_tokens(walk, stop)
-    assert int(first[0]) == 0
-    walk.masked(torch.zeros(1, 4096), first)
-    assert walk.counts([3]) == [1]
+    drafts, favour_stop = [], torch.zeros(1, 4096)
+    favour_stop[0, 0] = 1.0                                       # the stop token (id 0) is the likeliest
+    for step in range(3):
+        drafts.append(walk.masked(favour_stop, drafts[-1] if drafts else None).argmax(-1))
+    kept = walk.counts([3], [int(drafts[-1][0])])[0]
+    walk.close()
+    ids = [int(d[0]) for d in drafts]
+    assert ids[kept - 1] == 0 and 0 not in ids[:kept - 1], ids    # up to the stop token, which is kept
+    assert tokenizer.decode(output + ids[:kept - 1]) in ("", "true"), ids
+
+
+def test_a_row_with_nothing_allowed_in_the_draft_vocabulary_drafts_nothing(grammars):
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(Path(demo_model_dir()) / "tokenizer.json"))
+    letters = [t for t in range(1, 4096) if tokenizer.decode([t]).isalpha()]
+    vocab_ids = torch.tensor(letters)                             # a draft vocabulary without digits
+    masks = DraftMasks(grammars)
+    masks.ingest([DraftInput(1, 0, [5], 3, OutputGrammar(GrammarSpec("regex", "[0-9]+"), 1)),
+                  DraftInput(2, 0, [5], 3, OutputGrammar(GrammarSpec("regex", "[a-z]+"), 1))])
+    for seq_id in (1, 2):
+        masks.tracked[seq_id].compiling.result()
+    walk = masks.walk([1, 2], torch.device("cpu"), vocab_ids)
+    drafts = vocab_ids[walk.masked(torch.zeros(2, len(letters)), None).argmax(-1)]
+    assert walk.counts([3, 1], drafts.tolist()) == [0, 1]       # the digit row keeps none, the letters row its one
     walk.close()
 
 

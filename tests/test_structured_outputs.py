@@ -194,12 +194,14 @@ def test_the_grammar_crosses_the_wire(spec):
 
 def test_constrained_plain_decoding_overlaps_and_gives_the_same_tokens(tokenizer):
     """Without drafts a constrained step is launched before the last one is read (that one is read between the
-    forward and the verdict): the tokens are those of synchronous steps, greedy and seeded, and the engine did
-    overlap."""
+    forward and the verdict): the tokens are those of synchronous steps, greedy and seeded, beside a free request
+    and one that ends on its length, and the engine did overlap."""
     prompts = [tokenizer.encode(p) for p in PROMPTS]
+    prompts.append(prompts[0])
     params = [SamplingParams(max_tokens=80, grammar=GrammarSpec("json_schema", json.dumps(SCHEMA))),
               SamplingParams(max_tokens=80, temperature=0.8, seed=5, grammar=GrammarSpec("regex", DATE)),
-              SamplingParams(max_tokens=80, temperature=0.8, seed=6, grammar=GrammarSpec("json_object"))]
+              SamplingParams(max_tokens=9, temperature=0.8, seed=6, grammar=GrammarSpec("json_object")),  # length
+              SamplingParams(max_tokens=60, temperature=0.8, seed=7)]                                 # free
     synchronous = dataclasses.replace(VerifierConfig(model_dir=str(demo_model_dir()), num_drafts=0, max_context=512,
                                                      max_running=8, max_batched_tokens=256, prefill_chunk=64,
                                                      warm_up=False), overlap=False)
@@ -214,3 +216,9 @@ def test_constrained_plain_decoding_overlaps_and_gives_the_same_tokens(tokenizer
         overlapping += overlapped.overlapping
     assert [tokens[str(i)] for i in range(len(prompts))] == expected
     assert overlapping > 10
+    # with drafts (n-gram: on the host) a constrained batch runs synchronous steps
+    drafted = engine("ngram")
+    drafted.add_request("0", prompts[0], params[0])
+    while drafted.has_work:
+        drafted.step()
+        assert not drafted.overlapping

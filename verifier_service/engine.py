@@ -82,6 +82,8 @@ class LaunchedStep:
     entries: list[ScheduledSeq]
     cached_before: list[int]                # each entry's num_cached before the launch
     hidden: torch.Tensor | None             # its hidden rows, for a drafter asked after the read (else None)
+    read_early: list[RequestOutput] | None = None   # the outputs of the step before, read inside this launch
+    read_early_seconds: float = 0.0
 
 
 class SpecEngine:
@@ -208,14 +210,16 @@ class SpecEngine:
         schedule = self.scheduler.schedule(self._choose_drafts())  # a sequence whose last step is unread
         self.drafting.forget(schedule.preempted)
         asked, start = self.drafting.seconds, time.perf_counter()
-        launched, read_early = self._launch(schedule.entries, previous, overlap) if schedule.entries else (None, None)
-        launch_seconds, asked_in_launch = time.perf_counter() - start, self.drafting.seconds - asked
+        launched = self._launch(schedule.entries, previous, overlap) if schedule.entries else None
+        read_early = launched.read_early if launched is not None else None    # (between its forward and verdict)
+        early_seconds = launched.read_early_seconds if launched is not None else 0.0
+        launch_seconds, asked_in_launch = time.perf_counter() - start - early_seconds, self.drafting.seconds - asked
         to_read, self._in_flight = (previous, launched) if overlap else (launched, None)
-        if read_early is not None:            # (read between the forward and the verdict)
+        if read_early is not None:
             to_read = None
         asked, start = self.drafting.seconds, time.perf_counter()
         outputs = (read_early or []) + (self._read(to_read) if to_read is not None else [])
-        read_seconds, asked_in_read = time.perf_counter() - start, self.drafting.seconds - asked
+        read_seconds, asked_in_read = time.perf_counter() - start + early_seconds, self.drafting.seconds - asked
         # host time per phase: "target" queueing the step, "verify" reading a step and committing it (on a GPU the
         # target's kernels finish inside it: its one sync), "drafter" asking the drafter and reading its answers
         # (taken out of the other two)
@@ -261,13 +265,12 @@ class SpecEngine:
                                                   and s.params.logprobs is None)
                    for s in chain(sched.running, sched.waiting))
 
-    def _launch(self, entries: list[ScheduledSeq], previous: LaunchedStep | None, overlap: bool
-                ) -> tuple[LaunchedStep, list[RequestOutput] | None]:
+    def _launch(self, entries: list[ScheduledSeq], previous: LaunchedStep | None, overlap: bool) -> LaunchedStep:
         """Queue the step's forward and its verdict (and, overlapped, the drafter's next drafts on the device);
         the sequences' caches advance by what the host knows (the accepted drafts follow at the read). A
-        constrained step launched over an unread one reads that one between its forward and its verdict: the
-        grammar masks follow the tokens it emits, and the host reads them while the device runs the forward.
-        Returns the launched step, and the outputs of that early read (None when there was none)."""
+        constrained step launched over an unread one reads that one between its forward and its verdict (its
+        outputs in read_early): the grammar masks follow the tokens it emits, and the host reads them while the
+        device runs the forward."""
         self.step_count += 1
         self.overlapped_draft_steps += overlap and any(p.num_drafts for p in entries)
         sampled = [p for p in entries if p.samples]            # before the counts below move
@@ -281,7 +284,7 @@ class SpecEngine:
                                                before=chained)
         staging = None if overlap else self.drafting.layout_hidden(entries, hidden)
         cached_before, epochs = [p.seq.num_cached for p in entries], [p.seq.cache_epoch for p in sampled]
-        read_early = None
+        read_early, read_start = None, time.perf_counter()
         if unread is not None and any(p.seq.grammar is not None for p in sampled):
             self._launched(entries)           # (the launch's bookkeeping before the read, as on the other path)
             read_early, unread = self._read(previous), None
@@ -294,10 +297,12 @@ class SpecEngine:
             in_flight.drafts_answer = self.drafting.ask_on_device(
                 self.step_count, entries, self.executor.last_batch, hidden, in_flight.emitted,
                 verdict.accepted if verdict is not None else None)
-        launched = LaunchedStep(in_flight, entries, cached_before, None if overlap else hidden)
+        launched = LaunchedStep(in_flight, entries, cached_before, None if overlap else hidden, read_early)
         if read_early is None:
             self._launched(entries)
-        return launched, read_early
+        else:
+            launched.read_early_seconds = time.perf_counter() - read_start
+        return launched
 
     @staticmethod
     def _launched(entries: list[ScheduledSeq]) -> None:

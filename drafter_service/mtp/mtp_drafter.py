@@ -143,8 +143,8 @@ class MTPDrafter:
         finally:
             if walk is not None:
                 walk.close()
-        if walk is not None:
-            ks = walk.counts(ks)
+        if walk is not None:   # (the loop drafted max(ks) steps for every row)
+            ks = walk.counts(ks, [row[max(ks) - 1] for row in drafted])
         return [row[:k] for row, k in zip(drafted, ks)]
 
     def draft_on_device(self, step: DeviceDraftStep) -> DeviceDrafts:

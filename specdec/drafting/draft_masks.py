@@ -41,15 +41,21 @@ class _Tracked:
     next_pos: int                            # the next committed position to take (>= the output's start)
     matcher: TokenMatcher | None = None
     backlog: list[int] = field(default_factory=list)   # output tokens that arrived while it compiled
+    waited: bool = False                     # a drafting step has waited for its compile once
 
     def ready(self, wait_s: float = 0.0) -> TokenMatcher | None:
+        """The matcher after the committed output, or None while it compiles (waiting at most `wait_s`, once). A
+        compile error, or a matcher the output put in an error state, raises: the caller forgets the sequence."""
         if self.matcher is None:
-            try:    # (a compile error is raised here: the caller forgets the sequence)
+            wait_s, self.waited = (0.0 if self.waited else wait_s), True
+            try:
                 self.matcher = self.compiling.result(timeout=wait_s)
             except FutureTimeout:
                 return None
             self.matcher.accept(self.backlog)
             self.backlog = []
+        if self.matcher.error:
+            raise RuntimeError(self.matcher.error)
         return self.matcher
 
 
@@ -60,6 +66,8 @@ class DraftMasks:
         self.grammars = grammars
         self.tracked: dict[int, _Tracked] = {}
         self._compiler = ThreadPoolExecutor(1, thread_name_prefix="draft-grammar")
+        self._loading = self._compiler.submit(grammars.load)   # the tokenizer, seconds at 248k ids: before any
+        self.failure: str | None = None                        # request needs it; its error turns masks off
 
     @staticmethod
     def wanted(setting: str, device: str, eager: bool) -> bool:
@@ -81,6 +89,12 @@ class DraftMasks:
 
     def ingest(self, seqs: list[DraftInput]) -> None:
         """Take each sequence's committed tokens (a sequence sent from position 0 with a grammar starts over)."""
+        if self._loading.done() and self._loading.exception() is not None and self.failure is None:
+            self.failure = str(self._loading.exception())
+            self.tracked.clear()
+            log.error("grammar masks off: %s", self.failure)
+        if self.failure is not None:
+            return
         for s in seqs:
             if s.start_pos == 0:
                 self.tracked.pop(s.seq_id, None)
@@ -98,7 +112,7 @@ class DraftMasks:
             t.next_pos = end
             try:
                 matcher = t.ready()
-            except Exception as e:   # GrammarError, or an engine that cannot load: this sequence drafts unmasked
+            except Exception as e:   # GrammarError, or a matcher in error: this sequence drafts unmasked
                 self.forget(s.seq_id, str(e))
                 continue
             if matcher is None:
@@ -151,6 +165,8 @@ class DraftWalk:
         self.walked = [0] * len(rows)
         self.limit: dict[int, int] = {}          # row -> drafts it keeps, once it stopped
         self.step = 0
+        self.bits: torch.Tensor | None = None    # [L, W] the last step's host bitmasks, a row per live index
+        self.masked_live: list[int] = []         # the live indices those rows belong to
 
     def masked(self, logits: torch.Tensor, previous: torch.Tensor | None) -> torch.Tensor:
         """logits [B, V'] → the same with the constrained rows' disallowed ids at −inf."""
@@ -158,9 +174,11 @@ class DraftWalk:
             self._take(previous[self.rows].tolist())            # the host sync of this draft step
         self.step += 1
         if not self.live:
+            self.masked_live = []
             return logits
         bits = masks_array(len(self.live), self.grammars.vocab_size)
         self.grammars.fill_masks([(self.matchers[i], n, []) for n, i in enumerate(self.live)], bits)
+        self.bits, self.masked_live = bits, list(self.live)
         allowed = unpack_mask(bits.to(self.device), self.grammars.vocab_size)      # [L, V]
         if self.vocab_ids is not None:
             allowed = allowed[:, self.vocab_ids]                                    # [L, V']
@@ -169,25 +187,30 @@ class DraftWalk:
         logits[rows] = logits[rows].masked_fill(~allowed[:, :logits.shape[1]], float("-inf"))
         return logits
 
-    def _take(self, tokens: list[int]) -> None:
-        """Walk each live row's matcher through its last draft (step - 1); a row whose draft was a stop token
-        keeps it and stops; one whose draft the grammar refuses (nothing allowed in the drafter's vocabulary) drops
-        it and stops."""
+    def _take(self, tokens: list[int], walk: bool = True) -> None:
+        """Check each live row's last draft (step - 1) against the mask it was drawn under: one the grammar refuses
+        (nothing allowed in the drafter's vocabulary: the argmax of −inf) is dropped and the row stops; a stop
+        token is kept and the row stops (not walked: llguidance takes it only as the end); any other is walked
+        (with `walk`)."""
         still = []
-        for i in self.live:
+        for n, i in enumerate(self.masked_live):
             token = tokens[i]
-            if not self.matchers[i].walk(token):
+            allowed = bool((int(self.bits[n, token // 32]) >> (token % 32)) & 1)
+            if not allowed or (walk and token not in self.grammars.stop_token_ids
+                               and not self.matchers[i].walk(token)):
                 self.limit[self.rows[i]] = self.step - 1
-                continue
-            self.walked[i] += 1
-            if token in self.grammars.stop_token_ids:
+            elif token in self.grammars.stop_token_ids:
                 self.limit[self.rows[i]] = self.step
             else:
+                self.walked[i] += walk
                 still.append(i)
         self.live = still
 
-    def counts(self, wanted: list[int]) -> list[int]:
-        """Each row's draft count (`wanted` per row of the batch) cut where its row stopped."""
+    def counts(self, wanted: list[int], last: list[int]) -> list[int]:
+        """Each row's draft count (`wanted` per row of the batch) cut where its row stopped; `last`: each row's
+        draft of the final step, checked against its mask as the others were."""
+        if self.live:
+            self._take([last[r] for r in self.rows], walk=False)
         return [min(k, self.limit.get(row, k)) for row, k in enumerate(wanted)]
 
     def close(self) -> None:

@@ -100,8 +100,8 @@ def render_table(record: dict, markdown: bool = False) -> str:
         head += "; dummy (random) weights"
     if settings.get("grammar"):
         head += f"; every request constrained by a {settings['grammar']} grammar"
-        head += f" (mtp draft masks {settings['draft_masks']})" if settings.get("draft_masks") not in (None, True) \
-            else ""
+        if any(r.get("workload", {}).get("drafter") == "mtp" for r in record.get("results", [])):
+            head += f" (mtp draft masks {settings.get('draft_masks', 'auto')})"
     if markdown:
         lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
         lines += ["| " + " | ".join(r) + " |" for r in rows]

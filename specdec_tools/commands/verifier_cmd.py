@@ -22,6 +22,9 @@ def add_parser(sub) -> None:
                         "process, no gRPC hop; the control for what the split costs)")
     p.add_argument("--draft-vocab", default=None, metavar="FILE",
                    help="--in-process-drafter mtp: draft over the ids of this `specdec draft-vocab` file only")
+    p.add_argument("--draft-masks", default="auto", choices=["auto", "on", "off"],
+                   help="--in-process-drafter mtp: keep grammar-constrained sequences' drafts inside their grammars "
+                        "(auto: where it drafts eagerly, i.e. on the CPU or with --enforce-eager)")
     p.add_argument("-k", "--num-drafts", type=int, default=3)
     add_draft_policy_arg(p)
     p.add_argument("--transport", default="auto", choices=["auto", "cuda_ipc", "shm", "inline"],
@@ -73,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--drafter-address and --in-process-drafter exclude each other: one drafter per verifier")
     if args.draft_vocab and args.in_process_drafter != "mtp":
         raise ValueError("--draft-vocab goes with --in-process-drafter mtp (a drafter service takes its own)")
-    make_drafter = in_process_drafter(args.in_process_drafter, args.draft_vocab) if args.in_process_drafter else None
+    make_drafter = in_process_drafter(args.in_process_drafter, args.draft_vocab, args.draft_masks) \
+        if args.in_process_drafter else None
     drafting = args.drafter_address or args.in_process_drafter
     model, device, dtype = resolve(args)
     config = VerifierConfig(
