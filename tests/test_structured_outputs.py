@@ -222,3 +222,37 @@ def test_constrained_plain_decoding_overlaps_and_gives_the_same_tokens(tokenizer
     while drafted.has_work:
         drafted.step()
         assert not drafted.overlapping
+
+
+def _stepped(engine_, prompts, params, abort_at=None):
+    """Run to the end through step(); `abort_at`: (request id, step) to abort. Returns the tokens per request."""
+    for i, (prompt, p) in enumerate(zip(prompts, params)):
+        engine_.add_request(str(i), prompt, p)
+    tokens, steps = {str(i): [] for i in range(len(prompts))}, 0
+    while engine_.has_work:
+        for out in engine_.step():
+            tokens[out.request_id] += out.new_token_ids
+        steps += 1
+        if abort_at is not None and steps == abort_at[1]:
+            engine_.abort(abort_at[0])
+    return tokens
+
+
+def test_overlapped_constrained_steps_survive_an_abort_and_preemption(tokenizer):
+    """Overlapped constrained decoding with a request aborted mid-run, and with a KV cache small enough that
+    sequences are preempted and recomputed: the other requests' tokens are those of synchronous steps alone."""
+    prompts = [tokenizer.encode(p) for p in PROMPTS]
+    params = [SamplingParams(max_tokens=60, temperature=0.8, seed=8, grammar=GrammarSpec("json_schema",
+                                                                                         json.dumps(SCHEMA))),
+              SamplingParams(max_tokens=60, temperature=0.8, seed=9, grammar=GrammarSpec("json_object")),
+              SamplingParams(max_tokens=60, grammar=GrammarSpec("regex", DATE))]
+    base = VerifierConfig(model_dir=str(demo_model_dir()), num_drafts=0, max_context=512, max_running=8,
+                          max_batched_tokens=256, prefill_chunk=64, warm_up=False)
+    alone = _stepped(build_engine(dataclasses.replace(base, overlap=False)), prompts[:2], params[:2])
+    aborted = _stepped(engine(), prompts, params, abort_at=("2", 6))
+    assert [aborted["0"], aborted["1"]] == [alone["0"], alone["1"]] and len(aborted["2"]) < 10
+    # 3 blocks of 16 tokens hold either sequence (its JSON ends within 30 tokens) but not both
+    tight = build_engine(dataclasses.replace(base, kv_blocks=3, block_size=16))
+    squeezed = _stepped(tight, prompts[:2], [dataclasses.replace(p, max_tokens=30) for p in params[:2]])
+    assert tight.scheduler.num_preemptions > 0
+    assert squeezed == alone
