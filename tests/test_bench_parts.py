@@ -157,8 +157,9 @@ def test_profile_summary_on_cpu(tiny_model):
 def test_presets():
     full, baseline, quick = wl.full(), wl.baseline(), wl.quick()
     per_drafter = 4 * 2 * 2   # concurrencies x prompts x temperatures
-    # inproc and gateway: 5 drafters; colocated: the 4 that draft; the peer: none
-    assert len(full) == (2 * 5 + 4 + 1) * per_drafter and len(set(full)) == len(full)
+    # inproc and gateway: 6 drafters (none, ngram, mtp, mtp@1.5 / 2.5 / 3.39); colocated: the 5 that draft; the
+    # peer: none
+    assert len(full) == (2 * 6 + 5 + 1) * per_drafter and len(set(full)) == len(full)
     as_full = {wl.Workload(w.path, w.drafter, w.concurrency, w.prompt_tokens, 256, w.temperature, w.forced_length)
                for w in baseline}
     assert as_full <= set(full) and len(set(baseline)) == len(baseline)

@@ -17,6 +17,7 @@
 #                device copy's .git can lag its working tree, and the JSON's git_commit field reads that .git)
 #   PRESET [baseline]   PATHS [gateway peer]   DRAFTERS [none mtp@3.39]   CONC [1 16 64] PROMPT [128]
 #   TEMPS [0]   MAX_TOKENS [256]   REPEATS [2]      the `specdec bench` filters of the same names
+#                (MAX_TOKENS=0: the preset's own output lengths, e.g. PRESET=long's 16 and 512)
 #   DV [1]       1: every mtp workload also runs with a 32k-id draft vocabulary (the +dv rows)
 #   TRACE [0]    1: --trace-steps; step_split.txt (gateway against colocated, per step) and steps.tgz
 #   PROFILE [0]  1: --profile (torch.profiler summary of in-process decode steps; needs inproc in PATHS)
@@ -43,8 +44,8 @@ dv_file=/tmp/specdec-dv32k.json
 cmd=(python3 -m specdec bench --preset "$preset" --device "${DEVICE:-cuda}" --model "$ckpt"
      --make-tiny "${MAKE_TINY:-qwen3.5-4b}" --layers "$layers" --paths ${PATHS:-gateway peer}
      --drafters ${DRAFTERS:-none mtp@3.39} --concurrency ${CONC:-1 16 64} --prompt-tokens ${PROMPT:-128}
-     --temperatures ${TEMPS:-0} --max-tokens "${MAX_TOKENS:-256}" --repeats "${REPEATS:-2}"
-     --time-budget "$budget")
+     --temperatures ${TEMPS:-0} --repeats "${REPEATS:-2}" --time-budget "$budget")
+[ "${MAX_TOKENS:-256}" != 0 ] && cmd+=(--max-tokens "${MAX_TOKENS:-256}")
 [ "${DV:-1}" = 1 ] && cmd+=(--draft-vocab "$dv_file")
 [ "${TRACE:-0}" = 1 ] && cmd+=(--trace-steps /tmp/specdec-steps)
 [ "${PROFILE:-0}" = 1 ] && cmd+=(--profile --profile-steps 5)

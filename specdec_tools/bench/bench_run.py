@@ -19,7 +19,7 @@ from specdec.models.loader import load_model, parse_dtype
 
 from . import checks, report, roofline
 from .checkpoint import describe, ensure_checkpoint
-from .environment import device_info, device_tag, git_commit, versions
+from .environment import device_info, device_tag, git_commit, peak_flops, versions
 from .traffic import ModelTraffic, utilisation
 from .workloads import Workload, prompts_for
 
@@ -177,7 +177,7 @@ class BenchRun:
                 if w.on_stack and not any(g.on_stack and g.stack_key == w.stack_key for g in todo[i + 1:]):
                     self.gateway().stop()
             result = {"name": w.name, "workload": w.to_json(), "metrics": metrics,
-                      "bandwidth": self._bandwidth(w, metrics)}
+                      "bandwidth": self._bandwidth(w, metrics), "prefill": self._prefill(w, metrics)}
             self.results.append(result)
             self._save()
             log.info("%s: %.1f tok/s, TTFT p50 %s ms, ITL p50 %s ms%s", w.name, metrics["output_tokens_per_s"] or 0,
@@ -222,6 +222,17 @@ class BenchRun:
             / self.config.tensor_parallel_size
         roof = self.record["roofline"]
         return utilisation(nbytes, step_s, roof["device_copy"]["gbs"], roof["weight_chain"]["gbs"])
+
+    def _prefill(self, w: Workload, m: dict) -> dict | None:
+        """A lone request (concurrency 1): its prompt's tokens per second of TTFT, and the share of the device's
+        dense bf16 peak its FLOPs are (MFU; ModelTraffic.prefill_flops). None for the other workloads."""
+        ttft = m.get("ttft_ms_p50")
+        if w.concurrency != 1 or not ttft:
+            return None
+        seconds, flops = ttft / 1e3, self.traffic.prefill_flops(w.prompt_tokens)
+        peak = peak_flops(self.record["device"])          # one GPU's; tensor parallelism spreads over several
+        return {"tokens_per_s": round(w.prompt_tokens / seconds, 1), "tflops": round(flops / seconds / 1e12, 2),
+                "mfu": round(flops / seconds / (peak * self.config.tensor_parallel_size), 4) if peak else None}
 
     def _close(self) -> None:
         for resource in (self._gateway, self._peer):

@@ -56,3 +56,16 @@ def git_commit(where: Path) -> str | None:
     if rev.returncode != 0:
         return None
     return rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+# dense bf16 tensor-core peaks (TFLOP/s, without sparsity) of the GPUs the bench meets: MFU's denominator
+DENSE_BF16_TFLOPS = {"h100": 989.0, "h200": 989.0, "h100-pcie": 756.0, "a100": 312.0}
+
+
+def peak_flops(info: dict) -> float | None:
+    """The device's dense bf16 peak in FLOP/s, None where it is not in DENSE_BF16_TFLOPS (the CPU)."""
+    if info.get("kind") != "cuda":
+        return None
+    tag = device_tag(info) + ("-pcie" if "PCIe" in info.get("name", "") else "")
+    tflops = DENSE_BF16_TFLOPS.get(tag)
+    return tflops * 1e12 if tflops else None

@@ -26,7 +26,7 @@ from specdec_tools.local_stack import LocalStack, StackConfig, free_port
 from specdec.rpc.v1 import gateway_pb2, gateway_pb2_grpc
 
 from .inprocess import blocks_for, scheduler_for
-from .latency import RequestTrace, summarize
+from .latency import RequestTrace, interference, summarize
 from .memory import gpu_memory_by_pid, rss_mib
 from .workloads import Workload
 
@@ -85,7 +85,8 @@ class GatewayBench:
             return None
         self.stop()
         self.metrics_port = free_port()
-        running, context = max(g.concurrency for g in group), max(g.prompt_tokens + g.max_tokens + g.k + 1 for g in group)
+        running = max(g.concurrency for g in group)
+        context = max(max(g.prompt_lengths) + g.max_tokens + g.k + 1 for g in group)
         verifier = ["--max-running", str(running),
                     "--max-batched-tokens", str(max(scheduler_for(g).max_batched_tokens for g in group)),
                     "--kv-blocks", str(max(blocks_for(g) for g in group)),
@@ -185,6 +186,8 @@ class GatewayBench:
         verify = totals["verify_steps"]
         wall_per_step = summary["seconds"] / steps if steps else None
         length = (totals["completion_tokens"] - prefills) / verify if verify else None
+        if w.long_prompt:
+            summary["interference"] = interference(traces)
         return {**summary, "truncated": truncated, **totals, "prefills": prefills,
                 "finish_reasons": sorted({reason for reason, _ in finals}),
                 "mean_acceptance_length": round(length, 4) if length else None,
@@ -216,6 +219,7 @@ class GatewayBench:
         finals: list[tuple[str, object]] = [("none", None)] * n
         calls: list = [None] * n
         barrier = threading.Barrier(n + 1)
+        late = threading.Event()     # an interfering long prompt (the last) waits for it: set once the rest decode
         sampling = dict(max_tokens=w.max_tokens, temperature=w.temperature, ignore_eos=True)
         if self.grammar is not None:   # (ignore_eos: a grammar still ends where it ends, before max_tokens)
             kind, text = self.grammar
@@ -227,6 +231,8 @@ class GatewayBench:
                 request = gateway_pb2.GenerateRequest(request_id=f"bench-{i}", prompt_token_ids=prompts[i],
                                                       sampling=gateway_pb2.SamplingParams(seed=i, **sampling))
                 barrier.wait()
+                if w.long_prompt and i == n - 1:
+                    late.wait(guard_s)
                 traces[i].sent = time.perf_counter()
                 calls[i] = stub.Generate(request, timeout=guard_s + 120)
                 try:
@@ -243,6 +249,8 @@ class GatewayBench:
                 t.start()
             barrier.wait()
             deadline = time.perf_counter() + guard_s
+            if w.long_prompt:
+                _when_decoding(traces[:-1], late, deadline)
             for t in threads:
                 t.join(max(0.0, deadline - time.perf_counter()))
             truncated = any(t.is_alive() for t in threads)
@@ -261,6 +269,15 @@ class GatewayBench:
     def close(self) -> None:
         self.stop()
         self.logs.cleanup()
+
+
+def _when_decoding(traces: list[RequestTrace], late: threading.Event, deadline: float,
+                   deliveries: int = 16) -> None:
+    """Set `late` once every trace has `deliveries` deliveries (their ITL before the long prompt has data), or at
+    the deadline."""
+    while time.perf_counter() < deadline and any(len(t.times) < deliveries for t in traces):
+        time.sleep(0.002)
+    late.set()
 
 
 def _delta(before: dict, after: dict, name: str) -> float:

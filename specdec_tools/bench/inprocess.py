@@ -75,7 +75,7 @@ class CallClock:
 
 def blocks_for(w: Workload) -> int:
     """KV blocks for the whole workload: every sequence's prompt + output + drafts, no preemption."""
-    return w.concurrency * (math.ceil((w.prompt_tokens + w.max_tokens + w.num_drafts + 1) / BLOCK) + 1)
+    return sum(math.ceil((p + w.max_tokens + w.num_drafts + 1) / BLOCK) + 1 for p in w.prompt_lengths)
 
 
 def scheduler_for(w: Workload) -> SchedulerConfig:

@@ -66,3 +66,20 @@ def summarize(traces: list[RequestTrace]) -> dict:
         "tpot_ms_mean": _ms(sum(tpot) / len(tpot)) if tpot else None,
         "deliveries": sum(len(t.times) for t in served),
     }
+
+
+def interference(traces: list[RequestTrace]) -> dict:
+    """The last trace is a long prompt sent while the others decode: its TTFT, and the others' gaps between
+    deliveries before it was sent and while it prefilled (a gap that overlaps its prefill counts there)."""
+    long, decoders = traces[-1], traces[:-1]
+    if not long.times:
+        return {"long_ttft_ms": None}
+    start, end = long.sent, long.times[0]
+    before = [b - a for t in decoders for a, b in zip(t.times, t.times[1:]) if b <= start]
+    during = [b - a for t in decoders for a, b in zip(t.times, t.times[1:]) if b > start and a < end]
+
+    def stats(gaps: list[float]) -> dict:
+        return {"p50": _ms(percentile(gaps, 50)), "p99": _ms(percentile(gaps, 99)),
+                "max": _ms(max(gaps)) if gaps else None, "gaps": len(gaps)}
+    return {"long_ttft_ms": _ms(end - start), "decoders_itl_ms_before": stats(before),
+            "decoders_itl_ms_during": stats(during)}

@@ -59,6 +59,34 @@ def table_rows(results: list[dict]) -> list[list[str]]:
     return rows
 
 
+def long_context_lines(results: list[dict]) -> list[str]:
+    """The long-context workloads (preset long): each lone prompt's prefill (TTFT, tokens/s, TFLOP/s, MFU), and
+    each interference run: the long prompt's TTFT (against the same prompt alone) and the decoders' ITL p50 / p99
+    / max before it was sent and while it prefilled."""
+    lines, alone = [], {}
+    for r in results:
+        w, p = r["workload"], r.get("prefill")
+        if p and w["prompt_tokens"] >= 1024:
+            alone[w["prompt_tokens"]] = r["metrics"]["ttft_ms_p50"]
+            mfu = f", MFU {100 * p['mfu']:.1f}%" if p.get("mfu") is not None else ""
+            lines.append(f"prefill {w['prompt_tokens']} tokens ({w['drafter_label']}): TTFT "
+                         f"{r['metrics']['ttft_ms_p50']} ms, {p['tokens_per_s']:.0f} tokens/s, "
+                         f"{p['tflops']} TFLOP/s{mfu}")
+    for r in results:
+        w, f = r["workload"], r["metrics"].get("interference")
+        if not f or f.get("long_ttft_ms") is None:
+            continue
+        b, d = f["decoders_itl_ms_before"], f["decoders_itl_ms_during"]
+        base = alone.get(w["long_prompt"])
+        vs = f" = {f['long_ttft_ms'] / base:.2f}x its TTFT alone" if base else ""
+        ratio = f" (p99 {d['p99'] / b['p99']:.2f}x)" if b["p99"] and d["p99"] else ""
+        lines.append(f"interference ({w['drafter_label']}, {w['concurrency'] - 1} decoders + one "
+                     f"{w['long_prompt']}-token prompt): its TTFT {f['long_ttft_ms']} ms{vs}; decoders' ITL p50 / "
+                     f"p99 / max before {b['p50']} / {b['p99']} / {b['max']} ms, while it prefills {d['p50']} / "
+                     f"{d['p99']} / {d['max']} ms{ratio}")
+    return lines
+
+
 def split_lines(results: list[dict]) -> list[str]:
     """What the service split costs: each gateway row against the colocated row of the same drafter and
     workload (tokens/s of the median pass each), with the range of each path's timed passes."""
@@ -109,7 +137,7 @@ def render_table(record: dict, markdown: bool = False) -> str:
         widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(COLUMNS)]
         lines = ["  ".join(c.rjust(wd) for c, wd in zip(COLUMNS, widths))]
         lines += ["  ".join(v.rjust(wd) for v, wd in zip(r, widths)) for r in rows]
-    tail = split_lines(record["results"])
+    tail = split_lines(record["results"]) + long_context_lines(record["results"])
     tail += [f"skipped {s['name']}: {s['reason']}" for s in record.get("skipped", [])]
     tail += [f"PROBLEM {p}" for p in record.get("problems", [])]
     return "\n".join([head, *lines, *tail])

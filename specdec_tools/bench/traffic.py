@@ -40,6 +40,8 @@ class ModelTraffic:
     expert_bytes: int = 0                   # the routed experts' weights (in weight_bytes)
     num_experts: int = 0
     experts_per_token: int = 0
+    active_params: int = 0                  # weights one prompt token multiplies (lm_head and unrouted experts out)
+    attention_width: int = 0                # sum over attention layers of heads x head_dim (the QK and PV widths)
 
     @classmethod
     def from_checkpoint(cls, folder: str | Path, dtype: str) -> "ModelTraffic":
@@ -62,7 +64,17 @@ class ModelTraffic:
             * config.linear_value_head_dim * 4,
             conv_bytes_per_column=gdn * config.gdn_conv_dim * elem, conv_kernel=config.linear_conv_kernel_dim,
             num_params=numel + (math.prod(shapes[EMBED]) if LM_HEAD in shapes else 0),
-            expert_bytes=experts, num_experts=config.num_experts, experts_per_token=config.num_experts_per_tok)
+            expert_bytes=experts, num_experts=config.num_experts, experts_per_token=config.num_experts_per_tok,
+            active_params=sum(o * i for o, i in linears[:-1]) + (experts // elem * config.num_experts_per_tok
+                                                                 // config.num_experts if config.num_experts else 0),
+            attention_width=attn * config.num_attention_heads * config.head_dim)
+
+    def prefill_flops(self, num_tokens: int) -> float:
+        """FLOPs of one prompt of `num_tokens` tokens: 2 per active weight per token, causal attention's QK^T and
+        PV (2 x 2 x width per query-key pair, T (T + 1) / 2 pairs), and lm_head for the last token only."""
+        pairs = num_tokens * (num_tokens + 1) / 2
+        vocab, hidden = self.linear_shapes[-1]
+        return 2.0 * self.active_params * num_tokens + 4.0 * self.attention_width * pairs + 2.0 * vocab * hidden
 
     def step_bytes(self, batch: int, mean_context: float, drafts: float) -> float:
         """Bytes one decode step moves for `batch` sequences of `mean_context` cached tokens, each verifying

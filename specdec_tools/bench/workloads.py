@@ -38,6 +38,8 @@ class Workload:
     draft_vocab: str | None = None      # mtp only: a `specdec draft-vocab` file (drafts over those ids only)
     accept_rate: float | None = None    # synthetic only: per-token acceptance
     draft_policy: str = "fixed"         # fixed | adaptive
+    long_prompt: int = 0                # interference: the last request has this many prompt tokens and is sent
+    #                                     once the others decode (gateway / colocated paths)
 
     def __post_init__(self):
         if self.path not in PATHS:
@@ -58,6 +60,15 @@ class Workload:
             raise ValueError("a draft vocabulary goes with the mtp drafter")
         if min(self.concurrency, self.prompt_tokens, self.max_tokens) < 1:
             raise ValueError(f"concurrency, prompt_tokens and max_tokens must be >= 1: {self}")
+        if self.long_prompt and (not self.on_stack or self.concurrency < 2 or self.long_prompt < 0):
+            raise ValueError(f"a long prompt joins other requests through the gateway (concurrency >= 2): {self}")
+
+    @property
+    def prompt_lengths(self) -> list[int]:
+        """Each request's prompt tokens (the interfering long one last)."""
+        if not self.long_prompt:
+            return [self.prompt_tokens] * self.concurrency
+        return [self.prompt_tokens] * (self.concurrency - 1) + [self.long_prompt]
 
     @property
     def num_drafts(self) -> int:
@@ -90,14 +101,14 @@ class Workload:
     @property
     def name(self) -> str:
         return (f"{self.path}/{self.drafter_label}/c{self.concurrency}/p{self.prompt_tokens}"
-                f"/o{self.max_tokens}/T{self.temperature:g}")
+                f"/o{self.max_tokens}/T{self.temperature:g}" + (f"/L{self.long_prompt}" if self.long_prompt else ""))
 
     def to_json(self) -> dict:
         return {"path": self.path, "drafter": self.drafter, "drafter_label": self.drafter_label,
                 "forced_acceptance_length": self.forced_length, "k": self.num_drafts,
                 "draft_vocab": self.draft_vocab, "accept_rate": self.accept_rate, "draft_policy": self.draft_policy,
                 "concurrency": self.concurrency, "prompt_tokens": self.prompt_tokens,
-                "max_tokens": self.max_tokens, "temperature": self.temperature}
+                "max_tokens": self.max_tokens, "temperature": self.temperature, "long_prompt": self.long_prompt}
 
 
 DRAFTERS = [("none", None), ("ngram", None), ("mtp", None)] + [("mtp", a) for a in FORCED_LENGTHS]
@@ -193,8 +204,23 @@ def adaptive() -> list[Workload]:
     return out
 
 
+LONG_PROMPTS = (2048, 8192, 16384, 32768, 131072)
+INTERFERING_PROMPT = 16384
+
+
+def long_context() -> list[Workload]:
+    """Issue 38's long-context matrix, through the gateway, greedy: one request per prompt length (TTFT, prefill
+    tokens/s, MFU; 16 output tokens), then 15 decoders (prompt 128, 512 tokens) joined by one 16k-token prompt once
+    they decode, without a drafter and with MTP forced to 3.39 (the decoders' ITL before and while it prefills,
+    its TTFT against its TTFT alone). The MTP stack first, then one stack without a drafter, the longest prompt
+    last (a time budget that runs out skips it)."""
+    mixed = [Workload("gateway", d, 16, 128, 512, forced_length=f, long_prompt=INTERFERING_PROMPT)
+             for d, f in (("mtp", 3.39), ("none", None))]
+    return mixed + [Workload("gateway", "none", 1, p, 16) for p in LONG_PROMPTS]
+
+
 PRESETS = {"full": (full, []), "baseline": (baseline, BASELINE_CUT), "quick": (quick, QUICK_CUT),
-           "adaptive": (adaptive, [])}
+           "adaptive": (adaptive, []), "long": (long_context, [])}
 
 
 def select(workloads: list[Workload], paths=None, drafters=None, concurrencies=None, prompts=None,
@@ -217,6 +243,11 @@ def select(workloads: list[Workload], paths=None, drafters=None, concurrencies=N
 
 
 def prompts_for(w: Workload, vocab_size: int, seed: int = 0) -> list[list[int]]:
-    """w.concurrency prompts of w.prompt_tokens random ids in [1, vocab), the same for every path."""
+    """w.concurrency prompts of w.prompt_tokens random ids in [1, vocab), the same for every path; the last of
+    w.long_prompt ids when it has one."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + w.prompt_tokens)
-    return torch.randint(1, vocab_size, (w.concurrency, w.prompt_tokens), generator=g).tolist()
+    prompts = torch.randint(1, vocab_size, (w.concurrency, w.prompt_tokens), generator=g).tolist()
+    if w.long_prompt:
+        g = torch.Generator().manual_seed(seed * 1_000_003 + w.long_prompt)
+        prompts[-1] = torch.randint(1, vocab_size, (w.long_prompt,), generator=g).tolist()
+    return prompts

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .cli_args import add_load_format_arg, add_model_args, add_no_overlap_arg, add_tensor_parallel_arg, resolve
 
-PRESET_TIMEOUTS = {"full": 600.0, "baseline": 40.0, "quick": 60.0, "adaptive": 60.0}
+PRESET_TIMEOUTS = {"full": 600.0, "baseline": 40.0, "quick": 60.0, "adaptive": 60.0, "long": 300.0}
 
 
 def add_parser(sub) -> None:
@@ -30,11 +30,13 @@ def add_parser(sub) -> None:
                "      --tensor-parallel-size 2 --paths gateway --drafters none mtp@3.39 --concurrency 1 16\n"
                "  specdec bench --render bench/results/h100/bench_baseline_h100.json --markdown")
     add_model_args(p)
-    p.add_argument("--preset", default="full", choices=["full", "baseline", "quick", "adaptive"],
+    p.add_argument("--preset", default="full", choices=["full", "baseline", "quick", "adaptive", "long"],
                    help="full: the whole matrix (default); baseline: the subset that fits one 9-minute GPU call on "
                         "today's eager path (what it cuts is in the JSON); quick: CPU smoke run; adaptive: the "
                         "fixed and adaptive draft policies against plain decoding (inproc; synthetic drafter at "
-                        "acceptance 0.3 / 0.9, mtp@1.5 / mtp@3.39; c1 / c16 / c64)")
+                        "acceptance 0.3 / 0.9, mtp@1.5 / mtp@3.39; c1 / c16 / c64); long: prompts of 2k to 128k "
+                        "(TTFT, prefill tokens/s, MFU) and 15 decoders joined by a 16k prompt (their ITL before "
+                        "and while it prefills), through the gateway")
     p.add_argument("--quick", action="store_const", const="quick", dest="preset", help="same as --preset quick")
     p.add_argument("--make-tiny", default=None, choices=sorted(TINY), metavar="PRESET",
                    help="write a random checkpoint of this make-tiny preset into --model first if it holds none "
