@@ -206,14 +206,7 @@ def test_constrained_plain_decoding_overlaps_and_gives_the_same_tokens(tokenizer
                                                      max_running=8, max_batched_tokens=256, prefill_chunk=64,
                                                      warm_up=False), overlap=False)
     expected = build_engine(synchronous).generate(prompts, params)
-    overlapped = engine()
-    for i, (prompt, p) in enumerate(zip(prompts, params)):
-        overlapped.add_request(str(i), prompt, p)
-    tokens, overlapping = {str(i): [] for i in range(len(prompts))}, 0
-    while overlapped.has_work:
-        for out in overlapped.step():
-            tokens[out.request_id] += out.new_token_ids
-        overlapping += overlapped.overlapping
+    tokens, overlapping = _stepped(engine(), prompts, params)
     assert [tokens[str(i)] for i in range(len(prompts))] == expected
     assert overlapping > 10
     # with drafts (n-gram: on the host) a constrained batch runs synchronous steps
@@ -224,18 +217,19 @@ def test_constrained_plain_decoding_overlaps_and_gives_the_same_tokens(tokenizer
         assert not drafted.overlapping
 
 
-def _stepped(engine_, prompts, params, abort_at=None):
-    """Run to the end through step(); `abort_at`: (request id, step) to abort. Returns the tokens per request."""
+def _stepped(engine_, prompts, params, abort_at=None) -> tuple[dict[str, list[int]], int]:
+    """Run to the end through step(); `abort_at`: (request id, step) to abort. Returns the tokens per request and
+    the number of steps that left one launched (overlapped)."""
     for i, (prompt, p) in enumerate(zip(prompts, params)):
         engine_.add_request(str(i), prompt, p)
-    tokens, steps = {str(i): [] for i in range(len(prompts))}, 0
+    tokens, steps, overlapping = {str(i): [] for i in range(len(prompts))}, 0, 0
     while engine_.has_work:
         for out in engine_.step():
             tokens[out.request_id] += out.new_token_ids
-        steps += 1
+        steps, overlapping = steps + 1, overlapping + engine_.overlapping
         if abort_at is not None and steps == abort_at[1]:
             engine_.abort(abort_at[0])
-    return tokens
+    return tokens, overlapping
 
 
 def test_overlapped_constrained_steps_survive_an_abort_and_preemption(tokenizer):
@@ -248,11 +242,12 @@ def test_overlapped_constrained_steps_survive_an_abort_and_preemption(tokenizer)
               SamplingParams(max_tokens=60, grammar=GrammarSpec("regex", DATE))]
     base = VerifierConfig(model_dir=str(demo_model_dir()), num_drafts=0, max_context=512, max_running=8,
                           max_batched_tokens=256, prefill_chunk=64, warm_up=False)
-    alone = _stepped(build_engine(dataclasses.replace(base, overlap=False)), prompts[:2], params[:2])
-    aborted = _stepped(engine(), prompts, params, abort_at=("2", 6))
+    alone, _ = _stepped(build_engine(dataclasses.replace(base, overlap=False)), prompts[:2], params[:2])
+    aborted, overlapping = _stepped(engine(), prompts, params, abort_at=("2", 6))
+    assert overlapping > 5
     assert [aborted["0"], aborted["1"]] == [alone["0"], alone["1"]] and len(aborted["2"]) < 10
     # 3 blocks of 16 tokens hold either sequence (its JSON ends within 30 tokens) but not both
     tight = build_engine(dataclasses.replace(base, kv_blocks=3, block_size=16))
-    squeezed = _stepped(tight, prompts[:2], [dataclasses.replace(p, max_tokens=30) for p in params[:2]])
+    squeezed, _ = _stepped(tight, prompts[:2], [dataclasses.replace(p, max_tokens=30) for p in params[:2]])
     assert tight.scheduler.num_preemptions > 0
     assert squeezed == alone

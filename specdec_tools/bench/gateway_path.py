@@ -249,8 +249,8 @@ class GatewayBench:
                 t.start()
             barrier.wait()
             deadline = time.perf_counter() + guard_s
-            if w.long_prompt:
-                _when_decoding(traces[:-1], late, deadline)
+            if w.long_prompt:   # (a few deliveries each, well before their last)
+                _when_decoding(traces[:-1], late, deadline, deliveries=max(1, min(16, w.max_tokens // 4)))
             for t in threads:
                 t.join(max(0.0, deadline - time.perf_counter()))
             truncated = any(t.is_alive() for t in threads)
