@@ -37,12 +37,18 @@ def test_greedy_equals_plain_decoding(tiny_model, baseline, kind, k):
 
 @pytest.mark.parametrize("kind", ["mtp", "all-accept"])
 def test_lossless_under_preemption(tiny_model, baseline, kind):
-    """Too few KV blocks for all 8: sequences are preempted, recomputed, and still decode identically."""
+    """Too few KV blocks for all 8: sequences are preempted, recomputed, and still decode identically; the
+    verifier's metrics count the preemptions (once each)."""
+    from verifier_service.metrics import VerifierMetrics
     prompts, params, expected = baseline
     drafter = make_drafter(kind, tiny_model, 3, [p + e for p, e in zip(prompts, expected)])
     engine = make_engine(tiny_model, drafter, 3, num_blocks=24)
     assert engine.generate(prompts, params) == expected
     assert engine.scheduler.num_preemptions > 0
+    metrics = VerifierMetrics()
+    for _ in range(2):
+        metrics.observe(engine, [], 0.0)
+    assert metrics.registry.get_sample_value("specdec_preemptions_total") == engine.scheduler.num_preemptions
 
 
 @pytest.mark.parametrize("family", ["qwen3_5_moe", "qwen3_next"])

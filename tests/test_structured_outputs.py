@@ -251,3 +251,4 @@ def test_overlapped_constrained_steps_survive_an_abort_and_preemption(tokenizer)
     squeezed, _ = _stepped(tight, prompts[:2], [dataclasses.replace(p, max_tokens=30) for p in params[:2]])
     assert tight.scheduler.num_preemptions > 0
     assert squeezed == alone
+

@@ -26,9 +26,13 @@ class VerifierMetrics:
         self.fallbacks = Gauge("specdec_drafter_fallbacks", "Steps decoded without drafts (drafter away)", registry=r)
         self.engine_failures = Counter("specdec_engine_failures", "Times the engine loop stopped on an internal "
                                        "error (the verifier then reports NOT_SERVING)", registry=r)
+        self.preemptions = Counter("specdec_preemptions", "Sequences preempted by recompute (their caches freed; "
+                                   "they prefill prompt + output again): KV blocks ran out, or the drafter lost "
+                                   "its hidden states", registry=r)
         self.draft_length = Counter("specdec_steps_by_draft_length", "Decode steps by the drafts per sequence the "
                                     "draft policy gave them (fixed: always k)", ["k"], registry=r)
         self._seen = (0, 0, 0, 0)
+        self._preempted = 0
         self._chosen: list[int] = []
 
     def serve(self, port: int) -> None:
@@ -61,3 +65,6 @@ class VerifierMetrics:
         self.kv_used.set(blocks.kv_blocks.size - blocks.kv_blocks.num_free)
         self.gdn_used.set(blocks.gdn_slots.size - blocks.gdn_slots.num_free)
         self.fallbacks.set(engine.fallback_steps)
+        preempted = engine.scheduler.num_preemptions
+        self.preemptions.inc(preempted - self._preempted)
+        self._preempted = preempted
