@@ -78,3 +78,26 @@ def test_an_interference_run_through_the_gateway_on_the_cpu():
     line, = report.long_context_lines(record["results"])
     assert line.startswith("interference (none, 3 decoders + one 512-token prompt): its TTFT") and "x)" in line
     assert math.isfinite(f["decoders_itl_ms_during"]["max"])
+
+
+def test_a_prefill_chunk_reaches_the_verifier_with_a_budget_that_fits_it(monkeypatch):
+    from specdec_tools.bench import gateway_path
+    started = []
+
+    class FakeStack:
+        def __init__(self, config):
+            started.append(config)
+
+        def start(self):
+            pass
+
+    monkeypatch.setattr(gateway_path, "LocalStack", FakeStack)
+    w = wl.Workload("gateway", "none", 16, 128, 512, long_prompt=4096)
+    for chunk, expected in ((None, None), (2048, "2048")):
+        bench = gateway_path.GatewayBench(str(demo_model_dir()), "cpu", "float32", prefill_chunk=chunk)
+        bench.ensure(w, [w])
+        args = list(started[-1].verifier_args)
+        assert (args[args.index("--prefill-chunk") + 1] if "--prefill-chunk" in args else None) == expected
+        assert int(args[args.index("--max-batched-tokens") + 1]) >= (chunk or 0) + 16
+        bench.stack = None
+        bench.logs.cleanup()

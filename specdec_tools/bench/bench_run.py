@@ -55,6 +55,7 @@ class BenchConfig:
     load_format: str = "safetensors"     # dummy: random weights, config.json only (gateway path)
     grammar: tuple[str, str] | None = None  # gateway path: (kind, text) every request is constrained by
     draft_masks: str = "auto"            # gateway path: the mtp drafter service's --draft-masks
+    prefill_chunk: int | None = None     # gateway path: the verifier's --prefill-chunk (token budget widened to fit)
 
 
 @dataclass
@@ -90,7 +91,8 @@ class BenchRun:
             self._gateway = GatewayBench(c.model, c.device, c.dtype, trace_dir=c.trace_steps_dir,
                                          step_channel=c.step_channel, repeats=c.repeats, overlap=c.overlap,
                                          tensor_parallel_size=c.tensor_parallel_size, load_format=c.load_format,
-                                         grammar=c.grammar, draft_masks=c.draft_masks)
+                                         grammar=c.grammar, draft_masks=c.draft_masks,
+                                         prefill_chunk=c.prefill_chunk)
         return self._gateway
 
     # ---- the run ------------------------------------------------------------------------
@@ -110,7 +112,7 @@ class BenchRun:
                                     "repeats": c.repeats, "overlap": c.overlap,
                                     "tensor_parallel_size": c.tensor_parallel_size, "load_format": c.load_format,
                                     "grammar": c.grammar[0] if c.grammar else None,
-                                    "draft_masks": c.draft_masks},
+                                    "draft_masks": c.draft_masks, "prefill_chunk": c.prefill_chunk},
                        "roofline": None, "profile": None, "results": self.results, "skipped": self.skipped,
                        "problems": []}
         log.info("measuring the device copy and the weight-GEMM chain (%d GEMMs)", len(self.traffic.linear_shapes))

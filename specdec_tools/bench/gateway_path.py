@@ -63,10 +63,12 @@ class GatewayBench:
     def __init__(self, model: str, device: str, dtype: str, startup_timeout_s: float = 300.0,
                  trace_dir: str | None = None, step_channel: str = "auto", repeats: int = 1, overlap: bool = True,
                  tensor_parallel_size: int = 1, load_format: str = "safetensors",
-                 grammar: tuple[str, str] | None = None, draft_masks: str = "auto"):
+                 grammar: tuple[str, str] | None = None, draft_masks: str = "auto",
+                 prefill_chunk: int | None = None):
         self.model, self.device, self.dtype, self.startup_timeout_s = model, device, dtype, startup_timeout_s
         self.grammar = grammar            # (kind, text) every request is constrained by, or None
         self.draft_masks = draft_masks    # the mtp drafter's --draft-masks
+        self.prefill_chunk = prefill_chunk  # the verifier's --prefill-chunk (None: its default)
         self.tensor_parallel_size, self.load_format = tensor_parallel_size, load_format
         self.step_channel = step_channel  # the verifier's --step-channel (a drafter service's steps)
         self.repeats = repeats            # timed passes per workload; the one of median tokens/s is reported
@@ -87,8 +89,10 @@ class GatewayBench:
         self.metrics_port = free_port()
         running = max(g.concurrency for g in group)
         context = max(max(g.prompt_lengths) + g.max_tokens + g.k + 1 for g in group)
-        verifier = ["--max-running", str(running),
-                    "--max-batched-tokens", str(max(scheduler_for(g).max_batched_tokens for g in group)),
+        budget = max(scheduler_for(g).max_batched_tokens for g in group)
+        chunk = ["--prefill-chunk", str(self.prefill_chunk)] if self.prefill_chunk else []
+        budget = max(budget, self.prefill_chunk + running * (w.k + 1)) if self.prefill_chunk else budget
+        verifier = chunk + ["--max-running", str(running), "--max-batched-tokens", str(budget),
                     "--kv-blocks", str(max(blocks_for(g) for g in group)),
                     "--max-context", str(context), "--metrics-port", str(self.metrics_port),
                     "--step-channel", self.step_channel] + ([] if self.overlap else ["--no-overlap"])

@@ -126,6 +126,8 @@ def render_table(record: dict, markdown: bool = False) -> str:
         head += f"; tensor parallel {settings['tensor_parallel_size']} (BW per GPU)"
     if settings.get("load_format") == "dummy":
         head += "; dummy (random) weights"
+    if settings.get("prefill_chunk"):
+        head += f"; prefill chunks of {settings['prefill_chunk']} tokens"
     if settings.get("grammar"):
         head += f"; every request constrained by a {settings['grammar']} grammar"
         if any(r.get("workload", {}).get("drafter") == "mtp" for r in record.get("results", [])):

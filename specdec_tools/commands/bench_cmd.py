@@ -65,6 +65,9 @@ def add_parser(sub) -> None:
     p.add_argument("--draft-masks", default="auto", choices=["auto", "on", "off"],
                    help="gateway path: the mtp drafter service's --draft-masks (with --grammar: compare on and off "
                         "for what masking the drafts costs and adds to the acceptance length)")
+    p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
+                   help="gateway path: the verifier's --prefill-chunk (default: its own), its --max-batched-tokens "
+                        "widened to the chunk plus a verify step of every running sequence")
     p.add_argument("--profile", action="store_true", help="torch.profiler summary of in-process decode steps")
     p.add_argument("--profile-steps", type=int, default=10)
     p.add_argument("--trace-steps", default=None, metavar="DIR",
@@ -99,7 +102,7 @@ def build_config(args: argparse.Namespace):
     if not chosen:
         raise ValueError("the filters (--paths/--drafters/--concurrency/--prompt-tokens/--temperatures) leave no "
                          f"workload of preset {args.preset!r}")
-    for name in ("workload_timeout", "time_budget", "layers", "profile_steps", "repeats"):
+    for name in ("workload_timeout", "time_budget", "layers", "profile_steps", "repeats", "prefill_chunk"):
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {value}")
@@ -126,7 +129,7 @@ def build_config(args: argparse.Namespace):
         profile=args.profile, profile_steps=args.profile_steps, trace_steps_dir=args.trace_steps,
         step_channel=args.step_channel, repeats=args.repeats, overlap=args.overlap,
         plot=not args.no_plot, seed=args.seed, tensor_parallel_size=args.tensor_parallel_size,
-        load_format=args.load_format, grammar=grammar, draft_masks=args.draft_masks,
+        load_format=args.load_format, grammar=grammar, draft_masks=args.draft_masks, prefill_chunk=args.prefill_chunk,
         command="specdec " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
 
 
