@@ -67,11 +67,10 @@ class TokenMatcher:
             if self._matcher.is_terminated():
                 break                                   # a stop token was drafted: later rows never emit
             self._matcher.fill_next_token_bitmask(out, row)
-            if row == len(drafts) or not self._matcher.accept_token(drafts[row]):
+            if row == len(drafts) or not self.walk(drafts[row]):
                 break
             walked += 1
-        if walked:
-            self._matcher.rollback(walked)
+        self.unwalk(walked)
 
     def walk(self, token: int) -> bool:
         """Take a drafted token, to be undone (`unwalk`); False when the grammar refuses it (nothing taken)."""
@@ -226,6 +225,18 @@ class RowMasks:
     bits: torch.Tensor                # [Rg, ceil(V / 32)] int32 bitmasks
 
 
+def mask_rows(logits: torch.Tensor, rows: torch.Tensor, bits: torch.Tensor,
+              columns: torch.Tensor | None = None) -> torch.Tensor:
+    """`logits` [R, V'] with the tokens `bits` ([Rg, W] int32 bitmasks, on the device) disallow in rows `rows`
+    ([Rg] int64) set to −inf (a new tensor). `columns`: the target ids of the logits' columns when they are a
+    subset of the vocabulary (a drafter's reduced vocabulary), else column j is token j."""
+    if columns is None:
+        allowed = unpack_mask(bits, logits.shape[-1])                                   # [Rg, V]
+    else:
+        allowed = unpack_mask(bits, bits.shape[1] * 32)[:, columns]                     # [Rg, V'] (no sync)
+    return logits.index_put((rows,), logits[rows].masked_fill(~allowed, float("-inf")))
+
+
 def unpack_mask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """int32 [R, W] bitmask → bool [R, vocab_size], True where the token is allowed. Read as bytes (little-endian:
     token t is bit t % 8 of byte t // 8), so the unpacked temporary is one byte per token."""
@@ -249,4 +260,5 @@ def _first_line(e: Exception) -> str:
     return text.splitlines()[0][:500] if text else type(e).__name__
 
 
-__all__ = ["GrammarError", "Grammars", "GuidanceMatcher", "RowMasks", "TokenMatcher", "masks_array", "unpack_mask"]
+__all__ = ["GrammarError", "Grammars", "GuidanceMatcher", "RowMasks", "TokenMatcher", "mask_rows", "masks_array",
+           "unpack_mask"]

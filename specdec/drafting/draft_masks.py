@@ -10,12 +10,11 @@ report the masked one; an argmax drafter's one-hot q already is).
 `DraftMasks` keeps one matcher per constrained sequence, standing after its committed output. It learns the
 grammar from the sequence's first DraftInput (`DraftInput.grammar`), compiles it off the drafting thread (a
 large schema takes seconds: a drafting step waits COMPILE_WAIT_S for it, then the sequence drafts unmasked until
-it is ready, its output tokens kept meanwhile),
-and takes the committed tokens as they arrive. A drafting step gets a `DraftWalk`: before draft step j it masks
-the logits of the constrained rows to what the grammar allows after the committed output and drafts 0..j-1,
-which it walks on the host (one sync per draft step, only in batches with a constrained sequence) and rolls back
-when the step closes. A row stops drafting after a stop token, or when nothing the drafter may propose is
-allowed.
+it is ready, its output tokens kept meanwhile), and takes the committed tokens as they arrive. A drafting step
+gets a `DraftWalk`: before draft step j it masks the logits of the constrained rows to what the grammar allows
+after the committed output and drafts 0..j-1, which it walks on the host (one sync per draft step, only in
+batches with a constrained sequence) and rolls back when the step closes. A row stops drafting after a stop
+token, or when nothing the drafter may propose is allowed.
 """
 from __future__ import annotations
 
@@ -26,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdec.grammar import Grammars, TokenMatcher, masks_array, unpack_mask
+from specdec.grammar import Grammars, TokenMatcher, mask_rows, masks_array
 
 from .interface import DraftInput
 
@@ -179,13 +178,8 @@ class DraftWalk:
         bits = masks_array(len(self.live), self.grammars.vocab_size)
         self.grammars.fill_masks([(self.matchers[i], n, []) for n, i in enumerate(self.live)], bits)
         self.bits, self.masked_live = bits, list(self.live)
-        allowed = unpack_mask(bits.to(self.device), self.grammars.vocab_size)      # [L, V]
-        if self.vocab_ids is not None:
-            allowed = allowed[:, self.vocab_ids]                                    # [L, V']
         rows = torch.tensor([self.rows[i] for i in self.live], device=self.device)
-        logits = logits.clone()
-        logits[rows] = logits[rows].masked_fill(~allowed[:, :logits.shape[1]], float("-inf"))
-        return logits
+        return mask_rows(logits, rows, bits.to(self.device), self.vocab_ids)
 
     def _take(self, tokens: list[int], walk: bool = True) -> None:
         """Check each live row's last draft (step - 1) against the mask it was drawn under: one the grammar refuses

@@ -22,7 +22,7 @@ import torch
 
 from kernels.sampling import greedy_accept, speculative_sample
 from kernels.sampling.reference import row_layout
-from specdec.grammar import RowMasks, unpack_mask
+from specdec.grammar import RowMasks, mask_rows
 
 from .batch import SamplingBatch
 from .processors import Penalties, RowParams, apply_penalties, processed_logits
@@ -91,8 +91,7 @@ def sample(logits: torch.Tensor, rows: VerifyRows, sampling: SamplingBatch | Non
     (specdec/grammar.py); the others get logit −inf before anything else, so every rule below samples from the
     masked distribution and a draft the grammar refuses is never accepted."""
     if token_masks is not None:
-        allowed = unpack_mask(token_masks.bits, logits.shape[-1])                             # [Rg, V]
-        logits = logits.index_put((token_masks.rows,), logits[token_masks.rows].masked_fill(~allowed, float("-inf")))
+        logits = mask_rows(logits, token_masks.rows, token_masks.bits)
     if sampling is None:
         argmax = logits.argmax(-1)                                                              # [R]
         if rows.width == 0:      # plain decoding: one row per sequence, its argmax is the token
