@@ -13,13 +13,33 @@ from specdec.drafting import (Drafter, DrafterInfo, DrafterOptions, DraftsOnDevi
                               plugin_entry_points, vocabulary_fingerprint)
 from specdec.drafting.acceptance_rate import acceptance_rate_for
 from specdec.drafting.draft_masks import DraftMasks
+from specdec.models.memory_budget import GIB, DeviceMemory
+from specdec.models.model_config import ModelConfig
 
 from .ngram import NgramDrafter
 from .synthetic import SyntheticDrafter
 
 log = logging.getLogger(__name__)
 BUILTIN_KINDS = ("mtp", "draft_model", "ngram", "synthetic")
+CPU_KV_BLOCKS = 4096   # a model drafter's KV blocks on the CPU (65,536 tokens of 16)
 DRAFTER_ATTRIBUTES = ("kind", "needs_hidden", "max_drafts", "facts", "propose", "release", "clear")
+
+
+def kv_blocks_for(c: DrafterConfig, block_bytes: int, transient: int) -> int:
+    """KV blocks of a model drafter: on a GPU what `gpu_memory_utilization` leaves once its weights are loaded
+    (specdec/models/memory_budget.py; `transient`: bytes a warm-up adds for a while), else CPU_KV_BLOCKS."""
+    if not c.device.startswith("cuda"):
+        return CPU_KV_BLOCKS
+    memory = DeviceMemory.read(c.device)
+    room, bound = memory.cache_bytes(c.gpu_memory_utilization, transient)
+    blocks = room // block_bytes
+    if blocks < 1:
+        raise ValueError(f"no GPU memory left for the drafter's KV cache ({memory.describe(c.gpu_memory_utilization)}): "
+                         f"raise its --gpu-memory-utilization or give --kv-blocks")
+    log.info("drafter KV cache: %d blocks of %d (%d tokens, %.2f GiB) from %s%s", blocks, c.block_size,
+             blocks * c.block_size, blocks * block_bytes / GIB, memory.describe(c.gpu_memory_utilization),
+             "; bounded by FREE memory" if bound == "free memory" else "")
+    return blocks
 
 
 def available_kinds() -> list[str]:
@@ -34,7 +54,8 @@ class DrafterConfig:
     model_dir: str | None = None       # the target's checkpoint (mtp: its mtp.* tensors; plugins: options)
     device: str = "cpu"
     dtype: str = "float32"
-    num_blocks: int = 4096             # mtp / draft_model KV blocks
+    num_blocks: int = 0                # mtp / draft_model KV blocks (0: `kv_blocks_for`)
+    gpu_memory_utilization: float = 0.05  # mtp / draft_model on a GPU: this process's share (caches included)
     block_size: int = 16
     references: str | None = None      # synthetic: JSON file, a list of token-id lists (prompt + continuation)
     mean_acceptance_length: float | None = None  # synthetic: target, sets the corruption rate
@@ -42,7 +63,7 @@ class DrafterConfig:
     seed: int = 0
     draft_model_dir: str | None = None  # draft_model: the smaller model's checkpoint
     max_seqs: int = 64                 # draft_model: sequences it holds state for; mtp: largest CUDA graph
-    max_context: int = 4096            # mtp: longest sequence it drafts for
+    max_context: int = 0               # mtp: longest sequence it drafts for (0: the model's max positions)
     enforce_eager: bool = False        # mtp: no CUDA graphs
     draft_vocab: str | None = None     # mtp: a `specdec draft-vocab` file (drafts over those ids only)
     options: tuple[tuple[str, str], ...] = ()  # plugins: --option KEY=VALUE
@@ -115,6 +136,10 @@ class DrafterHolder:
         if not mtp:
             raise ValueError(f"{self.config.model_dir} has no mtp.* tensors: serve --kind ngram instead")
         self.mtp_parts = (config, mtp)
+        dtype = next(iter(mtp.values())).dtype
+        # the stand-in embed_tokens / lm_head of the warm-up (below) is the transient peak
+        self.config = self._sized(config, config.mtp_num_hidden_layers or 1, dtype,
+                                  transient=config.vocab_size * config.hidden_size * dtype.itemsize)
         c = self.config
         self.draft_masks = DraftMasks.for_folder(c.model_dir, config.vocab_size, list(config.eos_token_id)) \
             if DraftMasks.wanted(c.draft_masks, c.device, c.enforce_eager) else None
@@ -122,7 +147,6 @@ class DrafterHolder:
         # a device step sent as changes gives start positions up to START_POS_SLACK ahead: room for them
         self.mtp_options = MTPOptions(max_seqs=c.max_seqs, max_context=c.max_context + START_POS_SLACK,
                                       enforce_eager=c.enforce_eager, draft_vocab=vocab)
-        dtype = next(iter(mtp.values())).dtype
         self.mtp_facts = mtp_facts(config, dtype, vocabulary_fingerprint(self.config.model_dir))
         if shared:
             self.attach(shared["embed_tokens.weight"], shared["lm_head.weight"])
@@ -133,7 +157,6 @@ class DrafterHolder:
         """(config, mtp tensors, embed_tokens / lm_head unless `shared` is False) from the folder, or random ones
         of the same shapes with --load-format dummy."""
         from specdec.models.loader import SHARED_WITH_DRAFTER, dummy_tensors, load_drafter_weights, parse_dtype
-        from specdec.models.model_config import ModelConfig
 
         from .mtp.mtp_head import MTPHead
         c = self.config
@@ -190,6 +213,13 @@ class DrafterHolder:
         _, _, shared = self._read_mtp_weights(shared=True)
         self.attach(shared["embed_tokens.weight"], shared["lm_head.weight"])
 
+    def _sized(self, model: ModelConfig, num_layers: int, dtype: torch.dtype, transient: int) -> DrafterConfig:
+        """The config with max_context (0: the model's) and num_blocks (0: `kv_blocks_for`) filled in."""
+        c = self.config
+        block_bytes = 2 * num_layers * c.block_size * model.num_key_value_heads * model.head_dim * dtype.itemsize
+        blocks = c.num_blocks or kv_blocks_for(c, block_bytes, transient)
+        return replace(c, num_blocks=blocks, max_context=c.max_context or model.max_position_embeddings)
+
     # ---- the others ----------------------------------------------------------------------
     def _build_draft_model(self) -> Drafter:
         from specdec.models.loader import load_model
@@ -199,6 +229,8 @@ class DrafterHolder:
         if not c.draft_model_dir:
             raise ValueError("the draft_model drafter needs --draft-model DIR (a smaller model of the same tokenizer)")
         loaded = load_model(c.draft_model_dir, dtype=c.dtype, device=c.device)
+        c = self.config = self._sized(loaded.config, len(loaded.config.attention_layers),
+                                      loaded.model.embed_tokens.weight.dtype, transient=0)
         log.info("draft model %s: %d layers, hidden %d, vocab %d", c.draft_model_dir,
                  loaded.config.num_hidden_layers, loaded.config.hidden_size, loaded.config.vocab_size)
         return DraftModelDrafter(loaded, c.max_drafts, c.num_blocks, c.block_size, c.max_seqs, device=c.device,

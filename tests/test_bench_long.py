@@ -17,7 +17,8 @@ pytestmark = pytest.mark.timeout(300)
 
 def test_the_long_preset():
     long = wl.long_context()
-    assert [w.prompt_tokens for w in long if not w.long_prompt] == list(wl.LONG_PROMPTS)
+    assert [w.prompt_tokens for w in long if not w.long_prompt and w.concurrency == 1] == list(wl.LONG_PROMPTS)
+    assert [(w.concurrency, w.prompt_tokens) for w in long if w.concurrency == 64] == [wl.CROWD]
     mixed = [w for w in long if w.long_prompt]
     assert [w.drafter_label for w in mixed] == ["mtp@3.39", "none"]
     assert all(w.path == "gateway" and w.concurrency == 16 for w in long if w.long_prompt)

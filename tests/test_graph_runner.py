@@ -43,18 +43,18 @@ def test_bucket_for_picks_smallest_fitting_bucket(tiny_model):
 
 def test_steps_mixing_prompt_chunks_take_the_smallest_mixed_bucket(tiny_model):
     """Mixed buckets: 4 or 8 sequences (MIXED_SEQS capped by the largest batch bucket) x 256 or 512 tokens (the
-    runner's token budget, 512), chunks of up to 256 tokens (the largest prefill bucket), k + 1 logit rows a
+    runner's token budget, 512), chunks of up to 512 tokens (the largest prefill bucket), k + 1 logit rows a
     sequence; anything past them runs eagerly."""
     executor = Executor.build(tiny_model, num_blocks=16, block_size=4, max_seqs=8, max_drafts=3)
     executor.runner.use_graphs(capture=False)
     graphs = executor.runner.graphs
     assert (graphs.mixed_seqs, graphs.mixed_tokens) == ((4, 8), (256, 512))
     mixed = prefill_plan([5, 1])                                                # a prompt chunk beside a decoder
-    assert graphs.bucket_for(mixed) == Bucket(seqs=4, max_seqlen=256, tokens=256, logit_rows=16, max_drafts=3)
+    assert graphs.bucket_for(mixed) == Bucket(seqs=4, max_seqlen=512, tokens=256, logit_rows=16, max_drafts=3)
     assert graphs.is_mixed(graphs.bucket_for(mixed)) and not graphs.is_prefill(graphs.bucket_for(mixed))
-    assert graphs.bucket_for(prefill_plan([200, 100, 4, 4, 1])) == Bucket.mixed(8, 512, 256, 3)
-    assert graphs.bucket_for(prefill_plan([40], logits=2)) == Bucket.mixed(4, 256, 256, 3)   # 2 logit rows
-    assert graphs.bucket_for(prefill_plan([257, 1])) is None                    # a chunk past the prefill buckets
+    assert graphs.bucket_for(prefill_plan([200, 100, 4, 4, 1])) == Bucket.mixed(8, 512, 512, 3)
+    assert graphs.bucket_for(prefill_plan([40], logits=2)) == Bucket.mixed(4, 256, 512, 3)   # 2 logit rows
+    assert graphs.bucket_for(prefill_plan([257, 1])) == Bucket.mixed(4, 512, 512, 3)
     assert graphs.bucket_for(prefill_plan([256, 256, 1])) is None               # past the largest mixed bucket
     assert graphs.bucket_for(plan_of([100, 1])) is None                         # every row's logits: 101 of 16
     assert graphs.bucket_for(prefill_plan([9] * 9)) is None                     # more sequences than any bucket
@@ -67,11 +67,13 @@ def test_prefill_and_mixed_buckets_stop_at_the_token_budget(tiny_model):
     assert Bucket.prefill(256) not in executor.runner.graphs.buckets()
 
 
-@pytest.mark.parametrize("max_seqs, k, pairs", [(1, 3, ((1, 256),)), (2, 0, ((2, 256), (2, 512))),
+@pytest.mark.parametrize("max_seqs, k, pairs", [(1, 3, ((1, 256), (1, 512), (1, 1024))),
+                                                (2, 0, ((2, 256), (2, 512), (2, 1024))),
                                                 (8, 3, ((4, 256), (4, 512), (4, 1024), (8, 256), (8, 512), (8, 1024)))])
 def test_only_reachable_mixed_buckets_are_captured(tiny_model, max_seqs, k, pairs):
-    """b sequences of up to 256 tokens never fill more than b * 256 tokens; at k = 0 one sequence's mixed bucket
-    is the prefill bucket of 256, which is_mixed does not claim."""
+    """b sequences of up to P tokens (the largest prefill bucket: 1024 under this budget) never fill more than
+    b * P tokens; at k = 0 one sequence's mixed bucket of P tokens is the prefill bucket of P, which is_mixed does
+    not claim."""
     executor = Executor.build(tiny_model, num_blocks=16, block_size=4, max_seqs=max_seqs, max_drafts=k,
                          max_batched_tokens=2048)
     executor.runner.use_graphs(capture=False)
@@ -88,7 +90,7 @@ def test_a_mixed_step_takes_more_sequences_when_its_logit_rows_need_them(tiny_mo
     plan = prefill_plan([20, 4, 4], logits=4)                        # 12 logit rows fit 4 sequences' 16
     assert executor.runner.graphs.bucket_for(plan).seqs == 4
     plan = prefill_plan([30, 20, 20], logits=14)                      # 42 logit rows: 16 sequences' 64
-    assert executor.runner.graphs.bucket_for(plan) == Bucket.mixed(16, 256, 256, 3)
+    assert executor.runner.graphs.bucket_for(plan) == Bucket.mixed(16, 256, 512, 3)
 
 
 def prefill_plan(lens, logits=1):
@@ -106,7 +108,8 @@ def test_a_prompt_chunk_alone_takes_the_smallest_prefill_bucket(tiny_model):
     assert graphs.bucket_for(prefill_plan([33])) == Bucket.prefill(64)
     assert graphs.bucket_for(prefill_plan([128], logits=0)) == Bucket.prefill(128)   # a chunk that does not sample
     assert graphs.bucket_for(prefill_plan([256])) == Bucket.prefill(256)
-    assert graphs.bucket_for(prefill_plan([257])) is None                       # longer than the largest
+    assert graphs.bucket_for(prefill_plan([257])) == Bucket.prefill(512)        # the largest: the token budget
+    assert graphs.bucket_for(prefill_plan([513])) is None                       # longer than the largest
     assert not graphs.is_prefill(graphs.bucket_for(prefill_plan([40, 1])))      # beside another sequence: mixed
 
 

@@ -66,6 +66,7 @@ class BlockManager:
         fresh, self._fresh = self._fresh, []
         return fresh
 
-    def tables(self, slots: np.ndarray) -> np.ndarray:
-        """[B, W] int32 block tables of the sequences in these slots."""
-        return self.block_rows[slots]
+    def tables(self, slots: np.ndarray, width: int | None = None) -> np.ndarray:
+        """[B, width] int32 block tables of the sequences in these slots (width: the longest table among them;
+        default all max_blocks_per_seq columns)."""
+        return self.block_rows[slots, :width]

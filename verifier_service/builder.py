@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import logging
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -15,6 +14,7 @@ from specdec.models.loader import LoadedModel, fp8_format, load_model
 from specdec.models.model_config import ModelConfig
 from specdec.step_trace import StepTrace
 
+from .cache_sizing import CacheRequest, size_caches
 from .draft_policy import POLICIES
 from .drafter_client import DrafterLinkConfig, RemoteDrafter
 from .engine import EngineConfig, SpecEngine
@@ -42,13 +42,14 @@ class VerifierConfig:
     drafter_timeout_s: float = 10.0
     drafter_wait_s: float = 10.0           # at start-up, how long SERVING waits for the drafter link
     step_channel: str = "auto"             # auto: the drafter's local lane on this host | grpc
-    max_context: int = 4096
-    max_running: int = 16
+    max_context: int = 0                   # 0: the model's max_position_embeddings (at most what the KV pool holds)
+    max_running: int = 0                   # 0: the device's default (DEVICE_LIMITS), as are the two below
     max_queued: int = DEFAULT_MAX_QUEUED   # requests waiting beyond max_running; more: RESOURCE_EXHAUSTED
-    max_batched_tokens: int = 512
-    prefill_chunk: int = 256
+    max_batched_tokens: int = 0            # tokens per target forward
+    prefill_chunk: int = 0                 # prompt tokens per sequence per step
     block_size: int = 16
-    kv_blocks: int = 0                     # 0: enough for max_running sequences of max_context
+    kv_blocks: int = 0                     # 0: sized by cache_sizing.py (from memory on a GPU)
+    gpu_memory_utilization: float = 0.9    # the share of the GPU's memory this process may hold, caches included
     metrics_port: int = 0                  # 0: no Prometheus endpoint
     forced_acceptance_length: float = 0.0  # benchmarks only, with unsafe_forced_acceptance
     unsafe_forced_acceptance: bool = False
@@ -67,10 +68,24 @@ class VerifierConfig:
         return self.draft_policy == "adaptive" or (self.draft_policy == "auto"
                                                     and torch.device(self.device).type == "cuda")
 
-    def context_and_blocks(self, model: ModelConfig) -> tuple[int, int]:
-        """(the longest sequence served, KV blocks to hold max_running of them unless kv_blocks says)."""
-        max_context = min(self.max_context, model.max_position_embeddings)
-        return max_context, self.kv_blocks or self.max_running * math.ceil(max_context / self.block_size)
+    def with_device_limits(self) -> "VerifierConfig":
+        """This config with every limit left at 0 (max_running, max_batched_tokens, prefill_chunk) set to the
+        device's default."""
+        limits = DEVICE_LIMITS["cuda" if torch.device(self.device).type == "cuda" else "cpu"]
+        return replace(self, **{name: getattr(self, name) or value for name, value in limits.items()})
+
+    def cache_request(self) -> CacheRequest:
+        drafter_layers = 1 if self.in_process_drafter == "mtp" and self.num_drafts > 0 else 0
+        return CacheRequest(self.max_context, self.max_running, self.max_batched_tokens, self.num_drafts,
+                            self.block_size, self.kv_blocks, self.gpu_memory_utilization, self.dtype, drafter_layers)
+
+
+# The defaults of --max-running, --max-batched-tokens and --prefill-chunk. On a GPU: 64 sequences, the largest
+# decode graph bucket; steps of up to 1024 tokens, the largest prefill and mixed graph buckets, so that a step
+# mixing a prompt chunk with decoders replays a graph (the chunk takes what the decoders leave of the budget).
+# On the CPU: small steps that keep a demo's streams moving.
+DEVICE_LIMITS = {"cuda": {"max_running": 64, "max_batched_tokens": 1024, "prefill_chunk": 1024},
+                 "cpu": {"max_running": 16, "max_batched_tokens": 512, "prefill_chunk": 256}}
 
 
 # Builds the in-process drafter around the loaded target (the CLI passes one: this package imports no drafter).
@@ -96,19 +111,26 @@ def build_engine(config: VerifierConfig, make_drafter: DrafterFactory | None = N
     if parallel and (config.quantization != "none" or (loaded is None and fp8_format(config.model_dir))):
         raise ValueError("FP8 weights (--quantization fp8 or an FP8 checkpoint) under --tensor-parallel-size are not "
                          "supported yet: their block scales are not sharded")
+    config = config.with_device_limits()
+    for name in ("max_running", "max_batched_tokens", "prefill_chunk", "block_size"):
+        if getattr(config, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(config, name)}")
     model_config = loaded.config if loaded is not None else ModelConfig.from_folder(config.model_dir)
-    max_context, blocks = config.context_and_blocks(model_config)
-    sizes = dict(num_blocks=blocks, block_size=config.block_size, max_seqs=config.max_running,
-                 max_drafts=config.num_drafts, max_model_len=max_context,
+    if not parallel and loaded is None:
+        loaded = load_model(config.model_dir, dtype=config.dtype, device=config.device,
+                            load_format=config.load_format, quantization=config.quantization)
+    cache = size_caches(config.cache_request(), model_config, torch.device(config.device),
+                        None if parallel else loaded)   # tensor parallel: the ranks build caches of this size
+    log.info("%s", cache.summary)
+    config = replace(config, max_context=cache.max_context, kv_blocks=cache.num_blocks)
+    sizes = dict(num_blocks=cache.num_blocks, block_size=config.block_size, max_seqs=cache.num_slots,
+                 max_drafts=config.num_drafts, max_model_len=cache.max_context,
                  max_batched_tokens=config.max_batched_tokens, enforce_eager=config.enforce_eager)
     if parallel:
         executor = Executor.build_parallel(RankSpec(config.model_dir, config.tensor_parallel_size, config.device,
                                                     config.dtype, config.load_format, sizes))
         loaded = LoadedModel(model_config, executor.runner.model, {})
     else:
-        if loaded is None:
-            loaded = load_model(config.model_dir, dtype=config.dtype, device=config.device,
-                                load_format=config.load_format, quantization=config.quantization)
         executor = Executor(ModelRunner(loaded, device=config.device, **sizes))
     trace = StepTrace(config.trace_steps, "verifier")
     drafter = None
@@ -134,7 +156,7 @@ def build_engine(config: VerifierConfig, make_drafter: DrafterFactory | None = N
         log.warning("FORCED ACCEPTANCE (mean length %.2f): output is not the target's; benchmarks only",
                     config.forced_acceptance_length)
     scheduler = SchedulerConfig(config.max_running, config.max_batched_tokens, config.prefill_chunk)
-    engine_config = EngineConfig(config.num_drafts, config.adaptive_drafts, scheduler, forced, max_context,
+    engine_config = EngineConfig(config.num_drafts, config.adaptive_drafts, scheduler, forced, config.max_context,
                                  config.overlap)
     if drafter is not None:
         log.info("draft policy: %s (--draft-policy %s)", "adaptive k in 0..%d" % config.num_drafts

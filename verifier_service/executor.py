@@ -98,10 +98,10 @@ class Executor:
         lens = np.fromiter(map(len, chunks), np.int64, count=b)
         slots = np.fromiter((s.gdn_slot for s in seqs), np.int32, count=b)
         drafts = np.zeros(b, np.int32) if num_drafts is None else as_array(num_drafts, "num_drafts", b, np.int32)
+        table_lens = np.fromiter((len(s.block_table) for s in seqs), np.int64, count=b)
         return StepPlan(
             token_ids=np.fromiter(chain.from_iterable(chunks), np.int64, count=int(lens.sum())),
             seq_lens=lens, start_positions=np.fromiter((s.num_cached for s in seqs), np.int64, count=b),
-            block_tables=self.blocks.tables(slots),
-            table_lens=np.fromiter((len(s.block_table) for s in seqs), np.int64, count=b),
+            block_tables=self.blocks.tables(slots, int(table_lens.max(initial=0))), table_lens=table_lens,
             gdn_slots=slots, gdn_read_offsets=np.fromiter((s.gdn_read_offset for s in seqs), np.int32, count=b),
             num_drafts=drafts, logits_per_seq=logit_rows_per_seq(logits, lens))

@@ -2,7 +2,7 @@
 request waits for a kernel to compile. Triton compiles a variant per shape class the first time it sees it
 (paged attention picks its query tile and split count from the step's batch, the norms their rows per program);
 the CUDA graphs compile what their steps need while they are captured (decode, verify, a prompt chunk alone, and
-prompt chunks mixed with decodes up to the mixed buckets' 1024 tokens and 256-token chunks), but larger steps run
+prompt chunks mixed with decodes up to the mixed buckets' 1024 tokens), but larger steps run
 eagerly, and on a cold cache the first compile of an eager mixed step stalls every running request for as long as
 it takes. The mixed steps below replay their graphs where one holds them.
 

@@ -38,9 +38,11 @@ class SequenceTables:
             self.lens[row] = needed
 
     def rows(self, seq_ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        """(tables [B, width] int32, blocks held [B] int64) of these sequences."""
+        """(tables [B, W] int32, blocks held [B] int64) of these sequences; W: the most blocks any of them holds
+        (a step stages what its sequences use, not `width`)."""
         index = np.fromiter(map(self.row_of.__getitem__, seq_ids), np.int64, count=len(seq_ids))
-        return self.array[index], self.lens[index]
+        lens = self.lens[index]
+        return self.array[index, :int(lens.max(initial=0))], lens
 
     def release(self, seq_id: int) -> None:
         row = self.row_of.pop(seq_id, None)

@@ -4,9 +4,14 @@ sequences, and one non-blocking host-to-device copy per step into one persistent
 Layout of the buffer (int32 words; the int64 fields first so that they stay 8-byte aligned):
     input_ids, positions, slot_mapping, logits_indices, seq_of_token   [max_tokens] int64 each
     cu_seqlens [max_seqs + 1], gdn_slots, gdn_read_offsets, num_drafts [max_seqs]   int32
-    block_tables [max_seqs, max_blocks]                                             int32 (last: copied by rows)
+    block_tables [B, W] packed (W: the step's widest table, not max_blocks)         int32 (last)
 Fields sit at fixed offsets, so a batch padded to a bucket always has the same addresses: what a CUDA graph
-captured. Two host buffers alternate; before one is refilled, the copy that last read it is waited for.
+captured. The block tables travel packed, so that a step copies words for the blocks its sequences hold, not for
+the longest context the staging allows (262,144 positions are 16,384 words a sequence). A batch padded to a bucket
+reads them from `graph_tables` [max_seqs, max_blocks] instead, a fixed tensor the packed words are copied into
+on the device (one copy kernel); columns past W keep stale entries no kernel reads (a sequence reads the blocks
+below its length only). Two host buffers alternate; before one is refilled, the copy that last read it is waited
+for.
 """
 from __future__ import annotations
 
@@ -125,13 +130,13 @@ class BatchStaging:
         self.turn = 0
         self.buffer = torch.zeros(total, dtype=torch.int32, device=self.device)
         self.device_views = self._views(self.buffer, lambda t: t.view(torch.int64))
+        self.graph_tables = torch.zeros(max_seqs, max_blocks, dtype=torch.int32, device=self.device)
 
     def _views(self, flat, as_int64) -> dict:
         views = {}
         for name, offset in self.offsets.items():
             part = flat[offset: offset + self.sizes[name]]
             views[name] = as_int64(part) if name in INT64_FIELDS else part
-        views["block_tables"] = views["block_tables"].reshape(self.max_seqs, self.max_blocks)
         return views
 
     def stage(self, plan: StepPlan, bucket: Bucket | None = None) -> ForwardBatch:
@@ -162,18 +167,22 @@ class BatchStaging:
         wanted = plan.logits_per_seq
         first_row = np.repeat(cu[1: b + 1] - np.cumsum(wanted), wanted)
         h["logits_indices"][:n], h["logits_indices"][n:np_] = first_row + np.arange(n), 0
-        tables = h["block_tables"]
-        width = plan.block_tables.shape[1]
-        tables[:b, :width], tables[:b, width:], tables[b:bp] = plan.block_tables, 0, self.scratch_block
+        width = max(1, plan.block_tables.shape[1])
+        tables = h["block_tables"][: bp * width].reshape(bp, width)     # [bp, W] packed
+        tables[:b, :plan.block_tables.shape[1]], tables[b:] = plan.block_tables, self.scratch_block
         for name, pad in (("gdn_slots", self.scratch_gdn_slot), ("gdn_read_offsets", 0), ("num_drafts", 0)):
             h[name][:b], h[name][b:bp] = getattr(plan, name), pad
-        self._copy_to_device(self.offsets["block_tables"] + bp * self.max_blocks)
+        self._copy_to_device(self.offsets["block_tables"] + bp * width)
         d = self.device_views
+        block_tables = d["block_tables"][: bp * width].view(bp, width)
+        if bucket is not None:   # the graph's fixed tensor
+            self.graph_tables[:bp, :width].copy_(block_tables)
+            block_tables = self.graph_tables[:bp]
         max_seqlen = int(plan.seq_lens.max(initial=0)) if bucket is None else bucket.max_seqlen
         max_drafts = int(plan.num_drafts.max(initial=0)) if bucket is None else bucket.max_drafts
         return ForwardBatch(
             input_ids=d["input_ids"][:tp], positions=d["positions"][:tp], cu_seqlens=d["cu_seqlens"][: bp + 1],
-            block_tables=d["block_tables"][:bp], slot_mapping=d["slot_mapping"][:tp],
+            block_tables=block_tables, slot_mapping=d["slot_mapping"][:tp],
             gdn_slots=d["gdn_slots"][:bp], gdn_read_offsets=d["gdn_read_offsets"][:bp],
             num_drafts=d["num_drafts"][:bp], logits_indices=d["logits_indices"][:np_],
             num_seqs=bp, num_tokens=tp, max_seqlen=max_seqlen, max_num_drafts=max_drafts,

@@ -6,6 +6,7 @@ padding tokens / padding sequences of a CUDA-graph bucket write.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -60,18 +61,40 @@ class ModelCaches:
     def allocate(config: ModelConfig, num_blocks: int, block_size: int, num_gdn_slots: int,
                  max_drafts: int = 0, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu") -> "ModelCaches":
-        kv_shape = (num_blocks + 1, block_size, config.num_key_value_heads, config.head_dim)
-        hk, hv = config.linear_num_key_heads, config.linear_num_value_heads
-        head_k, head_v = config.linear_key_head_dim, config.linear_value_head_dim
-        rec_shape = (num_gdn_slots + 1, hv, head_k, head_v)
-        pending_shape = (num_gdn_slots + 1, pending_ring_rows(max_drafts), hk * head_k + hv * (head_v + 2))
-        conv_shape = (num_gdn_slots + 1, config.gdn_conv_dim, config.linear_conv_kernel_dim - 1 + max_drafts)
+        shapes = CacheShapes(config, block_size, max_drafts)
+        kv_shape = (num_blocks + 1, *shapes.kv_block)
         attn, gdn = config.attention_layers, config.gdn_layers
         kv = KVCache(k=[torch.zeros(kv_shape, dtype=dtype, device=device) for _ in attn],
                      v=[torch.zeros(kv_shape, dtype=dtype, device=device) for _ in attn], block_size=block_size)
-        states = GDNCache(recurrent=[torch.zeros(rec_shape, dtype=torch.float32, device=device) for _ in gdn],
-                          pending=[torch.zeros(pending_shape, dtype=dtype, device=device) for _ in gdn],
-                          conv=[torch.zeros(conv_shape, dtype=dtype, device=device) for _ in gdn],
+        n = num_gdn_slots + 1
+        states = GDNCache(recurrent=[torch.zeros((n, *shapes.recurrent), dtype=torch.float32, device=device)
+                                     for _ in gdn],
+                          pending=[torch.zeros((n, *shapes.pending), dtype=dtype, device=device) for _ in gdn],
+                          conv=[torch.zeros((n, *shapes.conv), dtype=dtype, device=device) for _ in gdn],
                           scratch_slot=num_gdn_slots)
         layer_slot = {layer: i for i, layer in enumerate(attn)} | {layer: i for i, layer in enumerate(gdn)}
         return ModelCaches(kv=kv, gdn=states, layer_slot=layer_slot)
+
+
+class CacheShapes:
+    """The per-block and per-slot shapes of `ModelCaches`, and what one KV block or one GDN slot costs in bytes
+    over all layers (what sizing the caches from the device's memory divides by)."""
+
+    def __init__(self, config: ModelConfig, block_size: int, max_drafts: int = 0):
+        hk, hv = config.linear_num_key_heads, config.linear_num_value_heads
+        head_k, head_v = config.linear_key_head_dim, config.linear_value_head_dim
+        self.config = config
+        self.kv_block = (block_size, config.num_key_value_heads, config.head_dim)           # K or V, one layer
+        self.recurrent = (hv, head_k, head_v)                                                # fp32
+        self.pending = (pending_ring_rows(max_drafts), hk * head_k + hv * (head_v + 2))
+        self.conv = (config.gdn_conv_dim, config.linear_conv_kernel_dim - 1 + max_drafts)
+
+    def block_bytes(self, dtype: torch.dtype) -> int:
+        """One KV block (K and V) over every full-attention layer."""
+        return 2 * len(self.config.attention_layers) * math.prod(self.kv_block) * dtype.itemsize
+
+    def slot_bytes(self, dtype: torch.dtype) -> int:
+        """One sequence's GDN state (recurrent fp32, pending drafts, conv window) over every GDN layer."""
+        per_layer = (math.prod(self.recurrent) * torch.float32.itemsize
+                     + (math.prod(self.pending) + math.prod(self.conv)) * dtype.itemsize)
+        return len(self.config.gdn_layers) * per_layer

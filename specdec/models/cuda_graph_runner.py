@@ -37,7 +37,7 @@ from .graph_bucket import Bucket
 log = logging.getLogger(__name__)
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-PREFILL_TOKENS = (32, 64, 128, 256)   # prefill buckets: one sequence of up to this many tokens
+PREFILL_TOKENS = (32, 64, 128, 256, 512, 1024)   # prefill buckets: one sequence of up to this many tokens
 MIXED_SEQS = (4, 16, 64)              # mixed buckets: sequences (padding ones cost an early exit per program)
 MIXED_TOKENS = (256, 512, 1024)       # mixed buckets: tokens in all (the GEMMs run on every one of them)
 Step = Callable[[ForwardBatch], tuple[torch.Tensor, ...]]

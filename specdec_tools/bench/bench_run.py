@@ -56,6 +56,7 @@ class BenchConfig:
     grammar: tuple[str, str] | None = None  # gateway path: (kind, text) every request is constrained by
     draft_masks: str = "auto"            # gateway path: the mtp drafter service's --draft-masks
     prefill_chunk: int | None = None     # gateway path: the verifier's --prefill-chunk (token budget widened to fit)
+    service_defaults: bool = False       # gateway path: the services' own limits and cache sizes, not the bench's
 
 
 @dataclass
@@ -92,7 +93,7 @@ class BenchRun:
                                          step_channel=c.step_channel, repeats=c.repeats, overlap=c.overlap,
                                          tensor_parallel_size=c.tensor_parallel_size, load_format=c.load_format,
                                          grammar=c.grammar, draft_masks=c.draft_masks,
-                                         prefill_chunk=c.prefill_chunk)
+                                         prefill_chunk=c.prefill_chunk, service_defaults=c.service_defaults)
         return self._gateway
 
     # ---- the run ------------------------------------------------------------------------
@@ -112,7 +113,8 @@ class BenchRun:
                                     "repeats": c.repeats, "overlap": c.overlap,
                                     "tensor_parallel_size": c.tensor_parallel_size, "load_format": c.load_format,
                                     "grammar": c.grammar[0] if c.grammar else None,
-                                    "draft_masks": c.draft_masks, "prefill_chunk": c.prefill_chunk},
+                                    "draft_masks": c.draft_masks, "prefill_chunk": c.prefill_chunk,
+                                    "service_defaults": c.service_defaults},
                        "roofline": None, "profile": None, "results": self.results, "skipped": self.skipped,
                        "problems": []}
         log.info("measuring the device copy and the weight-GEMM chain (%d GEMMs)", len(self.traffic.linear_shapes))
@@ -212,6 +214,8 @@ class BenchRun:
         started = gateway.ensure(w, [g for g in todo if g.on_stack and g.stack_key == w.stack_key])
         metrics = gateway.run(w, prompts, guard)
         metrics["stack_start_s"] = round(started, 2) if started else None
+        if self.config.service_defaults:   # how the services sized themselves (the report prints it)
+            metrics["service_caches"] = gateway.cache_lines
         return metrics
 
     def _bandwidth(self, w: Workload, m: dict) -> dict:

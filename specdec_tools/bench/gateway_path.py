@@ -64,11 +64,12 @@ class GatewayBench:
                  trace_dir: str | None = None, step_channel: str = "auto", repeats: int = 1, overlap: bool = True,
                  tensor_parallel_size: int = 1, load_format: str = "safetensors",
                  grammar: tuple[str, str] | None = None, draft_masks: str = "auto",
-                 prefill_chunk: int | None = None):
+                 prefill_chunk: int | None = None, service_defaults: bool = False):
         self.model, self.device, self.dtype, self.startup_timeout_s = model, device, dtype, startup_timeout_s
         self.grammar = grammar            # (kind, text) every request is constrained by, or None
         self.draft_masks = draft_masks    # the mtp drafter's --draft-masks
         self.prefill_chunk = prefill_chunk  # the verifier's --prefill-chunk (None: its default)
+        self.service_defaults = service_defaults  # no sizing flags: the services size themselves
         self.tensor_parallel_size, self.load_format = tensor_parallel_size, load_format
         self.step_channel = step_channel  # the verifier's --step-channel (a drafter service's steps)
         self.repeats = repeats            # timed passes per workload; the one of median tokens/s is reported
@@ -79,6 +80,8 @@ class GatewayBench:
         self.metrics_port = 0
         self.logs = tempfile.TemporaryDirectory(prefix="specdec-bench-logs-")
         self.last_start_s: float | None = None
+        self.cache_lines: list[str] = []   # the services' start-up lines on their cache sizes
+        self.log_starts: dict[str, int] = {}   # log file sizes when the running stack started
 
     def ensure(self, w: Workload, group: list[Workload]) -> float | None:
         """Start the stack for w's key (sized for every workload of `group`); returns seconds spent starting it,
@@ -92,12 +95,14 @@ class GatewayBench:
         budget = max(scheduler_for(g).max_batched_tokens for g in group)
         chunk = ["--prefill-chunk", str(self.prefill_chunk)] if self.prefill_chunk else []
         budget = max(budget, self.prefill_chunk + running * (w.k + 1)) if self.prefill_chunk else budget
-        verifier = chunk + ["--max-running", str(running), "--max-batched-tokens", str(budget),
-                    "--kv-blocks", str(max(blocks_for(g) for g in group)),
-                    "--max-context", str(context), "--metrics-port", str(self.metrics_port),
-                    "--step-channel", self.step_channel] + ([] if self.overlap else ["--no-overlap"])
+        sizing = [] if self.service_defaults else [
+            "--max-running", str(running), "--max-batched-tokens", str(budget),
+            "--kv-blocks", str(max(blocks_for(g) for g in group)), "--max-context", str(context)]
+        verifier = chunk + sizing + ["--metrics-port", str(self.metrics_port),
+                                     "--step-channel", self.step_channel] + ([] if self.overlap else ["--no-overlap"])
         verifier += ["--tensor-parallel-size", str(self.tensor_parallel_size), "--load-format", self.load_format]
-        drafter = ["--max-seqs", str(running), "--max-context", str(context)] if w.drafter == "mtp" else []
+        drafter = ["--max-seqs", str(running), "--max-context", str(context)] \
+            if w.drafter == "mtp" and not self.service_defaults else []
         drafter += ["--load-format", self.load_format] if w.drafter == "mtp" else []
         drafter += ["--draft-masks", self.draft_masks] if w.drafter == "mtp" else []
         drafter += ["--draft-vocab", w.draft_vocab] if w.draft_vocab else []
@@ -117,6 +122,7 @@ class GatewayBench:
                              log_dir=self.logs.name,
                              startup_timeout_s=self.startup_timeout_s)
         start = time.perf_counter()
+        self.log_starts = {f.name: f.stat().st_size for f in Path(self.logs.name).glob("*.log")}
         self.stack, self.key = LocalStack(config), w.stack_key
         try:
             self.stack.start()
@@ -128,7 +134,21 @@ class GatewayBench:
             raise
         self.last_start_s = time.perf_counter() - start
         log.info("stack for %s started in %.1f s", w.drafter_label, self.last_start_s)
+        self.cache_lines = self.log_lines("caches: ", "drafter KV cache: ")
+        for line in self.cache_lines:
+            log.info("%s", line)
         return self.last_start_s
+
+    def log_lines(self, *needles: str) -> list[str]:
+        """The running stack's log lines holding any of these (from the needle on), oldest first."""
+        found = []
+        for f in sorted(Path(self.logs.name).glob("*.log")):
+            with open(f, "rb") as log_file:
+                log_file.seek(self.log_starts.get(f.name, 0))    # the services append: this stack's lines only
+                text = log_file.read().decode(errors="replace")
+            for line in text.splitlines():
+                found += [line[line.index(n):] for n in needles if n in line][:1]
+        return found
 
     def log_tails(self, lines: int = 8) -> str:
         parts = []

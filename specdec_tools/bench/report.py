@@ -84,7 +84,11 @@ def long_context_lines(results: list[dict]) -> list[str]:
                      f"{w['long_prompt']}-token prompt): its TTFT {f['long_ttft_ms']} ms{vs}; decoders' ITL p50 / "
                      f"p99 / max before {b['p50']} / {b['p99']} / {b['max']} ms, while it prefills {d['p50']} / "
                      f"{d['p99']} / {d['max']} ms{ratio}")
-    return lines
+    seen = []   # the services' start-up cache sizes (logged by each stack), once each
+    for r in results:
+        seen += [f"{r['workload']['drafter_label']} stack: {line}" for line in r["metrics"].get("service_caches", ())
+                 if not any(line in s for s in seen)]
+    return lines + seen
 
 
 def split_lines(results: list[dict]) -> list[str]:
@@ -128,6 +132,8 @@ def render_table(record: dict, markdown: bool = False) -> str:
         head += "; dummy (random) weights"
     if settings.get("prefill_chunk"):
         head += f"; prefill chunks of {settings['prefill_chunk']} tokens"
+    if settings.get("service_defaults"):
+        head += "; the services' default limits and cache sizes"
     if settings.get("grammar"):
         head += f"; every request constrained by a {settings['grammar']} grammar"
         if any(r.get("workload", {}).get("drafter") == "mtp" for r in record.get("results", [])):

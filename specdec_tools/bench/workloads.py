@@ -206,17 +206,20 @@ def adaptive() -> list[Workload]:
 
 LONG_PROMPTS = (2048, 8192, 16384, 32768, 131072)
 INTERFERING_PROMPT = 16384
+CROWD = (64, 8192)     # requests at once and prompt tokens each: what the caches must hold without refusing one
 
 
 def long_context() -> list[Workload]:
     """Issue 38's long-context matrix, through the gateway, greedy: one request per prompt length (TTFT, prefill
     tokens/s, MFU; 16 output tokens), then 15 decoders (prompt 128, 512 tokens) joined by one 16k-token prompt once
     they decode, without a drafter and with MTP forced to 3.39 (the decoders' ITL before and while it prefills,
-    its TTFT against its TTFT alone). The MTP stack first, then one stack without a drafter, the longest prompt
+    its TTFT against its TTFT alone), then CROWD[0] requests of CROWD[1] prompt tokens at once (what the caches
+    must hold without refusing one). The MTP stack first, then one stack without a drafter, the longest prompt
     last (a time budget that runs out skips it)."""
     mixed = [Workload("gateway", d, 16, 128, 512, forced_length=f, long_prompt=INTERFERING_PROMPT)
              for d, f in (("mtp", 3.39), ("none", None))]
-    return mixed + [Workload("gateway", "none", 1, p, 16) for p in LONG_PROMPTS]
+    crowd = [Workload("gateway", "none", CROWD[0], CROWD[1], 64)]
+    return mixed + crowd + [Workload("gateway", "none", 1, p, 16) for p in LONG_PROMPTS]
 
 
 PRESETS = {"full": (full, []), "baseline": (baseline, BASELINE_CUT), "quick": (quick, QUICK_CUT),

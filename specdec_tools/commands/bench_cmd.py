@@ -68,6 +68,10 @@ def add_parser(sub) -> None:
     p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
                    help="gateway path: the verifier's --prefill-chunk (default: its own), its --max-batched-tokens "
                         "widened to the chunk plus a verify step of every running sequence")
+    p.add_argument("--service-defaults", action="store_true",
+                   help="gateway path: start the verifier and the drafter with their own defaults for the context, "
+                        "the running sequences, the token budget, the prefill chunk and the caches (sized from "
+                        "memory on a GPU), instead of sizing them for the workloads: what a user gets")
     p.add_argument("--profile", action="store_true", help="torch.profiler summary of in-process decode steps")
     p.add_argument("--profile-steps", type=int, default=10)
     p.add_argument("--trace-steps", default=None, metavar="DIR",
@@ -130,6 +134,7 @@ def build_config(args: argparse.Namespace):
         step_channel=args.step_channel, repeats=args.repeats, overlap=args.overlap,
         plot=not args.no_plot, seed=args.seed, tensor_parallel_size=args.tensor_parallel_size,
         load_format=args.load_format, grammar=grammar, draft_masks=args.draft_masks, prefill_chunk=args.prefill_chunk,
+        service_defaults=args.service_defaults,
         command="specdec " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
 
 

@@ -32,6 +32,36 @@ def add_tensor_parallel_arg(p: argparse.ArgumentParser) -> None:
                         "verifier; NCCL between GPUs, gloo on the CPU); default 1")
 
 
+def add_cache_args(p: argparse.ArgumentParser) -> None:
+    """The verifier's limits and cache sizes (0: the default for the device; verifier_service/cache_sizing.py)."""
+    p.add_argument("--max-context", type=int, default=0, metavar="TOKENS",
+                   help="longest sequence, prompt and output (default: the model's max_position_embeddings, at most "
+                        "what the KV pool holds)")
+    p.add_argument("--max-running", type=int, default=0, metavar="N",
+                   help="sequences decoded together, each with its own GDN state slot (default: 64 on a GPU, the "
+                        "largest CUDA-graph batch; 16 on the CPU)")
+    p.add_argument("--max-batched-tokens", type=int, default=0, metavar="N",
+                   help="tokens per target forward: prompt chunks take what decoding sequences leave (default: 1024 "
+                        "on a GPU, the largest CUDA-graph step; 512 on the CPU; larger steps run eagerly)")
+    p.add_argument("--prefill-chunk", type=int, default=0, metavar="N",
+                   help="prompt tokens per sequence per step (default: 1024 on a GPU, 256 on the CPU)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="FRACTION",
+                   help="the share of the GPU's memory this process may hold (default 0.9): weights, activations, "
+                        "CUDA graphs, and a shared pool of KV blocks sized from what is left; the start-up log says "
+                        "how many tokens and sequences fit")
+    p.add_argument("--kv-blocks", type=int, default=0, metavar="N",
+                   help="KV blocks of 16 tokens, overriding the sizing (default 0: from --gpu-memory-utilization on a "
+                        "GPU; --max-running x min(context, 4096) tokens on the CPU)")
+
+
+def check_cache_args(args: argparse.Namespace) -> None:
+    for name in ("max_context", "max_running", "max_batched_tokens", "prefill_chunk", "kv_blocks"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 0 (0: the default), got {getattr(args, name)}")
+    if not 0 < args.gpu_memory_utilization <= 1:
+        raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {args.gpu_memory_utilization}")
+
+
 def add_enforce_eager_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--enforce-eager", action="store_true",
                    help="run every step eagerly: no CUDA graphs (slower; for debugging and comparisons)")

@@ -19,15 +19,20 @@ def add_parser(sub) -> None:
     add_model_args(p)
     add_load_format_arg(p)
     add_listen_args(p, 50053)
-    p.add_argument("--kv-blocks", type=int, default=4096, help="mtp / draft_model KV cache blocks (of 16 tokens)")
+    p.add_argument("--kv-blocks", type=int, default=0,
+                   help="mtp / draft_model KV cache blocks of 16 tokens (default 0: on a GPU, what "
+                        "--gpu-memory-utilization leaves after the weights; 4096 on the CPU)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.05, metavar="FRACTION",
+                   help="mtp / draft_model on a GPU: the share of its memory this process may hold, KV cache included "
+                        "(default 0.05: beside a verifier at its default 0.9)")
     p.add_argument("--draft-model", default=None, metavar="DIR",
                    help="draft_model: a smaller checkpoint of a supported family with the target's tokenizer")
     p.add_argument("--max-seqs", type=int, default=64,
                    help="draft_model: sequences it keeps state for at once; mtp: the largest batch drafted in a "
                         "CUDA graph (larger batches draft eagerly)")
-    p.add_argument("--max-context", type=int, default=4096,
-                   help="mtp: longest sequence it drafts for (longer ones decode without drafts); match the "
-                        "verifier's --max-context")
+    p.add_argument("--max-context", type=int, default=0,
+                   help="mtp: longest sequence it drafts for (longer ones decode without drafts; default 0: the "
+                        "model's max_position_embeddings, as the verifier's)")
     p.add_argument("--draft-vocab", default=None, metavar="FILE",
                    help="mtp: draft over the ids of this `specdec draft-vocab` file only (a faster lm_head; "
                         "still lossless, acceptance may drop)")
@@ -90,8 +95,12 @@ def run(args: argparse.Namespace) -> int:
     model = model if args.kind == "mtp" else args.model
     if args.kind in ("ngram", "synthetic") and args.device == "auto":
         device, dtype = "cpu", "float32"  # model-free: no reason to touch a GPU
+    if args.kv_blocks < 0 or args.max_context < 0 or not 0 < args.gpu_memory_utilization <= 1:
+        raise ValueError("--kv-blocks and --max-context must be >= 0 (0: the default), --gpu-memory-utilization in "
+                         "(0, 1]")
     config = DrafterConfig(kind=args.kind, max_drafts=args.num_drafts, model_dir=model, device=device, dtype=dtype,
-                           num_blocks=args.kv_blocks, references=args.references,
+                           num_blocks=args.kv_blocks, gpu_memory_utilization=args.gpu_memory_utilization,
+                           references=args.references,
                            mean_acceptance_length=args.mean_acceptance_length,
                            vocab_size=counted_vocab_size(args, model),
                            draft_model_dir=args.draft_model, max_seqs=args.max_seqs, max_context=args.max_context,

@@ -27,7 +27,7 @@ def in_process_drafter(kind: str, draft_vocab: str | None = None, draft_masks: s
         from specdec.drafting.draft_vocab import load_draft_vocab
         if not loaded.mtp_weights:
             raise ValueError(f"{config.model_dir} has no mtp.* tensors: use --in-process-drafter ngram instead")
-        max_context, blocks = config.context_and_blocks(loaded.config)
+        max_context, blocks = config.max_context, config.kv_blocks   # as build_engine sized the verifier's
         vocab = load_draft_vocab(draft_vocab, loaded.config.vocab_size) if draft_vocab else None
         # the verify step's k + 1 tokens beyond the context: the drafter's catch-up writes them too
         options = MTPOptions(max_seqs=config.max_running, max_context=max_context + config.num_drafts + 1,

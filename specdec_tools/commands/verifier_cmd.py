@@ -1,7 +1,7 @@
 """`specdec verifier`: serve the target model with speculative decoding over gRPC."""
 import argparse
 
-from .cli_args import (add_draft_policy_arg, add_enforce_eager_arg, add_listen_args, add_load_format_arg,
+from .cli_args import (add_cache_args, add_draft_policy_arg, check_cache_args, add_enforce_eager_arg, add_listen_args, add_load_format_arg,
                        add_model_args, add_no_overlap_arg, add_quantization_arg, add_tensor_parallel_arg,
                        add_trace_steps_arg, resolve)
 from .in_process_drafter import IN_PROCESS_KINDS, in_process_drafter
@@ -38,17 +38,9 @@ def add_parser(sub) -> None:
                    help="at start-up, report SERVING only once the drafter is connected, waiting at most this long "
                         "(default 10; then it serves without drafts until the drafter comes; 0: do not wait). A "
                         "drafter that is down keeps a restarted verifier unavailable for this long")
-    p.add_argument("--max-context", type=int, default=4096)
-    p.add_argument("--max-running", type=int, default=16, help="sequences decoded together")
+    add_cache_args(p)
     p.add_argument("--max-queued", type=int, default=256,
                    help="requests waiting beyond --max-running; more get RESOURCE_EXHAUSTED at once")
-    p.add_argument("--max-batched-tokens", type=int, default=512,
-                   help="tokens per target forward (default 512); on a GPU, steps that mix prompt chunks with "
-                        "decoding replay CUDA graphs of up to this many tokens (at most 1024; larger steps run "
-                        "eagerly)")
-    p.add_argument("--prefill-chunk", type=int, default=256,
-                   help="prompt tokens per sequence per step (default 256); on a GPU, longer chunks run eagerly")
-    p.add_argument("--kv-blocks", type=int, default=0, help="KV blocks of 16 tokens (0: max-running × max-context)")
     add_enforce_eager_arg(p)
     add_no_overlap_arg(p)
     p.add_argument("--no-warm-up", dest="warm_up", action="store_false",
@@ -65,9 +57,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from verifier_service.builder import VerifierConfig
     from verifier_service.server import serve
-    for name in ("max_running", "max_batched_tokens", "prefill_chunk"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    check_cache_args(args)
     if args.drafter_wait < 0:
         raise ValueError(f"--drafter-wait must be >= 0, got {args.drafter_wait}")
     if args.max_queued < 0:
@@ -87,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
         drafter_timeout_s=args.drafter_timeout, drafter_wait_s=args.drafter_wait, step_channel=args.step_channel,
         max_context=args.max_context, max_running=args.max_running, max_queued=args.max_queued,
         max_batched_tokens=args.max_batched_tokens,
-        prefill_chunk=args.prefill_chunk, kv_blocks=args.kv_blocks, metrics_port=args.metrics_port,
+        prefill_chunk=args.prefill_chunk, kv_blocks=args.kv_blocks, gpu_memory_utilization=args.gpu_memory_utilization,
+        metrics_port=args.metrics_port,
         forced_acceptance_length=args.forced_acceptance_length, unsafe_forced_acceptance=args.unsafe_forced_acceptance,
         enforce_eager=args.enforce_eager, overlap=args.overlap, warm_up=args.warm_up,
         trace_steps=args.trace_steps, tensor_parallel_size=args.tensor_parallel_size, load_format=args.load_format,
