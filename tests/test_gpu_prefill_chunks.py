@@ -33,3 +33,34 @@ def test_greedy_outputs_do_not_depend_on_the_prefill_chunk(model, length):
         assert (graphs.prefill_tokens[-1] >= chunk) == (chunk <= 1024)   # graphs up to 1024, eager beyond
         outputs[chunk] = greedy_generate(executor, [prompt], NEW_TOKENS, prefill_chunk=chunk)[0]
     assert outputs[256] == outputs[1024] == outputs[2048], outputs
+
+
+def test_the_one_sequence_chunked_rule_leaves_its_padding_out():
+    """A prefill bucket's GDN call: one sequence of L tokens, then padding rows holding anything (NaN here). Its
+    outputs and final state are the reference's over the L tokens alone; the other slots are untouched."""
+    import torch
+
+    from kernels.gated_delta_rule import gated_delta_rule_ref
+    from kernels.gated_delta_rule.chunk import chunk_gated_delta_rule_one_fla, fla_chunk_kernel
+    from specdec.models.caches import pending_ring_rows
+    assert fla_chunk_kernel() is not None, "the GPU image carries fla-core (.whl)"
+    g = torch.Generator(device="cuda").manual_seed(0)
+    T, L, HK, HV, K, V = 1024, 700, 2, 4, 32, 32
+
+    def rand(*shape):
+        return torch.randn(*shape, device="cuda", generator=g)
+    q, k, v, a, b = rand(T, HK, K), rand(T, HK, K), rand(T, HV, V), rand(T, HV), rand(T, HV)
+    for x in (q, k, v, a, b):
+        x[L:] = float("nan")
+    A_log, dt_bias, state = rand(HV) * 0.1, rand(HV) * 0.1, rand(3, HV, K, V) * 0.1
+    pending = torch.zeros(3, pending_ring_rows(0), HK * K + HV * (V + 2), device="cuda")
+    ragged = (torch.tensor([0, L], dtype=torch.int32, device="cuda"), torch.tensor([1], dtype=torch.int32, device="cuda"),
+              torch.zeros(1, dtype=torch.int32, device="cuda"), torch.zeros(1, dtype=torch.int32, device="cuda"))
+    positions = torch.arange(T, device="cuda")
+    expected_state = state.clone()
+    expected = gated_delta_rule_ref(q[:L], k[:L], v[:L], a[:L], b[:L], A_log, dt_bias, expected_state, pending.clone(),
+                                    *ragged, positions[:L], L)
+    out = chunk_gated_delta_rule_one_fla(q, k, v, a, b, A_log, dt_bias, state, pending, *ragged, positions, T)
+    assert torch.allclose(out[:L], expected, atol=5e-3, rtol=5e-3), (out[:L] - expected).abs().max()
+    assert torch.allclose(state, expected_state, atol=5e-3, rtol=5e-3), (state - expected_state).abs().max()
+    assert torch.equal(state[0], expected_state[0]) and torch.equal(state[2], expected_state[2])

@@ -71,7 +71,9 @@ class ModelRunner:
         tokens_per_seq = (1,) if self.max_drafts == 0 else (1, 1 + self.max_drafts)
         prefill = buckets_for(self.max_batched_tokens, PREFILL_TOKENS)
         mixed = buckets_for(self.max_batched_tokens, MIXED_TOKENS)
-        if max(prefill) >= CHUNKED_PREFILL_MIN_TOKENS:   # a graph holds one GDN path: the recurrent one
+        # a prefill bucket captures the recurrent GDN kernel or, from CHUNKED_ONE_MIN_TOKENS, the one-sequence
+        # chunked one; the varlen chunked path (host offsets) cannot be captured
+        if max(prefill) >= CHUNKED_PREFILL_MIN_TOKENS:
             raise ValueError(f"prefill buckets up to {max(prefill)} tokens reach the chunked GDN prefill "
                              f"({CHUNKED_PREFILL_MIN_TOKENS} tokens), which graphs do not capture")
         staging = self._new_staging(graph_tokens(buckets, tokens_per_seq, prefill, mixed), buckets[-1])

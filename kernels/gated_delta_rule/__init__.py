@@ -24,15 +24,19 @@ def gated_delta_rule(q, k, v, a, b, A_log, dt_bias, state, pending, cu_seqlens, 
 
 
 def gated_delta_rule_prefill(q, k, v, a, b, A_log, dt_bias, state, pending, cu_seqlens, slots, read_offsets,
-                             num_drafts, positions, max_seqlen: int, cu_seqlens_host=None) -> torch.Tensor:
+                             num_drafts, positions, max_seqlen: int, cu_seqlens_host=None,
+                             one_sequence: bool = False) -> torch.Tensor:
     """For steps whose num_drafts are all 0 (the caller knows it on the host). `cu_seqlens_host`: cu_seqlens
-    as a host array, when the caller has it (spares fla-core a read-back per call)."""
+    as a host array, when the caller has it (spares fla-core a read-back per call). `one_sequence`: the step has
+    one sequence, padding rows after it (a prefill bucket): no host offsets needed, and CUDA graphs capture it."""
     args = (q, k, v, a, b, A_log, dt_bias, state, pending, cu_seqlens, slots, read_offsets, num_drafts, positions,
             max_seqlen)
     if q.is_cuda:
-        from .chunk import chunk_gated_delta_rule_fla, fla_chunk_kernel
+        from .chunk import chunk_gated_delta_rule_fla, chunk_gated_delta_rule_one_fla, fla_chunk_kernel
         if fla_chunk_kernel() is not None:
             gated_delta_rule(*args, replay_only=True)   # fla starts from state[slot]: fold last step's drafts in
+            if one_sequence:
+                return chunk_gated_delta_rule_one_fla(*args)
             return chunk_gated_delta_rule_fla(*args, cu_seqlens_host=cu_seqlens_host)
     return gated_delta_rule(*args)
 

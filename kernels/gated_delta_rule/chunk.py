@@ -55,6 +55,35 @@ def chunk_gated_delta_rule_fla(
     return o[0].to(v.dtype)
 
 
+def chunk_gated_delta_rule_one_fla(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+    A_log: torch.Tensor, dt_bias: torch.Tensor, state: torch.Tensor, pending: torch.Tensor,
+    cu_seqlens: torch.Tensor, slots: torch.Tensor, read_offsets: torch.Tensor, num_drafts: torch.Tensor,
+    positions: torch.Tensor, max_seqlen: int,
+) -> torch.Tensor:
+    """One sequence: its cu_seqlens[1] tokens first, padding after (a CUDA graph's prefill bucket). fla's
+    fixed-length call over all T rows, so no chunk index is built on the host and the call can be captured.
+
+    Padding rows get beta = 0 and g = 0 (and zero q, k, v: the rows may hold anything, NaN included), and the delta
+    rule leaves the state alone on them: S_t = exp(g_t) S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T = S_{t-1}.
+    So the final state is the state after the sequence's last real token. Their outputs are padding."""
+    chunk = fla_chunk_kernel()
+    if chunk is None:
+        raise RuntimeError("chunk_gated_delta_rule_one_fla needs fla-core (pip install fla-core)")
+    num_tokens = q.shape[0]
+    live = torch.arange(num_tokens, device=q.device) < cu_seqlens[1]                     # [T] bool
+    g, beta = gdn_gating(a, b, A_log, dt_bias)                                          # [T, HV] fp32
+    zero = torch.zeros((), dtype=g.dtype, device=g.device)
+    g, beta = torch.where(live[:, None], g, zero), torch.where(live[:, None], beta, zero)
+    q, k, v = (torch.where(live[:, None, None], x, torch.zeros((), dtype=x.dtype, device=x.device))
+               for x in (q, k, v))                                                      # contiguous copies
+    slot = slots[:1].long()
+    o, final = chunk(q[None], k[None], v[None], g[None], beta[None], scale=q.shape[-1] ** -0.5,
+                     initial_state=state[slot], output_final_state=True, use_qk_l2norm_in_kernel=True)
+    state[slot] = final.float()
+    return o[0].to(v.dtype)
+
+
 FLA_CHUNK_SIZE = 64  # fla's chunk_gated_delta_rule default
 
 

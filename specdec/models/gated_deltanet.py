@@ -9,7 +9,9 @@ Steps without drafts whose longest sequence has at least CHUNKED_PREFILL_MIN_TOK
 prefill kernel (fla-core's when installed); every other step the fused recurrent one. The threshold is where the
 two cross on an H100 at the 4B shape (whole eager prefill steps, `bench/profile_steps.py` prints both): fla-core
 0.6.0's chunk call has a large fixed host cost per layer, while the pipelined recurrent kernel's time grows with the
-longest sequence.
+longest sequence. One sequence alone (a prompt chunk in its prefill bucket) of CHUNKED_ONE_MIN_TOKENS or more takes
+the chunked kernel too, through a fixed-length call that needs no host offsets: CUDA graphs capture it, so its
+host cost is paid once, at capture.
 """
 import torch
 from torch import nn
@@ -23,6 +25,7 @@ from .model_config import ModelConfig
 from .norms import GatedRMSNorm
 
 CHUNKED_PREFILL_MIN_TOKENS = 1536  # below the interpolated crossing (~1800), above the measured 512
+CHUNKED_ONE_MIN_TOKENS = 512       # one sequence alone (a prefill bucket's graph captures it): no host cost
 
 
 class GatedDeltaNet(nn.Module):
@@ -54,8 +57,9 @@ class GatedDeltaNet(nn.Module):
         q = q.view(num_tokens, self.num_k_heads, self.head_k)
         k = k.view(num_tokens, self.num_k_heads, self.head_k)
         v = v.view(num_tokens, self.num_v_heads, self.head_v)
-        chunked = batch.max_num_drafts == 0 and batch.max_seqlen >= CHUNKED_PREFILL_MIN_TOKENS
-        extra = {"cu_seqlens_host": batch.cu_seqlens_host} if chunked else {}
+        one = batch.num_seqs == 1 and batch.max_num_drafts == 0 and batch.max_seqlen >= CHUNKED_ONE_MIN_TOKENS
+        chunked = one or (batch.max_num_drafts == 0 and batch.max_seqlen >= CHUNKED_PREFILL_MIN_TOKENS)
+        extra = ({"one_sequence": True} if one else {"cu_seqlens_host": batch.cu_seqlens_host}) if chunked else {}
         rule = gated_delta_rule_prefill if chunked else gated_delta_rule
         o = rule(q, k, v, a, b, self.A_log, self.dt_bias, recurrent, pending, *ragged, batch.positions,
                  batch.max_seqlen, **extra)                                            # [T, HV, V]
