@@ -13,12 +13,12 @@ BLOCK = 4
 
 
 def make_engine(loaded, drafter=None, k=0, num_blocks=256, max_running=8, forced=None, chunk=8, budget=64,
-                overlap=True):
+                overlap=True, lone_chunk=0):
     executor = Executor.build(loaded, num_blocks=num_blocks, block_size=BLOCK, max_seqs=max_running, max_drafts=k,
                               device=loaded.model.embed_tokens.weight.device, max_batched_tokens=budget)
     config = EngineConfig(num_drafts=k, forced_acceptance=forced, overlap=overlap,
                           scheduler=SchedulerConfig(max_running=max_running, max_batched_tokens=budget,
-                                                    prefill_chunk=chunk))
+                                                    prefill_chunk=chunk, lone_chunk_tokens=lone_chunk))
     return SpecEngine(executor, drafter, config)
 
 

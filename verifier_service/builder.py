@@ -10,6 +10,7 @@ import torch
 
 from specdec.drafting import Drafter, vocabulary_fingerprint
 from specdec.grammar import Grammars
+from specdec.models.gated_deltanet import CHUNKED_ONE_MIN_TOKENS
 from specdec.models.loader import LoadedModel, fp8_format, load_model
 from specdec.models.model_config import ModelConfig
 from specdec.step_trace import StepTrace
@@ -84,6 +85,9 @@ class VerifierConfig:
 # decode graph bucket; steps of up to 1024 tokens, the largest prefill and mixed graph buckets, so that a step
 # mixing a prompt chunk with decoders replays a graph (the chunk takes what the decoders leave of the budget).
 # On the CPU: small steps that keep a demo's streams moving.
+# On a GPU a prompt chunk this long runs alone, in turns with the other sequences (scheduler.py): alone it replays
+# its prefill graph with the chunked GDN kernel, which steps mixing it with decoders do not take.
+LONE_CHUNK_TOKENS = CHUNKED_ONE_MIN_TOKENS
 DEVICE_LIMITS = {"cuda": {"max_running": 64, "max_batched_tokens": 1024, "prefill_chunk": 1024},
                  "cpu": {"max_running": 16, "max_batched_tokens": 512, "prefill_chunk": 256}}
 
@@ -155,7 +159,8 @@ def build_engine(config: VerifierConfig, make_drafter: DrafterFactory | None = N
                                   enabled=config.unsafe_forced_acceptance)
         log.warning("FORCED ACCEPTANCE (mean length %.2f): output is not the target's; benchmarks only",
                     config.forced_acceptance_length)
-    scheduler = SchedulerConfig(config.max_running, config.max_batched_tokens, config.prefill_chunk)
+    scheduler = SchedulerConfig(config.max_running, config.max_batched_tokens, config.prefill_chunk,
+                                LONE_CHUNK_TOKENS if torch.device(config.device).type == "cuda" else 0)
     engine_config = EngineConfig(config.num_drafts, config.adaptive_drafts, scheduler, forced, config.max_context,
                                  config.overlap)
     if drafter is not None:

@@ -5,6 +5,11 @@ ones take the next piece of their prompt (chunked prefill, mixed with decoding) 
 Admission needs a free GDN slot and KV blocks for the first chunk (the block manager's). When blocks run out, the
 most recently admitted sequence is preempted by recompute: its caches are freed and it re-prefills prompt + output
 later. `schedule` returns the step's entries and the sequences it preempted (the drafter forgets them).
+
+With `lone_chunk_tokens` (a GPU's default), a running prompt whose next chunk is that long runs alone, in steps
+that alternate with steps of everything else: a chunk alone replays its prefill graph, where the chunked GDN
+kernel runs (a step that mixes it with decoders takes the token-serial one), and the decoders still get a step
+between any two of its chunks.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ class SchedulerConfig:
     max_running: int = 16           # sequences in the running batch (GDN slot groups)
     max_batched_tokens: int = 512   # tokens per target forward
     prefill_chunk: int = 256        # prompt tokens per sequence per step
+    lone_chunk_tokens: int = 0      # a prompt chunk this long runs alone, every other step (0: always mixed)
 
 
 @dataclass
@@ -52,6 +58,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.last_lone = False          # did the last step run a prompt chunk alone?
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -97,6 +104,18 @@ class Scheduler:
         preempted.append(victim)
         self.num_preemptions += 1
 
+    def _lone_prompt(self, max_drafts: int) -> Sequence | None:
+        """The first running prompt whose next chunk is lone_chunk_tokens or longer, when other running
+        sequences would share its step (a prompt already alone needs no turns)."""
+        if not self.config.lone_chunk_tokens or len(self.running) < 2:
+            return None
+        return next((seq for seq in self.running if self._can_run(seq) and self._long_prompt(seq, max_drafts)), None)
+
+    def _long_prompt(self, seq: Sequence, max_drafts: int) -> bool:
+        """Is its next chunk (with the whole budget) a prompt chunk of lone_chunk_tokens or more?"""
+        return not seq.is_decoding and len(self._chunk(seq, self.config.max_batched_tokens, max_drafts)[0]) \
+            >= self.config.lone_chunk_tokens
+
     @staticmethod
     def _can_run(seq: Sequence) -> bool:
         """A sequence with an unread token runs only as a decode of it, and only if it may emit more: a
@@ -110,8 +129,11 @@ class Scheduler:
         plan: list[ScheduledSeq] = []
         preempted: list[Sequence] = []
         budget = self.config.max_batched_tokens
-        for seq in list(self.running):
-            if seq not in self.running or budget <= 0 or not self._can_run(seq):
+        lone = self._lone_prompt(max_drafts)
+        alone = self.last_lone = lone is not None and not self.last_lone   # its turn, or everyone else's
+        for seq in [lone] if alone else list(self.running):
+            if seq not in self.running or budget <= 0 or not self._can_run(seq) or (
+                    lone is not None and not alone and self._long_prompt(seq, max_drafts)):
                 continue
             chunk, d = self._chunk(seq, budget, max_drafts)
             while not self.blocks.fits(seq, self._reach(seq, chunk)) and seq in self.running:
@@ -121,7 +143,7 @@ class Scheduler:
             self.blocks.reserve(seq, self._reach(seq, chunk))
             plan.append(ScheduledSeq(seq, chunk, d, seq.is_decoding))
             budget -= len(chunk)
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_running:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_running and not alone:
             seq = self.waiting[0]
             if not self._can_run(seq):
                 break

@@ -1,0 +1,60 @@
+"""A long prompt's chunks run alone, in turns with the decoding sequences (issue 38: on a GPU a chunk alone replays
+its prefill graph with the chunked GDN kernel). Outputs equal those of mixed steps; the decoders get a step
+between any two of its chunks; a prompt with no one beside it never waits for turns."""
+import pytest
+from engine_factory import make_drafter, make_engine, random_prompts
+from test_overlapped_steps import run
+
+from specdec.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.timeout(300)
+LONE = 16
+
+
+def recorded(engine) -> list[list[tuple[str, int, bool]]]:
+    """Each step's entries as (request id, chunk length, decoding), appended as the scheduler plans them."""
+    steps, schedule = [], engine.scheduler.schedule
+
+    def spy(max_drafts):
+        s = schedule(max_drafts)
+        steps.append([(e.seq.request_id, len(e.chunk), e.decoding) for e in s.entries])
+        return s
+    engine.scheduler.schedule = spy
+    return steps
+
+
+def requests(tiny_model, seed=5):
+    """Three short prompts that decode, and one of 150 tokens added once they do."""
+    prompts = random_prompts([6, 9, 4, 150], tiny_model.config.vocab_size, seed=seed)
+    params = [SamplingParams(max_tokens=24, ignore_eos=True)] * 3 + [SamplingParams(max_tokens=8, ignore_eos=True)]
+    return {f"d{i}": (p, q) for i, (p, q) in enumerate(zip(prompts[:3], params))}, ("long", prompts[3], params[3])
+
+
+@pytest.mark.parametrize("drafter", [None, "ngram", "mtp"])
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_long_prompt_takes_turns_with_the_decoders(tiny_model, drafter, overlap):
+    decoders, late = requests(tiny_model)
+    outputs = []
+    for lone in (0, LONE):
+        k = 3 if drafter else 0
+        engine = make_engine(tiny_model, make_drafter(drafter, tiny_model, k) if drafter else None, k=k, chunk=32,
+                             budget=64, overlap=overlap, lone_chunk=lone)
+        steps = recorded(engine)
+        outputs.append(run(engine, decoders, add_later={3: late}))
+        long_steps = [i for i, s in enumerate(steps) if any(r == "long" and not d and n >= LONE for r, n, d in s)]
+        if lone:
+            assert len(long_steps) >= 4
+            assert all(len(steps[i]) == 1 for i in long_steps[1:])          # after admission: its chunks alone
+            assert all(b - a >= 2 and any(r.startswith("d") for r, _, _ in steps[a + 1])
+                       for a, b in zip(long_steps[1:], long_steps[2:]))       # the decoders' step between two chunks
+        else:
+            assert any(len(steps[i]) > 1 for i in long_steps[1:])            # mixed with the decoders
+    assert outputs[0] == outputs[1]
+
+
+def test_a_prompt_alone_does_not_wait_for_turns(tiny_model):
+    prompt = random_prompts([150], tiny_model.config.vocab_size, seed=2)[0]
+    engine = make_engine(tiny_model, chunk=32, budget=64, lone_chunk=LONE)
+    steps = recorded(engine)
+    run(engine, {"long": (prompt, SamplingParams(max_tokens=4, ignore_eos=True))})
+    assert [n for s in steps for _, n, d in s if not d] == [32, 32, 32, 32, 22]   # five chunks in five steps
