@@ -102,3 +102,31 @@ def test_a_prefill_chunk_reaches_the_verifier_with_a_budget_that_fits_it(monkeyp
         assert int(args[args.index("--max-batched-tokens") + 1]) >= (chunk or 0) + 16
         bench.stack = None
         bench.logs.cleanup()
+
+
+def test_service_defaults_leave_the_sizing_to_the_services(monkeypatch):
+    """--service-defaults: no --max-running / --max-batched-tokens / --kv-blocks / --max-context for the verifier and
+    no --max-seqs / --max-context for the drafter; --lone-prefill-chunk reaches the verifier either way."""
+    from specdec_tools.bench import gateway_path
+    started = []
+
+    class FakeStack:
+        def __init__(self, config):
+            started.append(config)
+
+        def start(self):
+            pass
+
+    monkeypatch.setattr(gateway_path, "LocalStack", FakeStack)
+    w = wl.Workload("gateway", "mtp", 16, 128, 512, forced_length=3.39, long_prompt=4096)
+    sizing = {"--max-running", "--max-batched-tokens", "--kv-blocks", "--max-context", "--max-seqs"}
+    for defaults in (False, True):
+        bench = gateway_path.GatewayBench(str(demo_model_dir()), "cpu", "float32", service_defaults=defaults,
+                                          lone_prefill_chunk=512)
+        bench.ensure(w, [w])
+        args = set(started[-1].verifier_args) | set(started[-1].drafter_args)
+        assert bool(args & sizing) != defaults
+        verifier = list(started[-1].verifier_args)
+        assert verifier[verifier.index("--lone-prefill-chunk") + 1] == "512"
+        bench.stack = None
+        bench.logs.cleanup()

@@ -120,6 +120,9 @@ def test_cpu_engine_defaults():
     assert engine.executor.blocks.kv_blocks.size == cpu["max_running"] * 4096 // 16
     with pytest.raises(ValueError, match="max-running"):
         build_engine(VerifierConfig(model_dir=str(demo_model_dir()), max_running=-1, warm_up=False))
+    lone = build_engine(VerifierConfig(model_dir=str(demo_model_dir()), num_drafts=0, lone_prefill_chunk=32,
+                                       warm_up=False))
+    assert lone.scheduler.config.lone_chunk_tokens == 32 and s.lone_chunk_tokens == 0   # off unless asked
 
 
 # ---- the drafter's KV cache ----------------------------------------------------------------------------------

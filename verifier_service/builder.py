@@ -10,7 +10,6 @@ import torch
 
 from specdec.drafting import Drafter, vocabulary_fingerprint
 from specdec.grammar import Grammars
-from specdec.models.gated_deltanet import CHUNKED_ONE_MIN_TOKENS
 from specdec.models.loader import LoadedModel, fp8_format, load_model
 from specdec.models.model_config import ModelConfig
 from specdec.step_trace import StepTrace
@@ -48,6 +47,7 @@ class VerifierConfig:
     max_queued: int = DEFAULT_MAX_QUEUED   # requests waiting beyond max_running; more: RESOURCE_EXHAUSTED
     max_batched_tokens: int = 0            # tokens per target forward
     prefill_chunk: int = 0                 # prompt tokens per sequence per step
+    lone_prefill_chunk: int = 0            # a prompt chunk this long runs alone, in turns with the others (0: off)
     block_size: int = 16
     kv_blocks: int = 0                     # 0: sized by cache_sizing.py (from memory on a GPU)
     gpu_memory_utilization: float = 0.9    # the share of the GPU's memory this process may hold, caches included
@@ -85,9 +85,6 @@ class VerifierConfig:
 # decode graph bucket; steps of up to 1024 tokens, the largest prefill and mixed graph buckets, so that a step
 # mixing a prompt chunk with decoders replays a graph (the chunk takes what the decoders leave of the budget).
 # On the CPU: small steps that keep a demo's streams moving.
-# On a GPU a prompt chunk this long runs alone, in turns with the other sequences (scheduler.py): alone it replays
-# its prefill graph with the chunked GDN kernel, which steps mixing it with decoders do not take.
-LONE_CHUNK_TOKENS = CHUNKED_ONE_MIN_TOKENS
 DEVICE_LIMITS = {"cuda": {"max_running": 64, "max_batched_tokens": 1024, "prefill_chunk": 1024},
                  "cpu": {"max_running": 16, "max_batched_tokens": 512, "prefill_chunk": 256}}
 
@@ -160,7 +157,7 @@ def build_engine(config: VerifierConfig, make_drafter: DrafterFactory | None = N
         log.warning("FORCED ACCEPTANCE (mean length %.2f): output is not the target's; benchmarks only",
                     config.forced_acceptance_length)
     scheduler = SchedulerConfig(config.max_running, config.max_batched_tokens, config.prefill_chunk,
-                                LONE_CHUNK_TOKENS if torch.device(config.device).type == "cuda" else 0)
+                                config.lone_prefill_chunk)
     engine_config = EngineConfig(config.num_drafts, config.adaptive_drafts, scheduler, forced, config.max_context,
                                  config.overlap)
     if drafter is not None:

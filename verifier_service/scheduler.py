@@ -6,7 +6,7 @@ Admission needs a free GDN slot and KV blocks for the first chunk (the block man
 most recently admitted sequence is preempted by recompute: its caches are freed and it re-prefills prompt + output
 later. `schedule` returns the step's entries and the sequences it preempted (the drafter forgets them).
 
-With `lone_chunk_tokens` (a GPU's default), a running prompt whose next chunk is that long runs alone, in steps
+With `lone_chunk_tokens` (`--lone-prefill-chunk`), a running prompt whose next chunk is that long runs alone, in steps
 that alternate with steps of everything else: a chunk alone replays its prefill graph, where the chunked GDN
 kernel runs (a step that mixes it with decoders takes the token-serial one), and the decoders still get a step
 between any two of its chunks.

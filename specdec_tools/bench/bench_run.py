@@ -57,6 +57,7 @@ class BenchConfig:
     draft_masks: str = "auto"            # gateway path: the mtp drafter service's --draft-masks
     prefill_chunk: int | None = None     # gateway path: the verifier's --prefill-chunk (token budget widened to fit)
     service_defaults: bool = False       # gateway path: the services' own limits and cache sizes, not the bench's
+    lone_prefill_chunk: int | None = None  # gateway path: the verifier's --lone-prefill-chunk
 
 
 @dataclass
@@ -93,7 +94,8 @@ class BenchRun:
                                          step_channel=c.step_channel, repeats=c.repeats, overlap=c.overlap,
                                          tensor_parallel_size=c.tensor_parallel_size, load_format=c.load_format,
                                          grammar=c.grammar, draft_masks=c.draft_masks,
-                                         prefill_chunk=c.prefill_chunk, service_defaults=c.service_defaults)
+                                         prefill_chunk=c.prefill_chunk, service_defaults=c.service_defaults,
+                                         lone_prefill_chunk=c.lone_prefill_chunk)
         return self._gateway
 
     # ---- the run ------------------------------------------------------------------------
@@ -114,7 +116,8 @@ class BenchRun:
                                     "tensor_parallel_size": c.tensor_parallel_size, "load_format": c.load_format,
                                     "grammar": c.grammar[0] if c.grammar else None,
                                     "draft_masks": c.draft_masks, "prefill_chunk": c.prefill_chunk,
-                                    "service_defaults": c.service_defaults},
+                                    "service_defaults": c.service_defaults,
+                                    "lone_prefill_chunk": c.lone_prefill_chunk},
                        "roofline": None, "profile": None, "results": self.results, "skipped": self.skipped,
                        "problems": []}
         log.info("measuring the device copy and the weight-GEMM chain (%d GEMMs)", len(self.traffic.linear_shapes))

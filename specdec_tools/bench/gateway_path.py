@@ -64,12 +64,14 @@ class GatewayBench:
                  trace_dir: str | None = None, step_channel: str = "auto", repeats: int = 1, overlap: bool = True,
                  tensor_parallel_size: int = 1, load_format: str = "safetensors",
                  grammar: tuple[str, str] | None = None, draft_masks: str = "auto",
-                 prefill_chunk: int | None = None, service_defaults: bool = False):
+                 prefill_chunk: int | None = None, service_defaults: bool = False,
+                 lone_prefill_chunk: int | None = None):
         self.model, self.device, self.dtype, self.startup_timeout_s = model, device, dtype, startup_timeout_s
         self.grammar = grammar            # (kind, text) every request is constrained by, or None
         self.draft_masks = draft_masks    # the mtp drafter's --draft-masks
         self.prefill_chunk = prefill_chunk  # the verifier's --prefill-chunk (None: its default)
         self.service_defaults = service_defaults  # no sizing flags: the services size themselves
+        self.lone_prefill_chunk = lone_prefill_chunk  # the verifier's --lone-prefill-chunk (None: its default)
         self.tensor_parallel_size, self.load_format = tensor_parallel_size, load_format
         self.step_channel = step_channel  # the verifier's --step-channel (a drafter service's steps)
         self.repeats = repeats            # timed passes per workload; the one of median tokens/s is reported
@@ -94,6 +96,7 @@ class GatewayBench:
         context = max(max(g.prompt_lengths) + g.max_tokens + g.k + 1 for g in group)
         budget = max(scheduler_for(g).max_batched_tokens for g in group)
         chunk = ["--prefill-chunk", str(self.prefill_chunk)] if self.prefill_chunk else []
+        chunk += ["--lone-prefill-chunk", str(self.lone_prefill_chunk)] if self.lone_prefill_chunk else []
         budget = max(budget, self.prefill_chunk + running * (w.k + 1)) if self.prefill_chunk else budget
         sizing = [] if self.service_defaults else [
             "--max-running", str(running), "--max-batched-tokens", str(budget),

@@ -132,6 +132,8 @@ def render_table(record: dict, markdown: bool = False) -> str:
         head += "; dummy (random) weights"
     if settings.get("prefill_chunk"):
         head += f"; prefill chunks of {settings['prefill_chunk']} tokens"
+    if settings.get("lone_prefill_chunk"):
+        head += f"; prompt chunks of {settings['lone_prefill_chunk']}+ tokens alone, in turns"
     if settings.get("service_defaults"):
         head += "; the services' default limits and cache sizes"
     if settings.get("grammar"):

@@ -68,6 +68,9 @@ def add_parser(sub) -> None:
     p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
                    help="gateway path: the verifier's --prefill-chunk (default: its own), its --max-batched-tokens "
                         "widened to the chunk plus a verify step of every running sequence")
+    p.add_argument("--lone-prefill-chunk", type=int, default=None, metavar="N",
+                   help="gateway path: the verifier's --lone-prefill-chunk (prompt chunks of N+ tokens run alone, in "
+                        "turns with the decoding sequences)")
     p.add_argument("--service-defaults", action="store_true",
                    help="gateway path: start the verifier and the drafter with their own defaults for the context, "
                         "the running sequences, the token budget, the prefill chunk and the caches (sized from "
@@ -106,7 +109,8 @@ def build_config(args: argparse.Namespace):
     if not chosen:
         raise ValueError("the filters (--paths/--drafters/--concurrency/--prompt-tokens/--temperatures) leave no "
                          f"workload of preset {args.preset!r}")
-    for name in ("workload_timeout", "time_budget", "layers", "profile_steps", "repeats", "prefill_chunk"):
+    for name in ("workload_timeout", "time_budget", "layers", "profile_steps", "repeats", "prefill_chunk",
+                 "lone_prefill_chunk"):
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {value}")
@@ -134,7 +138,7 @@ def build_config(args: argparse.Namespace):
         step_channel=args.step_channel, repeats=args.repeats, overlap=args.overlap,
         plot=not args.no_plot, seed=args.seed, tensor_parallel_size=args.tensor_parallel_size,
         load_format=args.load_format, grammar=grammar, draft_masks=args.draft_masks, prefill_chunk=args.prefill_chunk,
-        service_defaults=args.service_defaults,
+        service_defaults=args.service_defaults, lone_prefill_chunk=args.lone_prefill_chunk,
         command="specdec " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
 
 

@@ -45,6 +45,11 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
                         "on a GPU, the largest CUDA-graph step; 512 on the CPU; larger steps run eagerly)")
     p.add_argument("--prefill-chunk", type=int, default=0, metavar="N",
                    help="prompt tokens per sequence per step (default: 1024 on a GPU, 256 on the CPU)")
+    p.add_argument("--lone-prefill-chunk", type=int, default=0, metavar="N",
+                   help="a prompt chunk of N or more tokens runs alone, in steps that take turns with the other "
+                        "running sequences (default 0: chunks share steps with them). On a GPU a chunk alone of 512 "
+                        "tokens or more replays its prefill graph with the chunked gated-delta kernel, which a "
+                        "mixed step does not use")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="FRACTION",
                    help="the share of the GPU's memory this process may hold (default 0.9): weights, activations, "
                         "CUDA graphs, and a shared pool of KV blocks sized from what is left; the start-up log says "
@@ -55,7 +60,8 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
 
 
 def check_cache_args(args: argparse.Namespace) -> None:
-    for name in ("max_context", "max_running", "max_batched_tokens", "prefill_chunk", "kv_blocks"):
+    for name in ("max_context", "max_running", "max_batched_tokens", "prefill_chunk", "lone_prefill_chunk",
+                 "kv_blocks"):
         if getattr(args, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0 (0: the default), got {getattr(args, name)}")
     if not 0 < args.gpu_memory_utilization <= 1:
