@@ -81,7 +81,8 @@ def test_an_interference_run_through_the_gateway_on_the_cpu():
     assert math.isfinite(f["decoders_itl_ms_during"]["max"])
 
 
-def test_a_prefill_chunk_reaches_the_verifier_with_a_budget_that_fits_it(monkeypatch):
+def fake_stacks(monkeypatch) -> list:
+    """The StackConfig of every stack the gateway bench starts, none started for real."""
     from specdec_tools.bench import gateway_path
     started = []
 
@@ -93,6 +94,12 @@ def test_a_prefill_chunk_reaches_the_verifier_with_a_budget_that_fits_it(monkeyp
             pass
 
     monkeypatch.setattr(gateway_path, "LocalStack", FakeStack)
+    return started
+
+
+def test_a_prefill_chunk_reaches_the_verifier_with_a_budget_that_fits_it(monkeypatch):
+    from specdec_tools.bench import gateway_path
+    started = fake_stacks(monkeypatch)
     w = wl.Workload("gateway", "none", 16, 128, 512, long_prompt=4096)
     for chunk, expected in ((None, None), (2048, "2048")):
         bench = gateway_path.GatewayBench(str(demo_model_dir()), "cpu", "float32", prefill_chunk=chunk)
@@ -108,16 +115,7 @@ def test_service_defaults_leave_the_sizing_to_the_services(monkeypatch):
     """--service-defaults: no --max-running / --max-batched-tokens / --kv-blocks / --max-context for the verifier and
     no --max-seqs / --max-context for the drafter; --lone-prefill-chunk reaches the verifier either way."""
     from specdec_tools.bench import gateway_path
-    started = []
-
-    class FakeStack:
-        def __init__(self, config):
-            started.append(config)
-
-        def start(self):
-            pass
-
-    monkeypatch.setattr(gateway_path, "LocalStack", FakeStack)
+    started = fake_stacks(monkeypatch)
     w = wl.Workload("gateway", "mtp", 16, 128, 512, forced_length=3.39, long_prompt=4096)
     sizing = {"--max-running", "--max-batched-tokens", "--kv-blocks", "--max-context", "--max-seqs"}
     for defaults in (False, True):
