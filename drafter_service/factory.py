@@ -2,6 +2,7 @@
 (entry point group `specdec.drafters`, see specdec/drafting/plugins.py)."""
 from __future__ import annotations
 
+import gc
 import json
 import logging
 from dataclasses import dataclass, replace
@@ -13,6 +14,7 @@ from specdec.drafting import (Drafter, DrafterInfo, DrafterOptions, DraftsOnDevi
                               plugin_entry_points, vocabulary_fingerprint)
 from specdec.drafting.acceptance_rate import acceptance_rate_for
 from specdec.drafting.draft_masks import DraftMasks
+from specdec.models.caches import CacheShapes
 from specdec.models.memory_budget import GIB, DeviceMemory
 from specdec.models.model_config import ModelConfig
 
@@ -22,20 +24,23 @@ from .synthetic import SyntheticDrafter
 log = logging.getLogger(__name__)
 BUILTIN_KINDS = ("mtp", "draft_model", "ngram", "synthetic")
 CPU_KV_BLOCKS = 4096   # a model drafter's KV blocks on the CPU (65,536 tokens of 16)
+DRAFT_GRAPHS_ALLOWANCE = GIB // 2   # set aside on a GPU for the draft loop's CUDA graph pool and eager activations
 DRAFTER_ATTRIBUTES = ("kind", "needs_hidden", "max_drafts", "facts", "propose", "release", "clear")
 
 
-def kv_blocks_for(c: DrafterConfig, block_bytes: int, transient: int) -> int:
-    """KV blocks of a model drafter: on a GPU what `gpu_memory_utilization` leaves once its weights are loaded
-    (specdec/models/memory_budget.py; `transient`: bytes a warm-up adds for a while), else CPU_KV_BLOCKS."""
+def kv_blocks_for(c: DrafterConfig, block_bytes: int, reserved: int) -> int:
+    """KV blocks of a model drafter: on a GPU what `gpu_memory_utilization` leaves once its weights are loaded and
+    `reserved` bytes are set aside (its other caches, warm-up peaks, DRAFT_GRAPHS_ALLOWANCE), else CPU_KV_BLOCKS
+    (specdec/models/memory_budget.py)."""
     if not c.device.startswith("cuda"):
         return CPU_KV_BLOCKS
     memory = DeviceMemory.read(c.device)
-    room, bound = memory.cache_bytes(c.gpu_memory_utilization, transient)
+    room, bound = memory.cache_bytes(c.gpu_memory_utilization, reserved + DRAFT_GRAPHS_ALLOWANCE)
     blocks = room // block_bytes
     if blocks < 1:
-        raise ValueError(f"no GPU memory left for the drafter's KV cache ({memory.describe(c.gpu_memory_utilization)}): "
-                         f"raise its --gpu-memory-utilization or give --kv-blocks")
+        raise ValueError(f"no GPU memory left for the drafter's KV cache "
+                         f"({memory.describe(c.gpu_memory_utilization)}): raise its --gpu-memory-utilization or give "
+                         f"--kv-blocks")
     log.info("drafter KV cache: %d blocks of %d (%d tokens, %.2f GiB) from %s%s", blocks, c.block_size,
              blocks * c.block_size, blocks * block_bytes / GIB, memory.describe(c.gpu_memory_utilization),
              "; bounded by FREE memory" if bound == "free memory" else "")
@@ -137,9 +142,9 @@ class DrafterHolder:
             raise ValueError(f"{self.config.model_dir} has no mtp.* tensors: serve --kind ngram instead")
         self.mtp_parts = (config, mtp)
         dtype = next(iter(mtp.values())).dtype
-        # the stand-in embed_tokens / lm_head of the warm-up (below) is the transient peak
+        # the stand-in embed_tokens / lm_head of the warm-up (below) is its peak
         self.config = self._sized(config, config.mtp_num_hidden_layers or 1, dtype,
-                                  transient=config.vocab_size * config.hidden_size * dtype.itemsize)
+                                  reserved=config.vocab_size * config.hidden_size * dtype.itemsize)
         c = self.config
         self.draft_masks = DraftMasks.for_folder(c.model_dir, config.vocab_size, list(config.eos_token_id)) \
             if DraftMasks.wanted(c.draft_masks, c.device, c.enforce_eager) else None
@@ -198,6 +203,10 @@ class DrafterHolder:
         from .mtp.mtp_drafter import MTPDrafter
         config, mtp = self.mtp_parts
         c = self.config
+        if self.drafter is not None and c.device.startswith("cuda"):
+            self.drafter = None   # its KV cache fills this process's share: freed before the new one is made
+            gc.collect()
+            torch.cuda.empty_cache()
         drafter = MTPDrafter.from_parts(config, mtp, embed_weight, lm_head_weight, c.max_drafts,
                                         c.num_blocks, c.block_size, c.device, self.mtp_options, self.draft_masks)
         drafter.facts = replace(drafter.facts, vocab_fingerprint=self.mtp_facts.vocab_fingerprint)
@@ -213,11 +222,11 @@ class DrafterHolder:
         _, _, shared = self._read_mtp_weights(shared=True)
         self.attach(shared["embed_tokens.weight"], shared["lm_head.weight"])
 
-    def _sized(self, model: ModelConfig, num_layers: int, dtype: torch.dtype, transient: int) -> DrafterConfig:
+    def _sized(self, model: ModelConfig, num_layers: int, dtype: torch.dtype, reserved: int) -> DrafterConfig:
         """The config with max_context (0: the model's) and num_blocks (0: `kv_blocks_for`) filled in."""
         c = self.config
         block_bytes = 2 * num_layers * c.block_size * model.num_key_value_heads * model.head_dim * dtype.itemsize
-        blocks = c.num_blocks or kv_blocks_for(c, block_bytes, transient)
+        blocks = c.num_blocks or kv_blocks_for(c, block_bytes, reserved)
         return replace(c, num_blocks=blocks, max_context=c.max_context or model.max_position_embeddings)
 
     # ---- the others ----------------------------------------------------------------------
@@ -230,7 +239,9 @@ class DrafterHolder:
             raise ValueError("the draft_model drafter needs --draft-model DIR (a smaller model of the same tokenizer)")
         loaded = load_model(c.draft_model_dir, dtype=c.dtype, device=c.device)
         c = self.config = self._sized(loaded.config, len(loaded.config.attention_layers),
-                                      loaded.model.embed_tokens.weight.dtype, transient=0)
+                                      loaded.model.embed_tokens.weight.dtype,
+                                      reserved=2 * c.max_seqs * CacheShapes(loaded.config, c.block_size).slot_bytes(
+                                          loaded.model.embed_tokens.weight.dtype))   # its GDN state slot pairs
         log.info("draft model %s: %d layers, hidden %d, vocab %d", c.draft_model_dir,
                  loaded.config.num_hidden_layers, loaded.config.hidden_size, loaded.config.vocab_size)
         return DraftModelDrafter(loaded, c.max_drafts, c.num_blocks, c.block_size, c.max_seqs, device=c.device,

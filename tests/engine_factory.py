@@ -18,7 +18,7 @@ def make_engine(loaded, drafter=None, k=0, num_blocks=256, max_running=8, forced
                               device=loaded.model.embed_tokens.weight.device, max_batched_tokens=budget)
     config = EngineConfig(num_drafts=k, forced_acceptance=forced, overlap=overlap,
                           scheduler=SchedulerConfig(max_running=max_running, max_batched_tokens=budget,
-                                                    prefill_chunk=chunk, lone_chunk_tokens=lone_chunk))
+                                                    prefill_chunk=chunk, lone_prefill_chunk=lone_chunk))
     return SpecEngine(executor, drafter, config)
 
 

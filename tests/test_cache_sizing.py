@@ -72,8 +72,13 @@ def gpu(monkeypatch):
     return reading
 
 
+def big_kv_config() -> ModelConfig:
+    """The demo model with 256 KiB KV blocks and 262,144 positions: a pool sized by memory, not by the context."""
+    return demo_config(max_position_embeddings=262144, num_key_value_heads=8, head_dim=256)
+
+
 def test_gpu_pool_takes_what_the_share_leaves(gpu):
-    config = demo_config(max_position_embeddings=262144)
+    config = big_kv_config()
     r = request(max_running=64)
     size = size_caches(r, config, torch.device("cuda"), FakeLoaded(config))
     shapes = CacheShapes(config, 16, 3)
@@ -83,12 +88,14 @@ def test_gpu_pool_takes_what_the_share_leaves(gpu):
     assert size.num_slots == 64
     assert size.max_context == 262144                    # the model's: the pool holds far more
     assert "KV blocks" in size.summary and "64 GDN state slots" in size.summary
+    small = size_caches(request(max_running=2, max_context=1000), config, torch.device("cuda"), FakeLoaded(config))
+    assert small.num_blocks == 2 * 63     # never more than 2 sequences of 1000 tokens can hold (63 blocks each)
 
 
 def test_gpu_pool_counts_an_in_process_drafters_kv(gpu):
-    config = demo_config()
-    alone = size_caches(request(), config, torch.device("cuda"), FakeLoaded(config))
-    with_mtp = size_caches(request(drafter_layers=1), config, torch.device("cuda"), FakeLoaded(config))
+    config = big_kv_config()
+    alone = size_caches(request(max_running=64), config, torch.device("cuda"), FakeLoaded(config))
+    with_mtp = size_caches(request(max_running=64, drafter_layers=1), config, torch.device("cuda"), FakeLoaded(config))
     layers = len(config.attention_layers)
     assert with_mtp.num_blocks == pytest.approx(alone.num_blocks * layers / (layers + 1), rel=1e-3)
 
@@ -122,17 +129,17 @@ def test_cpu_engine_defaults():
         build_engine(VerifierConfig(model_dir=str(demo_model_dir()), max_running=-1, warm_up=False))
     lone = build_engine(VerifierConfig(model_dir=str(demo_model_dir()), num_drafts=0, lone_prefill_chunk=32,
                                        warm_up=False))
-    assert lone.scheduler.config.lone_chunk_tokens == 32 and s.lone_chunk_tokens == 0   # off unless asked
+    assert lone.scheduler.config.lone_prefill_chunk == 32 and s.lone_prefill_chunk == 0   # off unless asked
 
 
 # ---- the drafter's KV cache ----------------------------------------------------------------------------------
 def test_drafter_kv_blocks(monkeypatch):
-    from drafter_service.factory import CPU_KV_BLOCKS, DrafterConfig, kv_blocks_for
+    from drafter_service.factory import CPU_KV_BLOCKS, DRAFT_GRAPHS_ALLOWANCE, DrafterConfig, kv_blocks_for
     assert kv_blocks_for(DrafterConfig("mtp"), 65536, 0) == CPU_KV_BLOCKS
     reading = DeviceMemory(total=80 * GIB, free=10 * GIB, held=GIB // 4)
     monkeypatch.setattr(DeviceMemory, "read", staticmethod(lambda device: reading))
     c = DrafterConfig("mtp", device="cuda", gpu_memory_utilization=0.06)
-    room = int(0.06 * 80 * GIB) - GIB // 4 - GIB - OUTSIDE_ALLOCATOR
+    room = int(0.06 * 80 * GIB) - GIB // 4 - GIB - DRAFT_GRAPHS_ALLOWANCE - OUTSIDE_ALLOCATOR
     assert kv_blocks_for(c, 65536, GIB) == room // 65536
     with pytest.raises(ValueError, match="--kv-blocks"):
         kv_blocks_for(dataclasses.replace(c, gpu_memory_utilization=0.01), 65536, GIB)

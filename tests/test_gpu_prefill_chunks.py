@@ -1,6 +1,6 @@
-"""GPU: greedy outputs of long prompts do not depend on the prefill chunk (issue 38), fp32. Chunks of 256 and 1024
-tokens replay prefill graphs (the recurrent GDN kernel); chunks of 2048 run eagerly through the chunked GDN kernel
-(fla-core's where it is installed)."""
+"""GPU: greedy outputs of long prompts do not depend on the prefill chunk (issue 38), fp32. Chunks of 256 tokens
+replay prefill graphs with the recurrent GDN kernel, chunks of 1024 prefill graphs with the one-sequence chunked
+kernel (fla-core's, carried by the GPU image), chunks of 2048 run that kernel eagerly."""
 import pytest
 
 from specdec.models.loader import load_model

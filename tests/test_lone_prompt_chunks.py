@@ -58,3 +58,13 @@ def test_a_prompt_alone_does_not_wait_for_turns(tiny_model):
     steps = recorded(engine)
     run(engine, {"long": (prompt, SamplingParams(max_tokens=4, ignore_eos=True))})
     assert [n for s in steps for _, n, d in s if not d] == [32, 32, 32, 32, 22]   # five chunks in five steps
+
+
+def test_long_prompts_with_no_one_else_run_together_without_empty_turns(tiny_model):
+    prompts = random_prompts([150, 120], tiny_model.config.vocab_size, seed=4)
+    engine = make_engine(tiny_model, chunk=32, budget=64, lone_chunk=LONE)
+    steps = recorded(engine)
+    run(engine, {f"p{i}": (p, SamplingParams(max_tokens=4, ignore_eos=True)) for i, p in enumerate(prompts)})
+    prefill = [i for i, s in enumerate(steps) if any(not d for _, _, d in s)]
+    assert all(steps[prefill[0]:prefill[-1] + 1]), "an empty step while the prompts prefill"
+    assert any(len(s) == 2 and not any(d for _, _, d in s) for s in steps)   # both prompts' chunks in one step

@@ -75,8 +75,9 @@ class VerifierConfig:
         limits = DEVICE_LIMITS["cuda" if torch.device(self.device).type == "cuda" else "cpu"]
         return replace(self, **{name: getattr(self, name) or value for name, value in limits.items()})
 
-    def cache_request(self) -> CacheRequest:
-        drafter_layers = 1 if self.in_process_drafter == "mtp" and self.num_drafts > 0 else 0
+    def cache_request(self, model: ModelConfig) -> CacheRequest:
+        drafting = self.in_process_drafter == "mtp" and self.num_drafts > 0
+        drafter_layers = (model.mtp_num_hidden_layers or 1) if drafting else 0
         return CacheRequest(self.max_context, self.max_running, self.max_batched_tokens, self.num_drafts,
                             self.block_size, self.kv_blocks, self.gpu_memory_utilization, self.dtype, drafter_layers)
 
@@ -120,8 +121,8 @@ def build_engine(config: VerifierConfig, make_drafter: DrafterFactory | None = N
     if not parallel and loaded is None:
         loaded = load_model(config.model_dir, dtype=config.dtype, device=config.device,
                             load_format=config.load_format, quantization=config.quantization)
-    cache = size_caches(config.cache_request(), model_config, torch.device(config.device),
-                        None if parallel else loaded)   # tensor parallel: the ranks build caches of this size
+    cache = size_caches(config.cache_request(model_config), model_config, torch.device(config.device), loaded,
+                        parallel)   # tensor parallel: the ranks build caches of this size
     log.info("%s", cache.summary)
     config = replace(config, max_context=cache.max_context, kv_blocks=cache.num_blocks)
     sizes = dict(num_blocks=cache.num_blocks, block_size=config.block_size, max_seqs=cache.num_slots,

@@ -63,12 +63,13 @@ class CacheRequest:
     drafter_layers: int = 0       # an in-process MTP drafter's attention layers (KV for the same tokens)
 
 
-def size_caches(request: CacheRequest, config: ModelConfig, device: torch.device,
-                loaded: LoadedModel | None) -> CacheSize:
-    """`loaded`: the target in this process (None under tensor parallelism: not sized from memory)."""
-    r, parallel = request, loaded is None
+def size_caches(request: CacheRequest, config: ModelConfig, device: torch.device, loaded: LoadedModel | None,
+                parallel: bool = False) -> CacheSize:
+    """`loaded`: the target in this process; `parallel`: tensor parallelism (the ranks hold the target: the pool is
+    not sized from memory)."""
+    r = request
     wanted_context = min(r.max_context or config.max_position_embeddings, config.max_position_embeddings)
-    dtype = loaded.model.embed_tokens.weight.dtype if loaded is not None else parse_dtype(r.dtype)
+    dtype = parse_dtype(r.dtype) if parallel else loaded.model.embed_tokens.weight.dtype
     shapes = CacheShapes(config, r.block_size, r.max_drafts)
     block_bytes = shapes.block_bytes(dtype)
     block_bytes += block_bytes // max(1, len(config.attention_layers)) * r.drafter_layers
@@ -88,13 +89,17 @@ def size_caches(request: CacheRequest, config: ModelConfig, device: torch.device
         need = math.ceil(r.max_batched_tokens / r.block_size) + r.max_running
         if blocks < need:
             raise ValueError(
-                f"not enough GPU memory for the caches: {room / GIB:.2f} GiB left ({memory.describe(r.gpu_memory_utilization)}, "
-                f"activations {activations / GIB:.2f} GiB x 2), {r.max_running} GDN slots take {slots_bytes / GIB:.2f} "
-                f"GiB and at least {need} KV blocks of {block_bytes / 2**20:.2f} MiB are needed: raise "
-                f"--gpu-memory-utilization, or lower --max-running / --max-batched-tokens")
-        how = (f"{memory.describe(r.gpu_memory_utilization)}, activation peak {activations / GIB:.2f} GiB (x 2) and "
-               f"sampler {sampler / GIB:.2f} GiB set aside" + ("; bounded by FREE memory: another process holds "
-                                                                 "more than its share" if bound == "free memory" else ""))
+                f"not enough GPU memory for the caches: {room / GIB:.2f} GiB left "
+                f"({memory.describe(r.gpu_memory_utilization)}, activations {activations / GIB:.2f} GiB x 2), "
+                f"{r.max_running} GDN slots take {slots_bytes / GIB:.2f} GiB and at least {need} KV blocks of "
+                f"{block_bytes / 2**20:.2f} MiB are needed: raise --gpu-memory-utilization, or lower --max-running / "
+                f"--max-batched-tokens")
+        how = (f"{memory.describe(r.gpu_memory_utilization)}, activation peak {activations / GIB:.2f} GiB (x 2) "
+               f"and sampler {sampler / GIB:.2f} GiB set aside"
+               + ("; bounded by FREE memory: another process holds more than its share" if bound == "free memory"
+                  else ""))
+    if r.kv_blocks <= 0:   # never more than max_running sequences of the whole context can use
+        blocks = min(blocks, r.max_running * math.ceil(wanted_context / r.block_size))
     max_context = min(wanted_context, blocks * r.block_size)
     if max_context < wanted_context:
         log.warning("the KV pool holds %d tokens: sequences are limited to that, not %d", max_context, wanted_context)

@@ -75,7 +75,7 @@ class ModelRunner:
         # chunked one; the varlen chunked path (host offsets) cannot be captured
         if max(prefill) >= CHUNKED_PREFILL_MIN_TOKENS:
             raise ValueError(f"prefill buckets up to {max(prefill)} tokens reach the chunked GDN prefill "
-                             f"({CHUNKED_PREFILL_MIN_TOKENS} tokens), which graphs do not capture")
+                             f"of several sequences ({CHUNKED_PREFILL_MIN_TOKENS} tokens), which graphs do not capture")
         staging = self._new_staging(graph_tokens(buckets, tokens_per_seq, prefill, mixed), buckets[-1])
         self.graphs = CudaGraphRunner(self._step, staging, buckets, tokens_per_seq, capture=capture,
                                       prefill_tokens=prefill, mixed_tokens=mixed)

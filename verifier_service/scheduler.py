@@ -6,7 +6,7 @@ Admission needs a free GDN slot and KV blocks for the first chunk (the block man
 most recently admitted sequence is preempted by recompute: its caches are freed and it re-prefills prompt + output
 later. `schedule` returns the step's entries and the sequences it preempted (the drafter forgets them).
 
-With `lone_chunk_tokens` (`--lone-prefill-chunk`), a running prompt whose next chunk is that long runs alone, in steps
+With `lone_prefill_chunk` (`--lone-prefill-chunk`), a running prompt whose next chunk is that long runs alone, in steps
 that alternate with steps of everything else: a chunk alone replays its prefill graph, where the chunked GDN
 kernel runs (a step that mixes it with decoders takes the token-serial one), and the decoders still get a step
 between any two of its chunks.
@@ -29,7 +29,7 @@ class SchedulerConfig:
     max_running: int = 16           # sequences in the running batch (GDN slot groups)
     max_batched_tokens: int = 512   # tokens per target forward
     prefill_chunk: int = 256        # prompt tokens per sequence per step
-    lone_chunk_tokens: int = 0      # a prompt chunk this long runs alone, every other step (0: always mixed)
+    lone_prefill_chunk: int = 0      # a prompt chunk this long runs alone, every other step (0: always mixed)
 
 
 @dataclass
@@ -105,16 +105,18 @@ class Scheduler:
         self.num_preemptions += 1
 
     def _lone_prompt(self, max_drafts: int) -> Sequence | None:
-        """The first running prompt whose next chunk is lone_chunk_tokens or longer, when other running
-        sequences would share its step (a prompt already alone needs no turns)."""
-        if not self.config.lone_chunk_tokens or len(self.running) < 2:
+        """The first running prompt whose next chunk is lone_prefill_chunk or longer, when a running sequence that
+        is not such a prompt would share its step (long prompts only: they run together, no turns)."""
+        if not self.config.lone_prefill_chunk:
             return None
-        return next((seq for seq in self.running if self._can_run(seq) and self._long_prompt(seq, max_drafts)), None)
+        runnable = [seq for seq in self.running if self._can_run(seq)]
+        long = [seq for seq in runnable if self._long_prompt(seq, max_drafts)]
+        return long[0] if long and len(long) < len(runnable) else None   # turns only with someone to take them
 
     def _long_prompt(self, seq: Sequence, max_drafts: int) -> bool:
-        """Is its next chunk (with the whole budget) a prompt chunk of lone_chunk_tokens or more?"""
+        """Is its next chunk (with the whole budget) a prompt chunk of lone_prefill_chunk or more?"""
         return not seq.is_decoding and len(self._chunk(seq, self.config.max_batched_tokens, max_drafts)[0]) \
-            >= self.config.lone_chunk_tokens
+            >= self.config.lone_prefill_chunk
 
     @staticmethod
     def _can_run(seq: Sequence) -> bool:

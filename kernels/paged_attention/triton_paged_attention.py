@@ -43,8 +43,9 @@ def _tile_rows(cu_seqlens_ptr, positions_ptr, seq, m_block, kv_head,
     return tok.to(tl.int64), head.to(tl.int64), valid, pos
 
 
-# num_tokens varies per step: not specialised on it, so a new value never compiles a new variant
-@triton.jit(do_not_specialize=["num_tokens"])
+# num_tokens and stride_bt (the step's widest block table) vary per step: not specialised on them, so a new value
+# never compiles a new variant
+@triton.jit(do_not_specialize=["num_tokens", "stride_bt"])
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, positions_ptr, block_tables_ptr, cu_seqlens_ptr,
     out_ptr, part_acc_ptr, part_ml_ptr,

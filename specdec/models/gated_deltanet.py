@@ -10,7 +10,7 @@ prefill kernel (fla-core's when installed); every other step the fused recurrent
 two cross on an H100 at the 4B shape (whole eager prefill steps, `bench/profile_steps.py` prints both): fla-core
 0.6.0's chunk call has a large fixed host cost per layer, while the pipelined recurrent kernel's time grows with the
 longest sequence. One sequence alone (a prompt chunk in its prefill bucket) of CHUNKED_ONE_MIN_TOKENS or more takes
-the chunked kernel too, through a fixed-length call that needs no host offsets: CUDA graphs capture it, so its
+the chunked kernel too (fla-core's, when installed), through a fixed-length call that needs no host offsets: CUDA graphs capture it, so its
 host cost is paid once, at capture.
 """
 import torch
@@ -57,9 +57,11 @@ class GatedDeltaNet(nn.Module):
         q = q.view(num_tokens, self.num_k_heads, self.head_k)
         k = k.view(num_tokens, self.num_k_heads, self.head_k)
         v = v.view(num_tokens, self.num_v_heads, self.head_v)
-        one = batch.num_seqs == 1 and batch.max_num_drafts == 0 and batch.max_seqlen >= CHUNKED_ONE_MIN_TOKENS
-        chunked = one or (batch.max_num_drafts == 0 and batch.max_seqlen >= CHUNKED_PREFILL_MIN_TOKENS)
-        extra = ({"one_sequence": True} if one else {"cu_seqlens_host": batch.cu_seqlens_host}) if chunked else {}
+        one_sequence = (batch.num_seqs == 1 and batch.max_num_drafts == 0
+                        and batch.max_seqlen >= CHUNKED_ONE_MIN_TOKENS)
+        chunked = one_sequence or (batch.max_num_drafts == 0 and batch.max_seqlen >= CHUNKED_PREFILL_MIN_TOKENS)
+        extra = ({"one_sequence": True} if one_sequence else {"cu_seqlens_host": batch.cu_seqlens_host}) \
+            if chunked else {}
         rule = gated_delta_rule_prefill if chunked else gated_delta_rule
         o = rule(q, k, v, a, b, self.A_log, self.dt_bias, recurrent, pending, *ragged, batch.positions,
                  batch.max_seqlen, **extra)                                            # [T, HV, V]

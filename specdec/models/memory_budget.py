@@ -6,7 +6,8 @@
 `activations`: the peak its steps add above that, measured by the caller; OUTSIDE_ALLOCATOR: what the process uses
 that the allocator does not see (the CUDA context, cuBLAS / Triton workspaces, NCCL buffers). The share is the
 process's own, so two processes on one GPU (a verifier at 0.9 and a drafter at 0.05) size themselves alike in
-either start order; where other processes hold more than their share, what is free bounds it instead (and the
+either start order, as long as each stays inside its share (what the caller counts as activations must cover its
+peaks); where other processes hold more than their share, what is free bounds it instead (and the
 log says so).
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 GIB = 1 << 30
-OUTSIDE_ALLOCATOR = GIB   # an H100 process with torch, cuBLAS and Triton loaded holds 0.5-1 GiB outside the allocator
+OUTSIDE_ALLOCATOR = GIB
 
 
 @dataclass(frozen=True)

@@ -101,6 +101,8 @@ class GatewayBench:
         sizing = [] if self.service_defaults else [
             "--max-running", str(running), "--max-batched-tokens", str(budget),
             "--kv-blocks", str(max(blocks_for(g) for g in group)), "--max-context", str(context)]
+        if self.service_defaults and self.prefill_chunk:   # (the chunk needs its budget either way)
+            sizing = ["--max-batched-tokens", str(budget)]
         verifier = chunk + sizing + ["--metrics-port", str(self.metrics_port),
                                      "--step-channel", self.step_channel] + ([] if self.overlap else ["--no-overlap"])
         verifier += ["--tensor-parallel-size", str(self.tensor_parallel_size), "--load-format", self.load_format]

@@ -1,9 +1,9 @@
 """`specdec verifier`: serve the target model with speculative decoding over gRPC."""
 import argparse
 
-from .cli_args import (add_cache_args, add_draft_policy_arg, check_cache_args, add_enforce_eager_arg, add_listen_args, add_load_format_arg,
-                       add_model_args, add_no_overlap_arg, add_quantization_arg, add_tensor_parallel_arg,
-                       add_trace_steps_arg, resolve)
+from .cli_args import (add_cache_args, add_draft_policy_arg, add_enforce_eager_arg, add_listen_args,
+                       add_load_format_arg, add_model_args, add_no_overlap_arg, add_quantization_arg,
+                       add_tensor_parallel_arg, add_trace_steps_arg, check_cache_args, resolve)
 from .in_process_drafter import IN_PROCESS_KINDS, in_process_drafter
 
 
@@ -77,8 +77,8 @@ def run(args: argparse.Namespace) -> int:
         drafter_timeout_s=args.drafter_timeout, drafter_wait_s=args.drafter_wait, step_channel=args.step_channel,
         max_context=args.max_context, max_running=args.max_running, max_queued=args.max_queued,
         max_batched_tokens=args.max_batched_tokens,
-        prefill_chunk=args.prefill_chunk, lone_prefill_chunk=args.lone_prefill_chunk, kv_blocks=args.kv_blocks, gpu_memory_utilization=args.gpu_memory_utilization,
-        metrics_port=args.metrics_port,
+        prefill_chunk=args.prefill_chunk, lone_prefill_chunk=args.lone_prefill_chunk, kv_blocks=args.kv_blocks,
+        gpu_memory_utilization=args.gpu_memory_utilization, metrics_port=args.metrics_port,
         forced_acceptance_length=args.forced_acceptance_length, unsafe_forced_acceptance=args.unsafe_forced_acceptance,
         enforce_eager=args.enforce_eager, overlap=args.overlap, warm_up=args.warm_up,
         trace_steps=args.trace_steps, tensor_parallel_size=args.tensor_parallel_size, load_format=args.load_format,
