@@ -54,8 +54,9 @@ def test_the_one_sequence_chunked_rule_leaves_its_padding_out():
         x[L:] = float("nan")
     A_log, dt_bias, state = rand(HV) * 0.1, rand(HV) * 0.1, rand(3, HV, K, V) * 0.1
     pending = torch.zeros(3, pending_ring_rows(0), HK * K + HV * (V + 2), device="cuda")
-    ragged = (torch.tensor([0, L], dtype=torch.int32, device="cuda"), torch.tensor([1], dtype=torch.int32, device="cuda"),
-              torch.zeros(1, dtype=torch.int32, device="cuda"), torch.zeros(1, dtype=torch.int32, device="cuda"))
+    def ints(values):
+        return torch.tensor(values, dtype=torch.int32, device="cuda")
+    ragged = (ints([0, L]), ints([1]), ints([0]), ints([0]))   # cu_seqlens, slots, read offsets, drafts
     positions = torch.arange(T, device="cuda")
     expected_state = state.clone()
     expected = gated_delta_rule_ref(q[:L], k[:L], v[:L], a[:L], b[:L], A_log, dt_bias, expected_state, pending.clone(),

@@ -44,10 +44,6 @@ class CacheSize:
     block_size: int
     summary: str            # what the start-up log says
 
-    @property
-    def num_tokens(self) -> int:
-        return self.num_blocks * self.block_size
-
 
 @dataclass(frozen=True)
 class CacheRequest:

@@ -6,10 +6,10 @@ Admission needs a free GDN slot and KV blocks for the first chunk (the block man
 most recently admitted sequence is preempted by recompute: its caches are freed and it re-prefills prompt + output
 later. `schedule` returns the step's entries and the sequences it preempted (the drafter forgets them).
 
-With `lone_prefill_chunk` (`--lone-prefill-chunk`), a running prompt whose next chunk is that long runs alone, in steps
-that alternate with steps of everything else: a chunk alone replays its prefill graph, where the chunked GDN
-kernel runs (a step that mixes it with decoders takes the token-serial one), and the decoders still get a step
-between any two of its chunks.
+With `lone_prefill_chunk` (`--lone-prefill-chunk`), a running prompt whose next chunk is that long runs alone, in
+steps that alternate with steps of everything else: on a GPU with fla-core a chunk alone replays its prefill graph,
+where the chunked GDN kernel runs (a step that mixes it with decoders takes the token-serial one), and the decoders
+still get a step between any two of its chunks.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ class SchedulerConfig:
     max_running: int = 16           # sequences in the running batch (GDN slot groups)
     max_batched_tokens: int = 512   # tokens per target forward
     prefill_chunk: int = 256        # prompt tokens per sequence per step
-    lone_prefill_chunk: int = 0      # a prompt chunk this long runs alone, every other step (0: always mixed)
+    lone_prefill_chunk: int = 0     # a prompt chunk this long runs alone, every other step (0: always mixed)
 
 
 @dataclass

@@ -69,8 +69,8 @@ class MTPDraftLoop:
 
     def use_graphs(self, capture: bool = True) -> None:
         """Run steps with short catch-ups padded to batch buckets x (k + 1) tokens, and one sequence's catch-up
-        of up to the largest prefill bucket's tokens alone in a prefill bucket: replayed CUDA graphs with `capture`, else the same padded
-        batches eagerly (CPU tests of the padding)."""
+        of up to the largest prefill bucket's tokens alone in a prefill bucket: replayed CUDA graphs with
+        `capture`, else the same padded batches eagerly (CPU tests of the padding)."""
         buckets = buckets_for(self.max_seqs, BATCH_BUCKETS)
         staging = BatchStaging(graph_tokens(buckets, (self.max_drafts + 1,), PREFILL_TOKENS), buckets[-1],
                                self.max_blocks, self.block_size, self.device, scratch_block=self.staging.scratch_block)

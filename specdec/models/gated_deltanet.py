@@ -10,8 +10,8 @@ prefill kernel (fla-core's when installed); every other step the fused recurrent
 two cross on an H100 at the 4B shape (whole eager prefill steps, `bench/profile_steps.py` prints both): fla-core
 0.6.0's chunk call has a large fixed host cost per layer, while the pipelined recurrent kernel's time grows with the
 longest sequence. One sequence alone (a prompt chunk in its prefill bucket) of CHUNKED_ONE_MIN_TOKENS or more takes
-the chunked kernel too (fla-core's, when installed), through a fixed-length call that needs no host offsets: CUDA graphs capture it, so its
-host cost is paid once, at capture.
+the chunked kernel too (fla-core's, when installed), through a fixed-length call that needs no host offsets: CUDA
+graphs capture it, so its host cost is paid once, at capture.
 """
 import torch
 from torch import nn
