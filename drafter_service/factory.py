@@ -225,7 +225,7 @@ class DrafterHolder:
     def _sized(self, model: ModelConfig, num_layers: int, dtype: torch.dtype, reserved: int) -> DrafterConfig:
         """The config with max_context (0: the model's) and num_blocks (0: `kv_blocks_for`) filled in."""
         c = self.config
-        block_bytes = 2 * num_layers * c.block_size * model.num_key_value_heads * model.head_dim * dtype.itemsize
+        block_bytes = CacheShapes(model, c.block_size).block_bytes(dtype, num_layers)
         blocks = c.num_blocks or kv_blocks_for(c, block_bytes, reserved)
         return replace(c, num_blocks=blocks, max_context=c.max_context or model.max_position_embeddings)
 

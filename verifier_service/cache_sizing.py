@@ -67,8 +67,7 @@ def size_caches(request: CacheRequest, config: ModelConfig, device: torch.device
     wanted_context = min(r.max_context or config.max_position_embeddings, config.max_position_embeddings)
     dtype = parse_dtype(r.dtype) if parallel else loaded.model.embed_tokens.weight.dtype
     shapes = CacheShapes(config, r.block_size, r.max_drafts)
-    block_bytes = shapes.block_bytes(dtype)
-    block_bytes += block_bytes // max(1, len(config.attention_layers)) * r.drafter_layers
+    block_bytes = shapes.block_bytes(dtype) + shapes.block_bytes(dtype, r.drafter_layers)
     slots_bytes = r.max_running * shapes.slot_bytes(dtype)
     if r.kv_blocks > 0:
         blocks, how = r.kv_blocks, "--kv-blocks"

@@ -104,19 +104,15 @@ class Scheduler:
         preempted.append(victim)
         self.num_preemptions += 1
 
-    def _lone_prompt(self, max_drafts: int) -> Sequence | None:
-        """The first running prompt whose next chunk is lone_prefill_chunk or longer, when a running sequence that
-        is not such a prompt would share its step (long prompts only: they run together, no turns)."""
+    def _long_prompts(self, max_drafts: int) -> list[Sequence]:
+        """The running prompts whose next chunk (with the whole budget) is lone_prefill_chunk or longer, when some
+        other runnable sequence would share their steps (none otherwise: long prompts only run together)."""
         if not self.config.lone_prefill_chunk:
-            return None
+            return []
         runnable = [seq for seq in self.running if self._can_run(seq)]
-        long = [seq for seq in runnable if self._long_prompt(seq, max_drafts)]
-        return long[0] if long and len(long) < len(runnable) else None   # turns only with someone to take them
-
-    def _long_prompt(self, seq: Sequence, max_drafts: int) -> bool:
-        """Is its next chunk (with the whole budget) a prompt chunk of lone_prefill_chunk or more?"""
-        return not seq.is_decoding and len(self._chunk(seq, self.config.max_batched_tokens, max_drafts)[0]) \
-            >= self.config.lone_prefill_chunk
+        long = [seq for seq in runnable if not seq.is_decoding and len(
+            self._chunk(seq, self.config.max_batched_tokens, max_drafts)[0]) >= self.config.lone_prefill_chunk]
+        return long if len(long) < len(runnable) else []
 
     @staticmethod
     def _can_run(seq: Sequence) -> bool:
@@ -131,11 +127,11 @@ class Scheduler:
         plan: list[ScheduledSeq] = []
         preempted: list[Sequence] = []
         budget = self.config.max_batched_tokens
-        lone = self._lone_prompt(max_drafts)
-        alone = self.last_lone = lone is not None and not self.last_lone   # its turn, or everyone else's
-        for seq in [lone] if alone else list(self.running):
-            if seq not in self.running or budget <= 0 or not self._can_run(seq) or (
-                    lone is not None and not alone and self._long_prompt(seq, max_drafts)):
+        long = self._long_prompts(max_drafts)
+        alone = self.last_lone = bool(long) and not self.last_lone      # the first one's turn, or everyone else's
+        waiting_turn = set() if alone else {seq.seq_id for seq in long}
+        for seq in long[:1] if alone else list(self.running):
+            if seq not in self.running or budget <= 0 or not self._can_run(seq) or seq.seq_id in waiting_turn:
                 continue
             chunk, d = self._chunk(seq, budget, max_drafts)
             while not self.blocks.fits(seq, self._reach(seq, chunk)) and seq in self.running:

@@ -89,9 +89,10 @@ class CacheShapes:
         self.pending = (pending_ring_rows(max_drafts), hk * head_k + hv * (head_v + 2))
         self.conv = (config.gdn_conv_dim, config.linear_conv_kernel_dim - 1 + max_drafts)
 
-    def block_bytes(self, dtype: torch.dtype) -> int:
-        """One KV block (K and V) over every full-attention layer."""
-        return 2 * len(self.config.attention_layers) * math.prod(self.kv_block) * dtype.itemsize
+    def block_bytes(self, dtype: torch.dtype, num_layers: int | None = None) -> int:
+        """One KV block (K and V) over every full-attention layer, or over `num_layers` such layers (a drafter's)."""
+        layers = len(self.config.attention_layers) if num_layers is None else num_layers
+        return 2 * layers * math.prod(self.kv_block) * dtype.itemsize
 
     def slot_bytes(self, dtype: torch.dtype) -> int:
         """One sequence's GDN state (recurrent fp32, pending drafts, conv window) over every GDN layer."""

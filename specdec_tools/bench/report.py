@@ -84,11 +84,13 @@ def long_context_lines(results: list[dict]) -> list[str]:
                      f"{w['long_prompt']}-token prompt): its TTFT {f['long_ttft_ms']} ms{vs}; decoders' ITL p50 / "
                      f"p99 / max before {b['p50']} / {b['p99']} / {b['max']} ms, while it prefills {d['p50']} / "
                      f"{d['p99']} / {d['max']} ms{ratio}")
-    seen = []   # the services' start-up cache sizes (logged by each stack), once each
+    seen = set()   # the services' start-up cache sizes (logged by each stack), once each
     for r in results:
-        seen += [f"{r['workload']['drafter_label']} stack: {line}" for line in r["metrics"].get("service_caches", ())
-                 if not any(line in s for s in seen)]
-    return lines + seen
+        for line in r["metrics"].get("service_caches", ()):
+            if line not in seen:
+                seen.add(line)
+                lines.append(f"{r['workload']['drafter_label']} stack: {line}")
+    return lines
 
 
 def split_lines(results: list[dict]) -> list[str]:
