@@ -21,7 +21,7 @@ from . import checks, report, roofline
 from .checkpoint import describe, ensure_checkpoint
 from .environment import device_info, device_tag, git_commit, peak_flops, versions
 from .traffic import ModelTraffic, utilisation
-from .workloads import Workload, prompts_for
+from .workloads import Conversations, Workload, conversations_for, prompts_for
 
 log = logging.getLogger(__name__)
 SCHEMA = "specdec-bench/1"
@@ -158,7 +158,9 @@ class BenchRun:
         self.record["profile"] = profile_workload(self.inproc(), w, self._prompts(w), self.config.profile_steps)
         self._save()
 
-    def _prompts(self, w: Workload) -> list[list[int]]:
+    def _prompts(self, w: Workload) -> list[list[int]] | Conversations:
+        if w.turns:
+            return conversations_for(w, self.traffic_vocab, self.config.seed)
         return prompts_for(w, self.traffic_vocab, self.config.seed)
 
     @property
@@ -227,16 +229,17 @@ class BenchRun:
         step_s = m["itl_ms_mean"] / 1e3 if m.get("itl_ms_mean") else None
         verify = m.get("verify_steps") or 0
         drafts = m.get("draft_tokens", 0) / verify if verify else 0.0
-        nbytes = self.traffic.step_bytes(w.concurrency, w.prompt_tokens + w.max_tokens / 2, drafts) \
+        nbytes = self.traffic.step_bytes(w.concurrency, w.mean_context, drafts) \
             / self.config.tensor_parallel_size
         roof = self.record["roofline"]
         return utilisation(nbytes, step_s, roof["device_copy"]["gbs"], roof["weight_chain"]["gbs"])
 
     def _prefill(self, w: Workload, m: dict) -> dict | None:
         """A lone request (concurrency 1): its prompt's tokens per second of TTFT, and the share of the device's
-        dense bf16 peak its FLOPs are (MFU; ModelTraffic.prefill_flops). None for the other workloads."""
+        dense bf16 peak its FLOPs are (MFU; ModelTraffic.prefill_flops). None for the other workloads (and for
+        conversations, whose prompts grow turn by turn)."""
         ttft = m.get("ttft_ms_p50")
-        if w.concurrency != 1 or not ttft:
+        if w.concurrency != 1 or w.turns or not ttft:
             return None
         seconds, flops = ttft / 1e3, self.traffic.prefill_flops(w.prompt_tokens)
         peak = peak_flops(self.record["device"])          # one GPU's; tensor parallelism spreads over several

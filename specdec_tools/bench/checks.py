@@ -8,6 +8,8 @@ output and records what fails under "problems"; the CI smoke test asserts there 
     tokens/s = tokens / seconds; TTFT <= seconds; p50 <= p99
     in-process step split: target + sampling + drafter round trip + host = step total
     every measured number > 0 (counts that may be 0: ZERO_OK)
+    conversations: one request per turn (the counts above per request, not per stream); per group of turns, the
+    usage's prompt tokens = the prompt tokens sent, cached <= prompt tokens, hit rate = cached / prompt tokens
 """
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ import math
 
 from specdec_tools.bench.latency import SECONDS_DIGITS
 
-ZERO_OK = {"draft_tokens", "accepted_tokens", "preemptions", "decode_steps", "mean_drafts"}
+ZERO_OK = {"draft_tokens", "accepted_tokens", "preemptions", "decode_steps", "mean_drafts", "cached_tokens", "hit_rate",
+           "prefix_cache_queried_tokens", "prefix_cache_hit_tokens"}
 ZERO_OK_UNDER = "steps_by_k"   # steps per chosen k: a fixed policy never chooses most k
 
 
@@ -56,11 +59,12 @@ def check_result(result: dict, constrained: bool = False) -> list[str]:
     name = result.get("name", w.get("path"))
     problems = [f"{name}: {key} = {v} is not > 0" for key, v in numbers({"metrics": m, "bw": result["bandwidth"]})
                 if not v > 0 and not may_be_zero(key)]
-    expected = w["concurrency"] * w["max_tokens"]
+    requests = w.get("requests", w["concurrency"])   # (conversations: a request per turn)
+    expected = requests * w["max_tokens"]
     if not m["truncated"]:
         if m["completion_tokens"] != expected and not (constrained and 0 < m["completion_tokens"] < expected):
-            problems.append(f"{name}: completion_tokens {m['completion_tokens']} != concurrency x max_tokens "
-                            f"{expected}")
+            problems.append(f"{name}: completion_tokens {m['completion_tokens']} != "
+                            f"{'requests' if w.get('turns') else 'concurrency'} x max_tokens {expected}")
         if m["output_tokens"] != m["completion_tokens"]:
             problems.append(f"{name}: tokens received {m['output_tokens']} != completion_tokens "
                             f"{m['completion_tokens']}")
@@ -75,6 +79,29 @@ def check_result(result: dict, constrained: bool = False) -> list[str]:
         problems += _check_speculation(name, w, m)
     if w["path"] == "inproc" and m["step_ms"].get("decode_steps"):
         problems += _check_split(name, m["step_ms"])
+    if m.get("multiturn"):
+        problems += _check_turns(name, m["multiturn"], m["truncated"])
+    return problems
+
+
+def _check_turns(name: str, f: dict, truncated: bool) -> list[str]:
+    problems = []
+    for group in ("turn_1", "later", "all"):
+        g = f.get(group)
+        if not g:
+            continue
+        if not truncated and g["usages"] == g["requests"] and g["prompt_tokens"] != g["prompt_tokens_sent"]:
+            problems.append(f"{name}: {group}: usage prompt_tokens {g['prompt_tokens']} != prompt tokens sent "
+                            f"{g['prompt_tokens_sent']}")
+        if g["cached_tokens"] is not None and g["cached_tokens"] > g["prompt_tokens"]:
+            problems.append(f"{name}: {group}: cached_tokens {g['cached_tokens']} > prompt_tokens "
+                            f"{g['prompt_tokens']}")
+        if g["hit_rate"] is not None and not _close(g["hit_rate"], g["cached_tokens"] / g["prompt_tokens"], 0, 1e-4):
+            problems.append(f"{name}: {group}: hit_rate {g['hit_rate']} != cached_tokens / prompt_tokens")
+    first, later = f.get("turn_1"), f.get("later")
+    if later and f.get("ttft_p50_ratio") is not None and not _close(
+            f["ttft_p50_ratio"], later["ttft_ms_p50"] / first["ttft_ms_p50"], 1e-3):
+        problems.append(f"{name}: ttft_p50_ratio {f['ttft_p50_ratio']} != later / turn 1 TTFT p50")
     return problems
 
 
@@ -85,8 +112,10 @@ def _check_speculation(name: str, w: dict, m: dict) -> list[str]:
         if m["completion_tokens"] != verify + accepted + prefills:
             problems.append(f"{name}: completion_tokens {m['completion_tokens']} != verify_steps {verify} + "
                             f"accepted_tokens {accepted} + prefills {prefills}")
-        if prefills != w["concurrency"]:
-            problems.append(f"{name}: prefills {prefills} != concurrency {w['concurrency']}")
+        requests = w.get("requests", w["concurrency"])
+        if prefills != requests:
+            problems.append(f"{name}: prefills {prefills} != {'requests' if w.get('turns') else 'concurrency'} "
+                            f"{requests}")
         if verify and not _close(m["mean_acceptance_length"], (m["completion_tokens"] - prefills) / verify, 1e-3):
             problems.append(f"{name}: mean_acceptance_length {m['mean_acceptance_length']} != "
                             f"(completion - prefills) / verify_steps")

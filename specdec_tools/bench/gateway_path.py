@@ -1,6 +1,11 @@
 """The `gateway` path: the real stack (gateway, verifier, drafter as three processes, `specdec_tools.local_stack`) and
 N concurrent gRPC streams through the public Gateway API, one request each. The `colocated` path: the same with
 the drafter inside the verifier's process (`--in-process-drafter`), so that gateway / colocated is the split's cost.
+A conversation workload (turns > 0) runs N conversations at once, each a gRPC stream per turn, in order: turn t + 1
+is sent when turn t has finished, its prompt turn t's prompt + the tokens turn t gave back + new user tokens.
+
+Every pass sends other token sequences (workloads.salted: the timed pass 0 the workload's own prompts, the warm-up
+and later passes them rotated), so that no pass finds an earlier one's prompts in the verifier's prefix cache.
 
 The step split comes from the verifier's Prometheus endpoint (`--metrics-port`): the mean per engine step of
 each phase of `specdec_step_seconds` (the engine's host time per phase), scraped before and after the
@@ -26,9 +31,9 @@ from specdec_tools.local_stack import LocalStack, StackConfig, free_port
 from specdec.rpc.v1 import gateway_pb2, gateway_pb2_grpc
 
 from .inprocess import blocks_for, scheduler_for
-from .latency import RequestTrace, interference, summarize
+from .latency import RequestTrace, TurnRecord, interference, summarize, turn_figures
 from .memory import gpu_memory_by_pid, rss_mib
-from .workloads import Workload
+from .workloads import Conversations, Workload, salted
 
 log = logging.getLogger(__name__)
 _SAMPLE = re.compile(r'^(\w+)(?:\{([^}]*)\})?\s+([-+0-9.eEinfa]+)$')
@@ -122,6 +127,7 @@ class GatewayBench:
             drafter += ["--trace-steps", f"{stem}-drafter.jsonl"] if service != "none" else []
         if w.forced_length:
             verifier += ["--forced-acceptance-length", str(w.forced_length), "--unsafe-forced-acceptance"]
+        verifier += [] if w.prefix_cache else ["--no-prefix-caching"]
         config = StackConfig(model=self.model, drafter=service, num_drafts=w.num_drafts or 3, device=self.device,
                              dtype=self.dtype, port=0, verifier_args=tuple(verifier), drafter_args=tuple(drafter),
                              log_dir=self.logs.name,
@@ -166,13 +172,15 @@ class GatewayBench:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:
             return parse_metrics(r.read().decode())
 
-    def run(self, w: Workload, prompts: list[list[int]], guard_s: float) -> dict:
+    def run(self, w: Workload, prompts: list[list[int]] | Conversations, guard_s: float) -> dict:
+        """Warm-up, then the timed passes; `prompts`: one per stream, or a conversation workload's Conversations."""
         # Warm-up, not timed: the whole workload once, so that every kernel variant it meets compiles first
         # (Triton specialises per shape class, e.g. paged attention per query-block and split count, which the
         # steps mixing prefill chunks with decodes reach only once requests outlive the others' prefill), fla
-        # autotunes, and the graph buckets of this concurrency are hit before measuring.
+        # autotunes, and the graph buckets of this concurrency are hit before measuring. Its prompts are the
+        # workload's rotated (salt -1): the same lengths and shapes, none of the timed pass's prefixes cached.
         warm_start = time.perf_counter()
-        self._streams(w, prompts, guard_s)
+        self._send(w, salted(prompts, -1), guard_s)
         warmup_s = round(time.perf_counter() - warm_start, 2)
         log.info("%s: warm-up pass done in %.1f s; timing %d pass(es)", w.name, warmup_s, self.repeats)
         passes = self._timed_passes(w, prompts, guard_s)
@@ -191,19 +199,27 @@ class GatewayBench:
                 log.warning("%s: %d of %d timed passes fit in the workload's %.0f s", w.name, len(passes),
                             self.repeats, guard_s)
                 break
-            passes.append(self._measure(w, prompts, left))
+            passes.append(self._measure(w, salted(prompts, len(passes)), left))
             last_s = time.perf_counter() - started
         return passes
 
-    def _measure(self, w: Workload, prompts: list[list[int]], guard_s: float) -> dict:
+    def _send(self, w: Workload, prompts: list[list[int]] | Conversations, guard_s: float):
+        """One pass: (traces, finals, truncated, turn records or None)."""
+        if w.turns:
+            records, truncated = self._conversations(w, prompts, guard_s)
+            return ([r.trace for r in records], [(r.finish_reason, r.usage) for r in records], truncated,
+                    records)
+        return (*self._streams(w, prompts, guard_s), None)
+
+    def _measure(self, w: Workload, prompts: list[list[int]] | Conversations, guard_s: float) -> dict:
         """One timed pass of the workload, with the verifier's counters and step split over it."""
         before = self.scrape()
-        traces, finals, truncated = self._streams(w, prompts, guard_s)
+        traces, finals, truncated, records = self._send(w, prompts, guard_s)
         after = self.scrape()
         summary = summarize(traces)
         phases, steps = phase_means(before, after)
         usage = [u for reason, u in finals if u is not None]
-        complete = len(usage) == len(prompts) and not truncated
+        complete = len(usage) == w.requests and not truncated
         totals = {f: sum(getattr(u, f) for u in usage) for f in
                   ("completion_tokens", "verify_steps", "draft_tokens", "accepted_tokens")}
         if not complete:  # cancelled streams have no usage: the verifier's counters instead
@@ -217,6 +233,11 @@ class GatewayBench:
         length = (totals["completion_tokens"] - prefills) / verify if verify else None
         if w.long_prompt:
             summary["interference"] = interference(traces)
+        if records is not None:
+            summary["multiturn"] = turn_figures(records)
+        if ("specdec_prefix_cache_queries_total", "") in after:   # the verifier's own count, admissions included
+            summary["prefix_cache_queried_tokens"] = int(_delta(before, after, "specdec_prefix_cache_queries_total"))
+            summary["prefix_cache_hit_tokens"] = int(_delta(before, after, "specdec_prefix_cache_hits_total"))
         return {**summary, "truncated": truncated, **totals, "prefills": prefills,
                 "finish_reasons": sorted({reason for reason, _ in finals}),
                 "mean_acceptance_length": round(length, 4) if length else None,
@@ -289,6 +310,71 @@ class GatewayBench:
             for t in threads:
                 t.join(30)
         return traces, finals, truncated
+
+    def _conversations(self, w: Workload, convs: Conversations, guard_s: float
+                       ) -> tuple[list[TurnRecord], bool]:
+        """w.concurrency conversations at once (started together), each sending its w.turns turns in order: a turn
+        is sent when the last has finished, its prompt the last turn's prompt + the tokens it gave back + this
+        turn's user tokens. A conversation stops at a turn that ends without a usage (an error status); at the
+        guard, turns in flight are cancelled and no more are sent. Returns the records of the turns sent, and
+        whether the guard cut the pass."""
+        n = w.concurrency
+        records: list[list[TurnRecord]] = [[] for _ in range(n)]
+        calls: list = [None] * n
+        barrier = threading.Barrier(n + 1)
+        stop = threading.Event()
+        sampling = dict(max_tokens=w.max_tokens, temperature=w.temperature, ignore_eos=True)
+        if self.grammar is not None:
+            kind, text = self.grammar
+            sampling["grammar"] = gateway_pb2.Grammar(**{kind: True if kind == "json_object" else text})
+        with grpc.insecure_channel(self.stack.address) as channel:
+            stub = gateway_pb2_grpc.GatewayStub(channel)
+
+            def converse(c: int) -> None:
+                history: list[int] = []
+                barrier.wait()
+                for turn in range(w.turns):
+                    if stop.is_set():
+                        return
+                    prompt = convs.prompt(c, turn, history)
+                    request = gateway_pb2.GenerateRequest(
+                        request_id=f"bench-c{c}-t{turn + 1}", prompt_token_ids=prompt,
+                        sampling=gateway_pb2.SamplingParams(seed=c * w.turns + turn, **sampling))
+                    record = TurnRecord(c, turn + 1, len(prompt), RequestTrace(sent=time.perf_counter()))
+                    records[c].append(record)
+                    calls[c] = stub.Generate(request, timeout=guard_s + 120)
+                    output: list[int] = []
+                    try:
+                        for reply in calls[c]:
+                            record.trace.add(time.perf_counter(), len(reply.token_ids))
+                            output += reply.token_ids
+                            if reply.finish_reason:
+                                record.finish_reason, record.usage = reply.finish_reason, reply.usage
+                    except grpc.RpcError as e:   # (after its last message: the turn is complete all the same)
+                        record.finish_reason = record.finish_reason if record.usage else e.code().name.lower()
+                        if not stop.is_set():
+                            log.warning("%s: conversation %d, turn %d failed: %s: %s", w.name, c, turn + 1,
+                                        e.code().name, e.details())
+                    if record.usage is None:
+                        return
+                    history = prompt + output
+            threads = [threading.Thread(target=converse, args=(c,), daemon=True) for c in range(n)]
+            for t in threads:
+                t.start()
+            barrier.wait()
+            deadline = time.perf_counter() + guard_s
+            for t in threads:
+                t.join(max(0.0, deadline - time.perf_counter()))
+            truncated = any(t.is_alive() for t in threads)
+            stop.set()
+            give_up = time.perf_counter() + 30
+            while any(t.is_alive() for t in threads) and time.perf_counter() < give_up:
+                for call in calls:       # (again: a turn may have been sent since the last round)
+                    if call is not None:
+                        call.cancel()
+                for t in threads:
+                    t.join(0.05)
+        return [r for conv in records for r in conv], truncated
 
     def stop(self) -> None:
         if self.stack is not None:

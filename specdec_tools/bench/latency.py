@@ -7,6 +7,8 @@ One delivery per engine step: a speculative step may deliver several tokens at o
                 vLLM's benchmark counts them the same way), pooled over requests: p50 / p99 / mean
     TPOT        (last delivery - first delivery) / (tokens - 1), per request, mean
     tokens/s    all output tokens / (last delivery of any request - first send)
+Conversations (turn_figures): TTFT p50 / p90 of the first turns and of the later ones, their p50 ratio, and the
+prefix cache's hit rate = sum of usage.cached_tokens / sum of usage.prompt_tokens, per group of turns.
 """
 from __future__ import annotations
 
@@ -83,3 +85,42 @@ def interference(traces: list[RequestTrace]) -> dict:
                 "max": _ms(max(gaps)) if gaps else None, "gaps": len(gaps)}
     return {"long_ttft_ms": _ms(end - start), "decoders_itl_ms_before": stats(before),
             "decoders_itl_ms_during": stats(during)}
+
+
+@dataclass
+class TurnRecord:
+    """One request of a conversation workload: its conversation, its turn (1-based), the prompt tokens sent, its
+    deliveries, and how it ended (the finish reason or the gRPC status, and the usage of its last message)."""
+    conversation: int
+    turn: int
+    prompt_tokens: int
+    trace: RequestTrace
+    finish_reason: str = "none"
+    usage: object = None        # gateway_pb2.Usage (cached_tokens: the prompt tokens served by the prefix cache)
+
+
+def _turn_group(records: list[TurnRecord]) -> dict:
+    ttft = [r.trace.times[0] - r.trace.sent for r in records if r.trace.times]
+    usages = [r.usage for r in records if r.usage is not None]
+    prompt = sum(u.prompt_tokens for u in usages)
+    cached = [getattr(u, "cached_tokens", None) for u in usages]     # (None: a gateway without the field)
+    cached_sum = sum(cached) if usages and None not in cached else None
+    return {"requests": len(records), "ttft_ms_p50": _ms(percentile(ttft, 50)),
+            "ttft_ms_p90": _ms(percentile(ttft, 90)), "prompt_tokens_sent": sum(r.prompt_tokens for r in records),
+            "usages": len(usages), "prompt_tokens": prompt, "cached_tokens": cached_sum,
+            "hit_rate": round(cached_sum / prompt, 4) if cached_sum is not None and prompt else None}
+
+
+def turn_figures(records: list[TurnRecord]) -> dict:
+    """A conversation workload's figures: for the first turns (turn_1), the later ones (later: turns >= 2) and all,
+    TTFT p50 / p90 (ms) and the prefix cache's hit rate (cached / prompt tokens, from each request's usage; None
+    where the usage has no cached_tokens); the later turns' TTFT p50 over the first turns' (ttft_p50_ratio); and the
+    same per turn (by_turn). later is None when no request has a later turn."""
+    first = [r for r in records if r.turn == 1]
+    later = [r for r in records if r.turn > 1]
+    a, b = _turn_group(first), _turn_group(later) if later else None
+    ratio = b["ttft_ms_p50"] / a["ttft_ms_p50"] if b and a["ttft_ms_p50"] and b["ttft_ms_p50"] is not None else None
+    return {"turn_1": a, "later": b, "all": _turn_group(records),
+            "ttft_p50_ratio": round(ratio, 4) if ratio is not None else None,
+            "by_turn": [{"turn": t, **_turn_group([r for r in records if r.turn == t])}
+                        for t in sorted({r.turn for r in records})]}

@@ -1,5 +1,7 @@
 """What a bench run leaves behind: the JSON record, a text table (printed and saved) and a PNG plot of
-output tokens/s against concurrency, one line per path and drafter, the peer included."""
+output tokens/s against concurrency, one line per path and drafter, the peer included. Conversation workloads
+(preset multiturn) add a second table: TTFT of the first turns against the later ones, and the prefix cache's hit
+rate."""
 from __future__ import annotations
 
 import json
@@ -29,9 +31,26 @@ def _fmt(v, digits: int = 1) -> str:
     return str(v)
 
 
+MULTITURN_COLUMNS = ["path", "drafter", "conv", "turns", "system", "user", "out", "T", "tok/s", "TTFT1 p50",
+                     "TTFT1 p90", "TTFT2+ p50", "TTFT2+ p90", "2+/1", "hit 1", "hit 2+", "hit all", "acc len"]
+
+
 def _key(r: dict, drafter: str | None = None, path: str | None = None) -> tuple:
     w = r["workload"]
-    return (path or w["path"], drafter or w["drafter_label"], w["concurrency"], w["prompt_tokens"], w["temperature"])
+    return (path or w["path"], drafter or w["drafter_label"], w["concurrency"], w["prompt_tokens"], w["temperature"],
+            w.get("turns", 0), w.get("turn_tokens", 0))
+
+
+def _plain(w: dict) -> str:
+    """The drafter label of w's plain-decoding row: none (none+nocache beside a verifier without its prefix cache)."""
+    return "none" if w.get("prefix_cache", True) else "none+nocache"
+
+
+def _prompt(w: dict) -> str:
+    """The prompt column: its tokens; a conversation's system prompt + turns x user tokens."""
+    if w.get("turns"):
+        return f"{w['prompt_tokens']}+{w['turns']}x{w['turn_tokens']}"
+    return str(w["prompt_tokens"])
 
 
 def _memory_mib(m: dict) -> float | None:
@@ -45,10 +64,10 @@ def table_rows(results: list[dict]) -> list[list[str]]:
     for r in results:
         w, m, bw = r["workload"], r["metrics"], r["bandwidth"]
         tps = m["output_tokens_per_s"]
-        plain = rate.get(_key(r, drafter="none", path="gateway" if w["path"] == "colocated" else None))
+        plain = rate.get(_key(r, drafter=_plain(w), path="gateway" if w["path"] == "colocated" else None))
         peer = rate.get(_key(r, drafter="none", path="peer"))
         split = m.get("step_ms") or {}
-        rows.append([w["path"], w["drafter_label"], str(w["concurrency"]), str(w["prompt_tokens"]),
+        rows.append([w["path"], w["drafter_label"], str(w["concurrency"]), _prompt(w),
                      str(w["max_tokens"]) + ("*" if m["truncated"] else ""), f"{w['temperature']:g}", _fmt(tps),
                      _fmt(tps / plain if tps and plain else None, 2), _fmt(tps / peer if tps and peer else None, 2),
                      _fmt(m["ttft_ms_p50"]), _fmt(m["itl_ms_p50"]), _fmt(m["itl_ms_p99"]),
@@ -91,6 +110,56 @@ def long_context_lines(results: list[dict]) -> list[str]:
                 seen.add(line)
                 lines.append(f"{r['workload']['drafter_label']} stack: {line}")
     return lines
+
+
+def multiturn_rows(results: list[dict]) -> list[list[str]]:
+    """One row per conversation workload: tok/s, TTFT p50 / p90 of the first turns and of the later ones (ms),
+    later p50 / first p50, the prefix cache's hit rate (cached / prompt tokens) of each and overall, acc len."""
+    rows = []
+    for r in results:
+        w, m = r["workload"], r["metrics"]
+        f = m.get("multiturn")
+        if not f:
+            continue
+        first, later, total = f["turn_1"], f.get("later") or {}, f["all"]
+        turns = str(w["turns"]) + ("*" if m["truncated"] else "")
+        rows.append([w["path"], w["drafter_label"], str(w["concurrency"]), turns, str(w["prompt_tokens"]),
+                     str(w["turn_tokens"]), str(w["max_tokens"]), f"{w['temperature']:g}",
+                     _fmt(m["output_tokens_per_s"]), _fmt(first["ttft_ms_p50"]), _fmt(first["ttft_ms_p90"]),
+                     _fmt(later.get("ttft_ms_p50")), _fmt(later.get("ttft_ms_p90")), _fmt(f["ttft_p50_ratio"], 3),
+                     _percent(first["hit_rate"]), _percent(later.get("hit_rate")), _percent(total["hit_rate"]),
+                     _fmt(m.get("mean_acceptance_length"), 2)])
+    return rows
+
+
+def prefix_cache_lines(results: list[dict]) -> list[str]:
+    """Each conversation workload against its twin without the prefix cache (+nocache): the later turns' TTFT p50
+    and tokens/s of both."""
+    rows = {_key(r): r["metrics"] for r in results if r["metrics"].get("multiturn")}
+    lines = []
+    for r in results:
+        w, m = r["workload"], r["metrics"]
+        if not m.get("multiturn") or not w.get("prefix_cache", True):
+            continue
+        twin = rows.get(_key(r, drafter=w["drafter_label"] + "+nocache"))
+        ttft, other = (m["multiturn"].get("later") or {}).get("ttft_ms_p50"), \
+            ((twin or {}).get("multiturn", {}).get("later") or {}).get("ttft_ms_p50")
+        if twin is None or not ttft or not other or not m["output_tokens_per_s"] or not twin["output_tokens_per_s"]:
+            continue
+        change = 100 * (m["output_tokens_per_s"] / twin["output_tokens_per_s"] - 1)
+        lines.append(f"prefix cache, {w['drafter_label']} c{w['concurrency']}: TTFT p50 of turns >= 2 {ttft:.1f} ms "
+                     f"against {other:.1f} ms without it ({ttft / other:.2f}x); {m['output_tokens_per_s']:.1f} "
+                     f"against {twin['output_tokens_per_s']:.1f} tok/s ({change:+.1f}%)")
+    return lines
+
+
+def _table(columns: list[str], rows: list[list[str]], markdown: bool) -> list[str]:
+    if markdown:
+        return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)] + \
+            ["| " + " | ".join(r) + " |" for r in rows]
+    widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(columns)]
+    return ["  ".join(c.rjust(wd) for c, wd in zip(columns, widths))] + \
+        ["  ".join(v.rjust(wd) for v, wd in zip(r, widths)) for r in rows]
 
 
 def split_lines(results: list[dict]) -> list[str]:
@@ -142,14 +211,13 @@ def render_table(record: dict, markdown: bool = False) -> str:
         head += f"; every request constrained by a {settings['grammar']} grammar"
         if any(r.get("workload", {}).get("drafter") == "mtp" for r in record.get("results", [])):
             head += f" (mtp draft masks {settings.get('draft_masks', 'auto')})"
-    if markdown:
-        lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-        lines += ["| " + " | ".join(r) + " |" for r in rows]
-    else:
-        widths = [max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(COLUMNS)]
-        lines = ["  ".join(c.rjust(wd) for c, wd in zip(COLUMNS, widths))]
-        lines += ["  ".join(v.rjust(wd) for v, wd in zip(r, widths)) for r in rows]
-    tail = split_lines(record["results"]) + long_context_lines(record["results"])
+    lines = _table(COLUMNS, rows, markdown)
+    turns = multiturn_rows(record["results"])
+    if turns:   # (TTFT in ms; 2+/1: the later turns' TTFT p50 over the first turns'; hit: cached / prompt tokens)
+        lines += ["", "conversations: TTFT ms of turn 1 and of turns >= 2, 2+/1 = their p50 ratio; hit = the prefix "
+                      "cache's cached / prompt tokens (usage)"] + _table(MULTITURN_COLUMNS, turns, markdown)
+    tail = split_lines(record["results"]) + prefix_cache_lines(record["results"]) \
+        + long_context_lines(record["results"])
     tail += [f"skipped {s['name']}: {s['reason']}" for s in record.get("skipped", [])]
     tail += [f"PROBLEM {p}" for p in record.get("problems", [])]
     return "\n".join([head, *lines, *tail])
@@ -164,6 +232,10 @@ def _colour(drafter: str) -> str:
     return DRAFTER_COLOURS.get(drafter, "tab:brown")
 
 
+def _panel(w: dict) -> tuple:
+    return (w["prompt_tokens"], w["temperature"], w.get("turns", 0), w.get("turn_tokens", 0))
+
+
 def plot(record: dict, path: Path) -> Path | None:
     """tokens/s vs concurrency: one panel per (prompt, temperature), one line per path + drafter."""
     try:
@@ -174,17 +246,17 @@ def plot(record: dict, path: Path) -> Path | None:
         log.warning("matplotlib is not installed (pip install 'specdec[bench]'): no plot")
         return None
     results = record["results"]
-    panels = sorted({(r["workload"]["prompt_tokens"], r["workload"]["temperature"]) for r in results})
+    panels = sorted({_panel(r["workload"]) for r in results})
     if not panels:
         return None
     cols = min(2, len(panels))
     rows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(7 * cols, 4.8 * rows), squeeze=False)
-    for ax, (prompt, temp) in zip(axes.flat, panels):
+    for ax, (prompt, temp, turns, user) in zip(axes.flat, panels):
         lines: dict[tuple, list] = {}
         for r in results:
             w = r["workload"]
-            if (w["prompt_tokens"], w["temperature"]) == (prompt, temp) and r["metrics"]["output_tokens_per_s"]:
+            if _panel(w) == (prompt, temp, turns, user) and r["metrics"]["output_tokens_per_s"]:
                 lines.setdefault((w["path"], w["drafter_label"]), []).append(
                     (w["concurrency"], r["metrics"]["output_tokens_per_s"]))
         for (p, d), pts in sorted(lines.items()):
@@ -199,7 +271,7 @@ def plot(record: dict, path: Path) -> Path | None:
         ax.set_yscale("log")
         ax.set_xlabel("concurrency (streams)")
         ax.set_ylabel("output tokens/s")
-        ax.set_title(f"prompt {prompt}, T = {temp:g}")
+        ax.set_title(f"prompt {prompt}" + (f" + {turns} turns x {user}" if turns else "") + f", T = {temp:g}")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(panels):]:

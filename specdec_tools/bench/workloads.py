@@ -5,6 +5,10 @@ Paths: `inproc` (SpecEngine in this process, drafter in-process), `gateway` (the
 N concurrent gRPC streams through the gateway), `colocated` (the same through the gateway, with the drafter inside
 the verifier's process: `specdec verifier --in-process-drafter`; gateway / colocated is what the service split
 costs), `peer` (transformers `generate` on the same checkpoint).
+Conversations (gateway and colocated paths, turns > 0): `concurrency` conversations at once, each `turns` requests in
+order, the next sent once the last has finished; turn t's prompt is the conversation so far, token by token (a
+system prompt of `prompt_tokens` ids shared by every conversation, then each earlier turn's user tokens and the
+tokens the model gave back, then this turn's `turn_tokens` new user tokens): what a prefix cache serves.
 Drafters: none, ngram, mtp (its own acceptance; or forced to a mean acceptance length: mtp@3.39, what a random
 checkpoint's benchmarks use), and on the inproc path the synthetic
 drafter at a per-token acceptance rate (syn@0.9: k random drafts a step, nearly free to make, their acceptance
@@ -40,6 +44,10 @@ class Workload:
     draft_policy: str = "fixed"         # fixed | adaptive
     long_prompt: int = 0                # interference: the last request has this many prompt tokens and is sent
     #                                     once the others decode (gateway / colocated paths)
+    turns: int = 0                      # > 0: `concurrency` conversations of this many turns (prompt_tokens: the
+    #                                     shared system prompt), gateway / colocated paths
+    turn_tokens: int = 0                # conversations: new user tokens in each turn
+    prefix_cache: bool = True           # False: the verifier's --no-prefix-caching (label +nocache)
 
     def __post_init__(self):
         if self.path not in PATHS:
@@ -62,13 +70,39 @@ class Workload:
             raise ValueError(f"concurrency, prompt_tokens and max_tokens must be >= 1: {self}")
         if self.long_prompt and (not self.on_stack or self.concurrency < 2 or self.long_prompt < 0):
             raise ValueError(f"a long prompt joins other requests through the gateway (concurrency >= 2): {self}")
+        if (self.turns or self.turn_tokens) and (not self.on_stack or self.turns < 1 or self.turn_tokens < 1
+                                                 or self.long_prompt):
+            raise ValueError(f"conversations run through the gateway, with turns >= 1 and turn_tokens >= 1 (and no "
+                             f"long prompt): {self}")
+        if not self.prefix_cache and not self.on_stack:
+            raise ValueError(f"the prefix cache is the verifier service's: +nocache runs through the gateway: {self}")
 
     @property
     def prompt_lengths(self) -> list[int]:
-        """Each request's prompt tokens (the interfering long one last)."""
+        """Each request's prompt tokens (the interfering long one last); conversations: each conversation's longest,
+        its last turn's (what the stack is sized for)."""
+        if self.turns:
+            return [self.turn_prompt_tokens(self.turns)] * self.concurrency
         if not self.long_prompt:
             return [self.prompt_tokens] * self.concurrency
         return [self.prompt_tokens] * (self.concurrency - 1) + [self.long_prompt]
+
+    def turn_prompt_tokens(self, turn: int) -> int:
+        """A conversation's prompt tokens at turn `turn` (1-based): the system prompt, `turn` user messages and the
+        `turn` - 1 answers before it (each exactly max_tokens: ignore_eos)."""
+        return self.prompt_tokens + turn * self.turn_tokens + (turn - 1) * self.max_tokens
+
+    @property
+    def requests(self) -> int:
+        """Requests in one pass: one per stream, or one per turn of each conversation."""
+        return self.concurrency * (self.turns or 1)
+
+    @property
+    def mean_context(self) -> float:
+        """Mean cached tokens of a decoding sequence (prompt + half the output), over the requests."""
+        if not self.turns:
+            return self.prompt_tokens + self.max_tokens / 2
+        return sum(self.turn_prompt_tokens(t) for t in range(1, self.turns + 1)) / self.turns + self.max_tokens / 2
 
     @property
     def num_drafts(self) -> int:
@@ -77,10 +111,12 @@ class Workload:
     @property
     def drafter_label(self) -> str:
         """none | ngram | mtp | mtp@3.39 (forced acceptance length) | syn@0.9 (synthetic, per-token acceptance); +dv:
-        with the reduced draft vocabulary; +adaptive: the adaptive draft policy."""
+        with the reduced draft vocabulary; +nocache: the verifier's prefix cache off; +adaptive: the adaptive draft
+        policy."""
         label = f"mtp@{self.forced_length:g}" if self.forced_length else self.drafter
         label = f"syn@{self.accept_rate:g}" if self.accept_rate is not None else label
         label += "+dv" if self.draft_vocab else ""
+        label += "" if self.prefix_cache else "+nocache"
         return label + "+adaptive" if self.draft_policy == "adaptive" else label
 
     @property
@@ -96,19 +132,23 @@ class Workload:
     @property
     def stack_key(self) -> tuple:
         """Workloads with the same key share one running stack (gateway and colocated paths)."""
-        return (self.path, self.drafter, self.forced_length, self.num_drafts, self.draft_vocab, self.draft_policy)
+        return (self.path, self.drafter, self.forced_length, self.num_drafts, self.draft_vocab, self.draft_policy,
+                self.prefix_cache)
 
     @property
     def name(self) -> str:
         return (f"{self.path}/{self.drafter_label}/c{self.concurrency}/p{self.prompt_tokens}"
-                f"/o{self.max_tokens}/T{self.temperature:g}" + (f"/L{self.long_prompt}" if self.long_prompt else ""))
+                f"/o{self.max_tokens}/T{self.temperature:g}" + (f"/L{self.long_prompt}" if self.long_prompt else "")
+                + (f"/turns{self.turns}x{self.turn_tokens}" if self.turns else ""))
 
     def to_json(self) -> dict:
         return {"path": self.path, "drafter": self.drafter, "drafter_label": self.drafter_label,
                 "forced_acceptance_length": self.forced_length, "k": self.num_drafts,
                 "draft_vocab": self.draft_vocab, "accept_rate": self.accept_rate, "draft_policy": self.draft_policy,
                 "concurrency": self.concurrency, "prompt_tokens": self.prompt_tokens,
-                "max_tokens": self.max_tokens, "temperature": self.temperature, "long_prompt": self.long_prompt}
+                "max_tokens": self.max_tokens, "temperature": self.temperature, "long_prompt": self.long_prompt,
+                "turns": self.turns, "turn_tokens": self.turn_tokens, "prefix_cache": self.prefix_cache,
+                "requests": self.requests}
 
 
 DRAFTERS = [("none", None), ("ngram", None), ("mtp", None)] + [("mtp", a) for a in FORCED_LENGTHS]
@@ -222,27 +262,107 @@ def long_context() -> list[Workload]:
     return mixed + crowd + [Workload("gateway", "none", 1, p, 16) for p in LONG_PROMPTS]
 
 
+MULTITURN = {"conversations": 16, "turns": 8, "system_tokens": 4096, "turn_tokens": 200, "max_tokens": 128}
+
+
+def multiturn() -> list[Workload]:
+    """Issue 39's prefix-cache workload, through the gateway, greedy: 16 conversations at once, each 8 turns in
+    order; a 4096-token system prompt shared by all, 200 new user tokens a turn, 128 tokens back. Without a drafter,
+    then with MTP forced to 3.39 (one stack each)."""
+    m = MULTITURN
+    return [Workload("gateway", d, m["conversations"], m["system_tokens"], m["max_tokens"], forced_length=f,
+                     turns=m["turns"], turn_tokens=m["turn_tokens"]) for d, f in (("none", None), ("mtp", 3.39))]
+
+
 PRESETS = {"full": (full, []), "baseline": (baseline, BASELINE_CUT), "quick": (quick, QUICK_CUT),
-           "adaptive": (adaptive, []), "long": (long_context, [])}
+           "adaptive": (adaptive, []), "long": (long_context, []), "multiturn": (multiturn, [])}
 
 
 def select(workloads: list[Workload], paths=None, drafters=None, concurrencies=None, prompts=None,
-           temperatures=None, max_tokens: int | None = None, draft_vocab: str | None = None) -> list[Workload]:
-    """Keep the workloads matching every given filter; max_tokens replaces the output length; with draft_vocab
-    every mtp workload kept gets a twin drafting over that file's ids (label +dv)."""
+           temperatures=None, max_tokens: int | None = None, draft_vocab: str | None = None,
+           no_prefix_cache: bool = False, turns: int | None = None, turn_tokens: int | None = None,
+           system_tokens: int | None = None) -> list[Workload]:
+    """Keep the workloads matching every given filter; max_tokens replaces the output length (of every turn) and
+    turns / turn_tokens / system_tokens the conversations' shape; with draft_vocab every mtp workload kept gets a
+    twin drafting over that file's ids (label +dv); with no_prefix_cache every gateway / colocated workload gets a
+    twin on a verifier without its prefix cache (label +nocache), run after the workloads of its stack. A drafter
+    filter keeps a label and the labels it prefixes (mtp@3.39 keeps mtp@3.39+dv+nocache)."""
     if draft_vocab:
         workloads = [v for w in workloads
                      for v in ((w, replace(w, draft_vocab=draft_vocab)) if w.drafter == "mtp" else (w,))]
+    if no_prefix_cache:
+        workloads = _with_twins(workloads, lambda w: replace(w, prefix_cache=False) if w.on_stack else None)
     keep = [w for w in workloads
             if (not paths or w.path in paths)
-            and (not drafters or w.drafter_label in drafters
-                 or w.drafter_label.removesuffix("+adaptive").removesuffix("+dv") in drafters)
+            and (not drafters or not drafters_prefixes(w.drafter_label).isdisjoint(drafters))
             and (not concurrencies or w.concurrency in concurrencies)
             and (not prompts or w.prompt_tokens in prompts)
             and (not temperatures or w.temperature in temperatures)]
     if max_tokens:
         keep = [replace(w, max_tokens=max_tokens) for w in keep]
+    shape = {k: v for k, v in (("turns", turns), ("turn_tokens", turn_tokens), ("prompt_tokens", system_tokens))
+             if v is not None}
+    keep = [replace(w, **shape) if w.turns and shape else w for w in keep]
     return list(dict.fromkeys(keep))
+
+
+def drafters_prefixes(label: str) -> set[str]:
+    """mtp@3.39+dv+nocache -> {mtp@3.39, mtp@3.39+dv, mtp@3.39+dv+nocache}: what a --drafters filter matches."""
+    parts = label.split("+")
+    return {"+".join(parts[:i]) for i in range(1, len(parts) + 1)}
+
+
+def _with_twins(workloads: list[Workload], twin) -> list[Workload]:
+    """The workloads with the twins (twin(w); None: no twin) of each stack's workloads right after that stack's last
+    one: a twin's stack starts once, after its original's."""
+    last = {w.stack_key: i for i, w in enumerate(workloads)}
+    out: list[Workload] = []
+    for i, w in enumerate(workloads):
+        out.append(w)
+        if last[w.stack_key] == i:
+            out += [t for t in (twin(g) for g in workloads if g.stack_key == w.stack_key) if t is not None]
+    return out
+
+
+def salted(prompts, salt: int):
+    """The same prompts rotated by `salt` tokens (0: themselves): other token sequences of the same lengths and ids,
+    so that a pass sent after another (the warm-up, earlier timed passes) finds nothing of it in the verifier's
+    prefix cache. Conversations: their system prompt and user turns rotated alike."""
+    if isinstance(prompts, Conversations):
+        return prompts.salted(salt)
+    return [_rotate(p, salt) for p in prompts]
+
+
+def _rotate(tokens: list[int], salt: int) -> list[int]:
+    k = salt % len(tokens) if tokens else 0
+    return list(tokens[k:]) + list(tokens[:k])
+
+
+@dataclass(frozen=True)
+class Conversations:
+    """The token ids a conversation workload sends, apart from the model's answers: one system prompt shared by
+    every conversation, and each conversation's user tokens of each turn (`user[c][t]`)."""
+    system: tuple[int, ...]
+    user: tuple[tuple[tuple[int, ...], ...], ...]
+
+    def prompt(self, c: int, turn: int, history: list[int]) -> list[int]:
+        """Conversation c's prompt at `turn` (0-based): the conversation so far (turn 0: the system prompt; later:
+        the last turn's prompt followed by its output), then this turn's user tokens."""
+        return (list(self.system) if turn == 0 else list(history)) + list(self.user[c][turn])
+
+    def salted(self, salt: int) -> "Conversations":
+        return Conversations(tuple(_rotate(self.system, salt)),
+                             tuple(tuple(tuple(_rotate(u, salt)) for u in conv) for conv in self.user))
+
+
+def conversations_for(w: Workload, vocab_size: int, seed: int = 0) -> Conversations:
+    """w's conversations: a system prompt of w.prompt_tokens random ids in [1, vocab) and w.turn_tokens random ids
+    per conversation and turn, the same for every path and drafter (conversation c's the same at any concurrency)."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + 7_777 + w.prompt_tokens)
+    system = torch.randint(1, vocab_size, (w.prompt_tokens,), generator=g).tolist()
+    g = torch.Generator().manual_seed(seed * 1_000_003 + 8_888 + w.turn_tokens)
+    user = torch.randint(1, vocab_size, (w.concurrency, w.turns, w.turn_tokens), generator=g).tolist()
+    return Conversations(tuple(system), tuple(tuple(tuple(t) for t in conv) for conv in user))
 
 
 def prompts_for(w: Workload, vocab_size: int, seed: int = 0) -> list[list[int]]:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from .cli_args import add_load_format_arg, add_model_args, add_no_overlap_arg, add_tensor_parallel_arg, resolve
 
-PRESET_TIMEOUTS = {"full": 600.0, "baseline": 40.0, "quick": 60.0, "adaptive": 60.0, "long": 300.0}
+PRESET_TIMEOUTS = {"full": 600.0, "baseline": 40.0, "quick": 60.0, "adaptive": 60.0, "long": 300.0,
+                   "multiturn": 180.0}
 
 
 def add_parser(sub) -> None:
@@ -26,17 +27,22 @@ def add_parser(sub) -> None:
                "      --time-budget 480 --profile --out $OUT           # the GPU baseline (bench/device/table.sh)\n"
                "  specdec bench --model DIR --paths inproc --drafters none mtp@3.39 --concurrency 1 16\n"
                "  specdec bench --preset adaptive --model /tmp/q35 --make-tiny qwen3.5-4b --layers 32 --out $OUT\n"
+               "  specdec bench --preset multiturn --model /tmp/q35 --make-tiny qwen3.5-4b --layers 32 \\\n"
+               "      --service-defaults --no-prefix-caching --out $OUT  # issue 39: the prefix cache, on and off\n"
                "  specdec bench --model /tmp/n80 --make-tiny qwen3-next-80b-a3b --load-format dummy \\\n"
                "      --tensor-parallel-size 2 --paths gateway --drafters none mtp@3.39 --concurrency 1 16\n"
                "  specdec bench --render bench/results/h100/bench_baseline_h100.json --markdown")
     add_model_args(p)
-    p.add_argument("--preset", default="full", choices=["full", "baseline", "quick", "adaptive", "long"],
+    p.add_argument("--preset", default="full", choices=["full", "baseline", "quick", "adaptive", "long", "multiturn"],
                    help="full: the whole matrix (default); baseline: the subset that fits one 9-minute GPU call on "
                         "today's eager path (what it cuts is in the JSON); quick: CPU smoke run; adaptive: the "
                         "fixed and adaptive draft policies against plain decoding (inproc; synthetic drafter at "
                         "acceptance 0.3 / 0.9, mtp@1.5 / mtp@3.39; c1 / c16 / c64); long: prompts of 2k to 128k "
                         "(TTFT, prefill tokens/s, MFU) and 15 decoders joined by a 16k prompt (their ITL before "
-                        "and while it prefills), through the gateway")
+                        "and while it prefills), through the gateway; multiturn: 16 conversations at once of 8 turns "
+                        "each (a shared 4096-token system prompt, 200 new tokens in and 128 out a turn), through the "
+                        "gateway, without a drafter and with mtp@3.39: TTFT of turn 1 against turns >= 2, the prefix "
+                        "cache's hit rate")
     p.add_argument("--quick", action="store_const", const="quick", dest="preset", help="same as --preset quick")
     p.add_argument("--make-tiny", default=None, choices=sorted(TINY), metavar="PRESET",
                    help="write a random checkpoint of this make-tiny preset into --model first if it holds none "
@@ -54,6 +60,17 @@ def add_parser(sub) -> None:
     p.add_argument("--draft-vocab", default=None, metavar="FILE",
                    help="also run every mtp workload with this `specdec draft-vocab` file (label +dv)")
     p.add_argument("--max-tokens", type=int, default=None, help="output tokens per request (replaces the preset's)")
+    p.add_argument("--turns", type=int, default=None, metavar="N",
+                   help="conversation workloads (--preset multiturn): turns per conversation (replaces the preset's 8)")
+    p.add_argument("--turn-tokens", type=int, default=None, metavar="N",
+                   help="conversation workloads: new user tokens per turn (replaces the preset's 200)")
+    p.add_argument("--system-tokens", type=int, default=None, metavar="N",
+                   help="conversation workloads: tokens of the system prompt every conversation starts with "
+                        "(replaces the preset's 4096; --prompt-tokens filters on the preset's)")
+    p.add_argument("--no-prefix-caching", action="store_true",
+                   help="gateway and colocated paths: also run every workload on a verifier started with "
+                        "--no-prefix-caching (label +nocache), after the workloads of its stack: the prefix cache "
+                        "on against off in one run")
     p.add_argument("--workload-timeout", type=float, default=None,
                    help="seconds one workload may run before it is cut (default: full 600, baseline 40, quick 60)")
     p.add_argument("--time-budget", type=float, default=None,
@@ -104,11 +121,23 @@ def build_config(args: argparse.Namespace):
     from specdec_tools.bench.bench_run import BenchConfig
     model, device, dtype = resolve(args)
     make, cut = wl.PRESETS[args.preset]
+    for name in ("turns", "turn_tokens", "system_tokens"):
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {value}")
     chosen = wl.select(make(), args.paths, args.drafters, args.concurrency, args.prompt_tokens, args.temperatures,
-                       args.max_tokens, args.draft_vocab)
+                       args.max_tokens, args.draft_vocab, no_prefix_cache=args.no_prefix_caching, turns=args.turns,
+                       turn_tokens=args.turn_tokens, system_tokens=args.system_tokens)
     if not chosen:
         raise ValueError("the filters (--paths/--drafters/--concurrency/--prompt-tokens/--temperatures) leave no "
                          f"workload of preset {args.preset!r}")
+    shape = [f"--{n.replace('_', '-')}" for n in ("turns", "turn_tokens", "system_tokens")
+             if getattr(args, n) is not None]
+    if shape and not any(w.turns for w in chosen):
+        raise ValueError(f"{' / '.join(shape)} shape conversation workloads: the chosen ones have none "
+                         "(--preset multiturn)")
+    if args.no_prefix_caching and not any(w.on_stack for w in chosen):
+        raise ValueError("--no-prefix-caching turns off the verifier service's prefix cache: add --paths gateway")
     for name in ("workload_timeout", "time_budget", "layers", "profile_steps", "repeats", "prefill_chunk",
                  "lone_prefill_chunk"):
         value = getattr(args, name)
@@ -128,7 +157,9 @@ def build_config(args: argparse.Namespace):
             raise ValueError("--grammar needs real drafts (--drafters none ngram mtp): forced acceptance (mtp@L) "
                              "accepts drafts the grammar refuses")
     filters = [f"--{n} {getattr(args, n)}" for n in ("paths", "drafters", "concurrency", "prompt_tokens",
-                                                     "temperatures", "max_tokens", "draft_vocab") if getattr(args, n)]
+                                                     "temperatures", "max_tokens", "draft_vocab", "turns",
+                                                     "turn_tokens", "system_tokens") if getattr(args, n)]
+    filters += ["--no-prefix-caching"] if args.no_prefix_caching else []
     return BenchConfig(
         model=model, device=device, dtype=dtype, preset=args.preset, workloads=tuple(chosen),
         cut=tuple(cut) + (("filtered: " + ", ".join(filters),) if filters else ()), out_dir=args.out, tag=args.tag,
