@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from specdec.drafting import (DeviceDrafts, DeviceDraftStep, DeviceSchedule, DrafterInfo, DraftsOnDevice,
+from specdec.drafting import (DeviceDrafts, DeviceDraftStep, DeviceSchedule, DrafterInfo, DraftsOnDevice, PrefixBlocks,
                               ScheduleChanges, apply_changes)
 from specdec.rpc.v1 import drafter_pb2 as pb
 
@@ -53,7 +53,7 @@ class DeviceSteps:
         number, schedule, hidden = self._checked
         assert number == step.step, "run() takes the step problem() checked last"
         self.held, self.hidden, self._checked = schedule, hidden, None
-        return run_device_step(drafter, step.step, schedule, hidden, self.buffers, device)
+        return run_device_step(drafter, step.step, schedule, hidden, self.buffers, device, prefixes_of(step))
 
 
 def read_schedule(d: pb.DeviceStep, held: DeviceSchedule | None) -> DeviceSchedule:
@@ -103,7 +103,8 @@ def device_step_problem(schedule: DeviceSchedule, hidden: pb.TensorRef | None, i
 
 
 def run_device_step(drafter: DraftsOnDevice, number: int, schedule: DeviceSchedule, hidden_ref: pb.TensorRef,
-                    buffers: StreamBuffers, device: torch.device) -> DeviceDrafts:
+                    buffers: StreamBuffers, device: torch.device, prefixes: list[PrefixBlocks] = ()
+                    ) -> DeviceDrafts:
     """Draft for a checked device step and write the drafts back (no host read of any device value)."""
     b = len(schedule)
     hidden = buffers.read(hidden_ref)           # on CUDA: this stream waits for the verifier's writes here
@@ -112,10 +113,15 @@ def run_device_step(drafter: DraftsOnDevice, number: int, schedule: DeviceSchedu
         step=number, seq_ids=schedule.seq_ids.tolist(), start_pos=schedule.start_pos,
         max_shift=schedule.max_shift, chunk_lens=schedule.chunk_lens, num_drafts=schedule.num_drafts,
         input_ids=tokens[0].to(device), positions=tokens[1].to(device), hidden=hidden.to(device),
-        committed=seqs[0, :b].to(device), next_token=seqs[1, :b].to(device)))
+        committed=seqs[0, :b].to(device), next_token=seqs[1, :b].to(device), prefixes=list(prefixes)))
     drafts = buffers.arrays["drafts"]
     k = min(drafts.shape[1], out.tokens.shape[1])
     drafts[:b, :k].copy_(out.tokens[:, :k])
     if "drafts" in buffers.events:   # the verifier's stream waits on it before reading them
         buffers.events["drafts"].record(torch.cuda.current_stream(drafts.device))
     return out
+
+
+def prefixes_of(step: pb.StepInput) -> list[PrefixBlocks]:
+    """drafter.proto's PrefixBlocks of a step as the drafter interface's."""
+    return [PrefixBlocks(p.seq_id, list(p.hashes), p.block_size, p.resumed, p.checkpoint) for p in step.prefixes]

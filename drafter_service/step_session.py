@@ -15,7 +15,7 @@ from specdec.drafting import DraftBatch, DraftInput, OutputGrammar
 from specdec.rpc.sampling_codec import grammar_from_proto
 from specdec.rpc.v1 import drafter_pb2 as pb
 
-from .device_step import DeviceSteps
+from .device_step import DeviceSteps, prefixes_of
 from .step_check import step_problem
 from .stream_buffers import StreamBuffers
 
@@ -93,7 +93,7 @@ class StepSession:
             hidden = self.buffers.read(step.hidden) if step.HasField("hidden") and drafter.needs_hidden else None
             if hidden is not None:
                 hidden = hidden.to(s.holder.config.device, non_blocking=True)  # INLINE / SHM arrive on the host
-            out = drafter.propose(DraftBatch(step.step, seqs, hidden))
+            out = drafter.propose(DraftBatch(step.step, seqs, hidden, prefixes_of(step)))
             s.trace.mark("drafter.proposed", step.step)
             if s.counter is not None:
                 s.counter.release(step.release_seq_ids)

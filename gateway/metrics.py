@@ -3,8 +3,9 @@
 Both APIs (gRPC and HTTP) count here, per request: its outcome (``specdec_gateway_requests_total{api, code}``,
 code = the gRPC status name, which every HTTP status maps from), its latencies as the client sees them (time to
 the first token, between token-carrying messages (one message may carry several tokens, as a verify step emits
-them), end to end), its tokens in and out, how long it queued in the verifier, and its speculation (drafts
-proposed and accepted, acceptance rate and length per request).
+them), end to end), its tokens in and out (and of the prompt, those the verifier's prefix cache served), how
+long it queued in the verifier, and its speculation (drafts proposed and accepted, acceptance rate and length per
+request).
 """
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ class GatewayMetrics:
         self.queue = Histogram("specdec_request_queue_time_seconds", "Time in the verifier's queue before the "
                                "request's first step", buckets=REQUEST_BUCKETS, registry=r)
         self.prompt_tokens = Counter("specdec_prompt_tokens", "Prompt tokens of finished requests", registry=r)
+        self.cached_tokens = Counter("specdec_prompt_tokens_cached", "Prompt tokens of finished requests served "
+                                     "from the verifier's prefix cache", registry=r)
         self.generation_tokens = Counter("specdec_generation_tokens", "Tokens sent to clients", registry=r)
         self.draft_tokens = Counter("specdec_spec_decode_num_draft_tokens", "Draft tokens proposed", registry=r)
         self.accepted_tokens = Counter("specdec_spec_decode_num_accepted_tokens", "Draft tokens accepted", registry=r)
@@ -91,6 +94,7 @@ class RequestRecord:
             m.e2e.observe(time.perf_counter() - self.arrived)
             m.queue.observe(usage.queue_seconds)
             m.prompt_tokens.inc(usage.prompt_tokens)
+            m.cached_tokens.inc(usage.cached_tokens)
             m.draft_tokens.inc(usage.draft_tokens)
             m.accepted_tokens.inc(usage.accepted_tokens)
             m.verify_steps.inc(usage.verify_steps)

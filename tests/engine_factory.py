@@ -5,6 +5,7 @@ from drafter_service.draft_model import DraftModelDrafter
 from drafter_service.mtp.mtp_drafter import MTPDrafter
 from drafter_service.ngram import NgramDrafter
 from drafter_service.synthetic import SyntheticDrafter
+from verifier_service.block_manager import PrefixCaching
 from verifier_service.engine import EngineConfig, SpecEngine
 from verifier_service.executor import Executor
 from verifier_service.scheduler import SchedulerConfig
@@ -13,9 +14,11 @@ BLOCK = 4
 
 
 def make_engine(loaded, drafter=None, k=0, num_blocks=256, max_running=8, forced=None, chunk=8, budget=64,
-                overlap=True, lone_chunk=0):
+                overlap=True, lone_chunk=0, prefix=None):
+    """prefix: a PrefixCaching (default: off)."""
     executor = Executor.build(loaded, num_blocks=num_blocks, block_size=BLOCK, max_seqs=max_running, max_drafts=k,
-                              device=loaded.model.embed_tokens.weight.device, max_batched_tokens=budget)
+                              device=loaded.model.embed_tokens.weight.device, max_batched_tokens=budget,
+                              prefix=prefix or PrefixCaching(enabled=False))
     config = EngineConfig(num_drafts=k, forced_acceptance=forced, overlap=overlap,
                           scheduler=SchedulerConfig(max_running=max_running, max_batched_tokens=budget,
                                                     prefill_chunk=chunk, lone_prefill_chunk=lone_chunk))

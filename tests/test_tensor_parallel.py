@@ -140,7 +140,8 @@ def test_dummy_weights_need_no_files(tmp_path, tiny_dir):
 
 
 # ---- through the gateway -------------------------------------------------------------------
-STACK_PROMPTS = [[5, 17, 3, 99, 42], [64, 8, 100, 3, 7, 7, 1, 250], [300, 301, 302, 5, 17, 3]]
+LONG = list(range(20, 60))   # 40 tokens: the verifier keeps its state at token 31 (its last whole block of 16)
+STACK_PROMPTS = [[5, 17, 3, 99, 42], [64, 8, 100, 3, 7, 7, 1, 250], [300, 301, 302, 5, 17, 3], LONG, LONG + [3, 4]]
 SEEDED = dict(temperature=0.8, top_p=0.9, repetition_penalty=1.2, presence_penalty=0.3)
 MAX_TOKENS = 20
 
@@ -169,13 +170,15 @@ def tp_stack(model_dir, tmp_path, drafter):
     return stack
 
 
-def generate(stub, ids, max_tokens=MAX_TOKENS, drafted=None, **sampling):
+def generate(stub, ids, max_tokens=MAX_TOKENS, drafted=None, cached=None, **sampling):
     from specdec.rpc.v1 import gateway_pb2
     request = gateway_pb2.GenerateRequest(prompt_token_ids=ids, sampling=gateway_pb2.SamplingParams(
         max_tokens=max_tokens, ignore_eos=True, **sampling))
     replies = list(stub.Generate(request, timeout=120))
     if drafted is not None:
         drafted.append(replies[-1].usage.draft_tokens)
+    if cached is not None:
+        cached.append(replies[-1].usage.cached_tokens)
     return [t for r in replies for t in r.token_ids]
 
 
@@ -186,12 +189,14 @@ def test_gateway_serves_tp1_tokens_over_two_ranks(mtp_dir, expected, tmp_path, d
     try:
         with grpc.insecure_channel(stack.address) as channel:
             stub = gateway_pb2_grpc.GatewayStub(channel)
-            greedy, seeded, drafted = *expected, []
-            assert [generate(stub, ids, drafted=drafted) for ids in STACK_PROMPTS] == greedy
+            greedy, seeded, drafted, cached = *expected, [], []
+            assert [generate(stub, ids, drafted=drafted, cached=cached) for ids in STACK_PROMPTS] == greedy
             assert drafter == "ngram" or min(drafted) > 0   # the MTP head drafted for every request
+            assert cached == [0, 0, 0, 0, 31]               # the prefix cache over two ranks: LONG's state resumed
             assert [generate(stub, ids, seed=40 + i, **SEEDED) for i, ids in enumerate(STACK_PROMPTS)] == seeded
         log = (tmp_path / "verifier.log").read_text()
         assert "tensor parallel: 2 ranks joined" in log and "rank 1 of 2 ready" in log
+        assert "the drafter lost its hidden states" not in log   # the drafter service resumed LONG's prefix too
     finally:
         stack.stop()
 
@@ -245,19 +250,21 @@ def test_in_process_drafter_refused_beside_ranks(mtp_dir):
 
 
 def test_step_message_round_trip():
-    """The packed step message gives back the plan (block tables cut to the columns in use) and the fresh slots."""
+    """The packed step message gives back the plan (block tables cut to the columns in use) and the cache ops."""
     from specdec.models.batch_staging import StepPlan
+    from verifier_service.block_manager import CacheOps
     from verifier_service.step_message import StepMessage
     plan = StepPlan.from_lists([[5, 6, 7, 8], [9]], [12, 3], [[4, 2, 7, 1], [3]], [1, 0], gdn_read_offsets=[2, 0],
                                num_drafts=[3, 0], logits=[4, 1])
     plan.block_tables = np.pad(plan.block_tables, ((0, 0), (0, 6)))   # as wide as the executor's rows
-    back = StepMessage.unpack(StepMessage(plan, [1], True).pack())
-    assert back.fresh_slots == [1] and back.share_inputs
+    ops = CacheOps([1], [(9, 2)], [(4, 5), (6, 7)], [(3, 10)])
+    back = StepMessage.unpack(StepMessage(plan, ops, True).pack())
+    assert back.ops == ops and back.share_inputs
     for name in ("token_ids", "seq_lens", "start_positions", "table_lens", "gdn_slots", "gdn_read_offsets",
                  "num_drafts", "logits_per_seq"):
         assert np.array_equal(getattr(back.plan, name), getattr(plan, name)), name
     assert np.array_equal(back.plan.block_tables, plan.block_tables[:, :4])
-    assert StepMessage.unpack(StepMessage(None, [], False).pack()).plan is None
+    assert StepMessage.unpack(StepMessage(None, CacheOps(), False).pack()).plan is None
 
 
 def test_spec_device_of_each_rank():

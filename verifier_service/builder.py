@@ -19,6 +19,7 @@ from .draft_policy import POLICIES
 from .drafter_client import DrafterLinkConfig, RemoteDrafter
 from .engine import EngineConfig, SpecEngine
 from .engine_loop import DEFAULT_MAX_QUEUED
+from .block_manager import PrefixCaching
 from .executor import Executor
 from .model_runner import ModelRunner
 from .rank_group import RankSpec
@@ -49,6 +50,9 @@ class VerifierConfig:
     prefill_chunk: int = 0                 # prompt tokens per sequence per step
     lone_prefill_chunk: int = 0            # a prompt chunk this long runs alone, in turns with the others (0: off)
     block_size: int = 16
+    prefix_caching: bool = True            # resume prompts from cached prefixes (block_manager.py)
+    prefix_checkpoint_interval: int = 1024 # tokens between two kept states of a prompt (one more at its end)
+    prefix_checkpoints: int = 0            # GDN / conv states kept for the prefix cache (0: 2 x max_running)
     kv_blocks: int = 0                     # 0: sized by cache_sizing.py (from memory on a GPU)
     gpu_memory_utilization: float = 0.9    # the share of the GPU's memory this process may hold, caches included
     metrics_port: int = 0                  # 0: no Prometheus endpoint
@@ -79,7 +83,14 @@ class VerifierConfig:
         drafting = self.in_process_drafter == "mtp" and self.num_drafts > 0
         drafter_layers = (model.mtp_num_hidden_layers or 1) if drafting else 0
         return CacheRequest(self.max_context, self.max_running, self.max_batched_tokens, self.num_drafts,
-                            self.block_size, self.kv_blocks, self.gpu_memory_utilization, self.dtype, drafter_layers)
+                            self.block_size, self.kv_blocks, self.gpu_memory_utilization, self.dtype, drafter_layers,
+                            self.prefix.num_checkpoints if self.prefix.enabled else 0)
+
+    @property
+    def prefix(self) -> PrefixCaching:
+        """Prefix caching's settings (after with_device_limits: its default checkpoint count needs max_running)."""
+        return PrefixCaching(self.prefix_caching, self.prefix_checkpoint_interval,
+                             self.prefix_checkpoints or 2 * self.max_running)
 
 
 # The defaults of --max-running, --max-batched-tokens and --prefill-chunk. On a GPU: 64 sequences, the largest
@@ -114,7 +125,7 @@ def build_engine(config: VerifierConfig, make_drafter: DrafterFactory | None = N
         raise ValueError("FP8 weights (--quantization fp8 or an FP8 checkpoint) under --tensor-parallel-size are not "
                          "supported yet: their block scales are not sharded")
     config = config.with_device_limits()
-    for name in ("max_running", "max_batched_tokens", "prefill_chunk", "block_size"):
+    for name in ("max_running", "max_batched_tokens", "prefill_chunk", "block_size", "prefix_checkpoint_interval"):
         if getattr(config, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(config, name)}")
     model_config = loaded.config if loaded is not None else ModelConfig.from_folder(config.model_dir)
@@ -125,15 +136,19 @@ def build_engine(config: VerifierConfig, make_drafter: DrafterFactory | None = N
                         parallel)   # tensor parallel: the ranks build caches of this size
     log.info("%s", cache.summary)
     config = replace(config, max_context=cache.max_context, kv_blocks=cache.num_blocks)
+    prefix = config.prefix
     sizes = dict(num_blocks=cache.num_blocks, block_size=config.block_size, max_seqs=cache.num_slots,
                  max_drafts=config.num_drafts, max_model_len=cache.max_context,
-                 max_batched_tokens=config.max_batched_tokens, enforce_eager=config.enforce_eager)
+                 max_batched_tokens=config.max_batched_tokens, enforce_eager=config.enforce_eager,
+                 num_checkpoints=prefix.num_checkpoints if prefix.enabled else 0)
     if parallel:
         executor = Executor.build_parallel(RankSpec(config.model_dir, config.tensor_parallel_size, config.device,
-                                                    config.dtype, config.load_format, sizes))
+                                                    config.dtype, config.load_format, sizes), prefix)
         loaded = LoadedModel(model_config, executor.runner.model, {})
     else:
-        executor = Executor(ModelRunner(loaded, device=config.device, **sizes))
+        executor = Executor(ModelRunner(loaded, device=config.device, **sizes), prefix=prefix)
+    log.info("prefix caching: %s", f"on, a checkpoint every {prefix.checkpoint_interval} prompt tokens and at "
+             f"each prompt's end, {prefix.num_checkpoints} kept" if prefix.enabled else "off")
     trace = StepTrace(config.trace_steps, "verifier")
     drafter = None
     if config.drafter_address and config.num_drafts > 0:

@@ -57,6 +57,7 @@ class CacheRequest:
     gpu_memory_utilization: float
     dtype: str = "float32"        # the caches' (the target's) dtype
     drafter_layers: int = 0       # an in-process MTP drafter's attention layers (KV for the same tokens)
+    num_checkpoints: int = 0      # GDN / conv state rows for prefix-cache checkpoints, beside the running slots
 
 
 def size_caches(request: CacheRequest, config: ModelConfig, device: torch.device, loaded: LoadedModel | None,
@@ -68,7 +69,7 @@ def size_caches(request: CacheRequest, config: ModelConfig, device: torch.device
     dtype = parse_dtype(r.dtype) if parallel else loaded.model.embed_tokens.weight.dtype
     shapes = CacheShapes(config, r.block_size, r.max_drafts)
     block_bytes = shapes.block_bytes(dtype) + shapes.block_bytes(dtype, r.drafter_layers)
-    slots_bytes = r.max_running * shapes.slot_bytes(dtype)
+    slots_bytes = (r.max_running + r.num_checkpoints) * shapes.slot_bytes(dtype)
     if r.kv_blocks > 0:
         blocks, how = r.kv_blocks, "--kv-blocks"
     elif device.type != "cuda" or parallel:
@@ -86,7 +87,7 @@ def size_caches(request: CacheRequest, config: ModelConfig, device: torch.device
             raise ValueError(
                 f"not enough GPU memory for the caches: {room / GIB:.2f} GiB left "
                 f"({memory.describe(r.gpu_memory_utilization)}, activations {activations / GIB:.2f} GiB x 2), "
-                f"{r.max_running} GDN slots take {slots_bytes / GIB:.2f} GiB and at least {need} KV blocks of "
+                f"{r.max_running} GDN slots and {r.num_checkpoints} checkpoints take {slots_bytes / GIB:.2f} GiB and at least {need} KV blocks of "
                 f"{block_bytes / 2**20:.2f} MiB are needed: raise --gpu-memory-utilization, or lower --max-running / "
                 f"--max-batched-tokens")
         how = (f"{memory.describe(r.gpu_memory_utilization)}, activation peak {activations / GIB:.2f} GiB (x 2) "
@@ -99,8 +100,8 @@ def size_caches(request: CacheRequest, config: ModelConfig, device: torch.device
     if max_context < wanted_context:
         log.warning("the KV pool holds %d tokens: sequences are limited to that, not %d", max_context, wanted_context)
     summary = (f"caches: {blocks:,} KV blocks of {r.block_size} ({blocks * r.block_size:,} tokens, "
-               f"{blocks * block_bytes / GIB:.2f} GiB) and {r.max_running} GDN state slots "
-               f"({slots_bytes / GIB:.2f} GiB); up to {r.max_running} sequences, the longest {max_context:,} tokens, "
+               f"{blocks * block_bytes / GIB:.2f} GiB) and {r.max_running} GDN state slots + {r.num_checkpoints} "
+               f"prefix-cache checkpoints ({slots_bytes / GIB:.2f} GiB); up to {r.max_running} sequences, the longest {max_context:,} tokens, "
                f"{blocks * r.block_size // r.max_running:,} tokens each when all run ({how})")
     return CacheSize(blocks, r.max_running, max_context, r.block_size, summary)
 

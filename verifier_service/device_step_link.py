@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Callable
 from specdec.drafting import DeviceDrafts, DeviceDraftStep, DeviceSchedule, ScheduleChanges, changes_between
 from specdec.rpc.v1 import drafter_pb2 as pb
 
-from .link_messages import link_message
+from .link_messages import link_message, prefix_messages
 
 if TYPE_CHECKING:
     from .drafter_client import RemoteDrafter, _Connection
@@ -46,14 +46,16 @@ class DeviceSteps:
         too_large = connection.exchange.fits(step)
         if too_large:
             return failed(too_large)
+        resumed = {p.seq_id for p in step.prefixes if p.resumed}
         for seq_id, start in zip(step.seq_ids, step.start_pos):
-            if start == 0:
+            if start == 0 or seq_id in resumed:   # (a resumed one: the drafter says if it lacks it)
                 link.book.known.add(seq_id)
         number, release = link.book.next_step()
         held = self.held[1] if self.held is not None and self.held[0] is connection else None
         changes, holds = changes_between(held, step.schedule) if connection.changes_only else (None, step.schedule)
         message = pb.StepInput(step=number, release_seq_ids=release,
-                               device=device_message(holds if changes is None else changes))
+                               device=device_message(holds if changes is None else changes),
+                               prefixes=prefix_messages(step.prefixes))
         link.trace.mark("link.message", number)
         with link.lock:   # a reconnect closes the replaced connection's buffers under this lock
             if connection is not link.current:

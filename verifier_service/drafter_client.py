@@ -32,7 +32,7 @@ from specdec.transport.host import host_id
 from .device_exchange import DeviceExchange
 from .device_step_link import DeviceSteps
 from .hidden_sender import HiddenSender, offered_transports
-from .link_messages import TRANSPORTS, link_message
+from .link_messages import TRANSPORTS, link_message, prefix_messages
 from .step_streams import GrpcStepStream, LocalStepStream
 
 log = logging.getLogger(__name__)
@@ -302,7 +302,8 @@ class RemoteDrafter:
             return lambda: out
         step, release = self.book.next_step()
         message = pb.StepInput(step=step, release_seq_ids=release,
-                               seqs=[seq_input_message(batch.seqs[i]) for i in sent])
+                               seqs=[seq_input_message(batch.seqs[i]) for i in sent],
+                               prefixes=prefix_messages(batch.prefixes))
         self.trace.mark("link.message", step)
         if hidden is not None and connection.sender is not None:
             with self._lock:   # a reconnect closes the replaced connection's sender under this lock
@@ -353,8 +354,9 @@ class RemoteDrafter:
         """(indices of the sequences this connection can take, seq ids it lacks the context of, their hidden
         rows). A sequence is known once it was sent from position 0 on this connection."""
         known = self.book.known
+        resumed = {p.seq_id for p in batch.prefixes if p.resumed}
         for s in batch.seqs:
-            if s.start_pos == 0:
+            if s.start_pos == 0 or s.seq_id in resumed:   # (a resumed one: the drafter says if it lacks it)
                 known.add(s.seq_id)
         sent = [i for i, s in enumerate(batch.seqs) if s.seq_id in known]
         missing = [s.seq_id for s in batch.seqs if s.seq_id not in known]

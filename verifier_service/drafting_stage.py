@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from specdec.drafting import (AnswersLater, DeviceDrafts, DeviceDraftStep, DraftBatch, DraftInput, DraftOutput, Drafter,
-                              DraftsOnDevice, DraftsOnDeviceLater, OutputGrammar, device_drafts_problem,
+                              DraftsOnDevice, DraftsOnDeviceLater, OutputGrammar, PrefixBlocks, device_drafts_problem,
                               proposal_problem)
 from specdec.models.batch_staging import concat_ranges
 from specdec.models.forward_batch import ForwardBatch
@@ -80,6 +80,7 @@ class DraftingStage:
     sent: dict[int, int] = field(default_factory=dict)    # seq id -> where its next DraftInput starts (the tokens
                                                           # before it were sent to the drafter)
     staging: HiddenStaging | None = None
+    block_size: int = 16          # the target's KV block (what prefix caching's hashes cover)
     last_failure: str = ""
     trace: StepTrace = OFF
 
@@ -132,7 +133,7 @@ class DraftingStage:
         drafter, k = self.drafter, self.k
         if drafter is not None and k == 0 and self.num_drafts > 0:
             self.failed("the drafter is not connected")  # this step decodes without drafts
-        inputs, live, row_starts, row_counts, first_row, rebuild = [], [], [], [], 0, []
+        inputs, live, row_starts, row_counts, first_row, rebuild, prefixes = [], [], [], [], 0, [], []
         for p, old in committed:
             seq = p.seq
             if seq.finish_reason is None:
@@ -143,6 +144,7 @@ class DraftingStage:
                 elif item is not None:
                     inputs.append(item)
                     live.append(seq)
+                    prefixes += prefix_blocks(p, self.block_size)
                     self.sent[seq.seq_id] = seq.num_cached
                     if item.start_pos == old:  # the committed tokens' hidden rows
                         row_starts.append(first_row)
@@ -159,7 +161,7 @@ class DraftingStage:
                 hidden[self.upload_rows(concat_ranges(row_starts, row_counts))]
         self.trace.mark("draft.inputs")
         start = time.perf_counter()
-        batch = DraftBatch(step_number, inputs, rows)
+        batch = DraftBatch(step_number, inputs, rows, prefixes)
         later = isinstance(drafter, AnswersLater)
         self.awaited = AwaitedDrafts(self._send(drafter, batch) if later else partial(drafter.propose, batch),
                                      batch, live)
@@ -202,7 +204,7 @@ class DraftingStage:
             return None
         start = time.perf_counter()
         device_step, sampled = chained_draft_step(step_number, entries, batch, hidden, emitted, accepted,
-                                                  min(self.k, self.step_drafts), self.upload_rows)
+                                                  min(self.k, self.step_drafts), self.upload_rows, self.block_size)
         drafter = self.drafter
         try:
             if isinstance(drafter, DraftsOnDeviceLater):
@@ -289,6 +291,14 @@ def _grammar_of(seq: Sequence) -> OutputGrammar | None:
     return None if grammar is None else OutputGrammar(grammar, seq.num_prompt)
 
 
+def prefix_blocks(p: ScheduledSeq, block_size: int) -> list[PrefixBlocks]:
+    """What the drafter is told of an entry's prefix caching: [] or one PrefixBlocks."""
+    if not (p.resumed or p.checkpoint):
+        return []
+    return [PrefixBlocks(p.seq.seq_id, p.seq.block_hashes[:max(p.resumed, p.checkpoint)], block_size, p.resumed,
+                         p.checkpoint)]
+
+
 def _answered(out):
     """An answer that is in already, in the shape of the drafter interface's answers (a call)."""
     return lambda: out
@@ -296,7 +306,7 @@ def _answered(out):
 
 def chained_draft_step(step: int, plan: list[ScheduledSeq], batch: ForwardBatch, hidden: torch.Tensor,
                        emitted: torch.Tensor | None, accepted: torch.Tensor | None, max_drafts: int,
-                       upload: PinnedUpload) -> tuple[DeviceDraftStep, torch.Tensor]:
+                       upload: PinnedUpload, block_size: int = 16) -> tuple[DeviceDraftStep, torch.Tensor]:
     """What an on-device drafter gets for this step: every sequence's committed rows (its chunk less the drafts
     it did not accept) and the token after them (`emitted` [S] by the verdict, or the next prompt token); it is
     asked for `max_drafts` drafts for each sampled sequence that speculates (none for the others). Also
@@ -316,7 +326,8 @@ def chained_draft_step(step: int, plan: list[ScheduledSeq], batch: ForwardBatch,
         start_pos=np.fromiter((p.seq.num_cached for p in plan), np.int64, count=b),
         max_shift=np.fromiter((p.seq.unread_accepts for p in plan), np.int64, count=b),
         chunk_lens=chunk_lens, num_drafts=wanted, input_ids=batch.input_ids, positions=batch.positions,
-        hidden=hidden, committed=committed, next_token=next_token), sampled_dev
+        hidden=hidden, committed=committed, next_token=next_token,
+        prefixes=[b for p in plan for b in prefix_blocks(p, block_size)]), sampled_dev
 
 
 def _next_prompt_token(p: ScheduledSeq) -> int:

@@ -73,6 +73,7 @@ class RequestOutput:
     forced_acceptance: bool = False
     logprobs: list[TokenLogprob] | None = None   # [len(new_token_ids)] when the request asked
     queue_seconds: float = 0.0              # the request's wait before its first admission
+    cached_tokens: int = 0                  # prompt tokens its first admission took from the prefix cache
 
 
 @dataclass
@@ -94,7 +95,8 @@ class SpecEngine:
         device = executor.device
         self.scheduler = Scheduler(executor.blocks, config.scheduler)
         self.drafting = DraftingStage(drafter, config.num_drafts, executor.config.vocab_size,
-                                      config.scheduler.max_batched_tokens, PinnedUpload(device), trace=trace)
+                                      config.scheduler.max_batched_tokens, PinnedUpload(device),
+                                      block_size=executor.block_size, trace=trace)
         self.stats = AcceptanceStats()
         self.policy = DraftPolicy(config.num_drafts, config.adaptive_drafts)   # its costs: warm_up.py
         self.drafting.step_drafts = config.num_drafts
@@ -281,7 +283,7 @@ class SpecEngine:
         hidden, logits = self.executor.forward([p.seq for p in entries], [p.chunk for p in entries],
                                                [p.num_drafts for p in entries],
                                                logits=[p.num_drafts + 1 if p.samples else 0 for p in entries],
-                                               before=chained)
+                                               before=chained, checkpoints=[p.checkpoint for p in entries])
         staging = None if overlap else self.drafting.layout_hidden(entries, hidden)
         cached_before, epochs = [p.seq.num_cached for p in entries], [p.seq.cache_epoch for p in sampled]
         read_early, read_start = None, time.perf_counter()
@@ -377,7 +379,7 @@ class SpecEngine:
             rebuild = self.drafting.ask_after_read(self.step_count, list(zip(step.entries, step.cached_before)),
                                                    step.hidden)   # (the step's number: the drafter's replay check)
             for seq in reversed(rebuild):   # they prefill again, and the drafter sees all their hidden states
-                self.scheduler.preempt(seq, "the drafter lost its hidden states")
+                self.scheduler.preempt(seq, "the drafter lost its hidden states", reuse_prefix=False)
         return outputs
 
     def _commit_tokens(self, p: ScheduledSeq, tokens: list[int], num_accepted: int,
@@ -407,7 +409,7 @@ class SpecEngine:
         return RequestOutput(seq.request_id, kept, reason, seq.stats, seq.num_prompt,
                              forced_acceptance=self.config.forced_acceptance is not None,
                              logprobs=logprobs[:len(kept)] if logprobs is not None else None,
-                             queue_seconds=seq.queue_seconds or 0.0)
+                             queue_seconds=seq.queue_seconds or 0.0, cached_tokens=seq.cached_tokens)
 
     def _end(self, seq: Sequence, reason: str) -> None:
         seq.finished(reason)

@@ -18,7 +18,7 @@ from specdec.models.batch_staging import StepPlan, logit_rows_per_seq
 from specdec.models.forward_batch import ForwardBatch, as_array
 from specdec.models.loader import LoadedModel
 
-from .block_manager import BlockManager
+from .block_manager import BlockManager, PrefixCaching
 from .model_runner import BeforeStep, ModelRunner
 from .rank_group import RankGroup, RankSpec
 from .step_message import StepMessage
@@ -26,23 +26,30 @@ from .sequence import Sequence
 
 
 class Executor:
-    def __init__(self, runner: ModelRunner, ranks: RankGroup | None = None):
+    def __init__(self, runner: ModelRunner, ranks: RankGroup | None = None, prefix: PrefixCaching | None = None):
+        """`prefix`: prefix caching's settings (default: on if the runner has checkpoint rows, over all of them)."""
         self.runner, self.ranks = runner, ranks
-        self.blocks = BlockManager(runner.num_blocks, runner.block_size, runner.max_seqs, runner.max_blocks_per_seq)
+        prefix = prefix or PrefixCaching(runner.num_checkpoints > 0, num_checkpoints=runner.num_checkpoints)
+        if prefix.enabled and prefix.num_checkpoints > runner.num_checkpoints:
+            raise ValueError(f"{prefix.num_checkpoints} prefix checkpoints asked, the caches hold "
+                             f"{runner.num_checkpoints}")
+        self.blocks = BlockManager(runner.num_blocks, runner.block_size, runner.max_seqs, runner.max_blocks_per_seq,
+                                   prefix)
 
     @staticmethod
     def build(loaded: LoadedModel, num_blocks: int, block_size: int, max_seqs: int, max_drafts: int = 0,
               device: str | torch.device = "cpu", max_model_len: int | None = None, max_batched_tokens: int = 512,
-              enforce_eager: bool = False) -> "Executor":
+              enforce_eager: bool = False, prefix: PrefixCaching = PrefixCaching(enabled=False)) -> "Executor":
+        num_checkpoints = prefix.num_checkpoints if prefix.enabled else 0
         return Executor(ModelRunner(loaded, num_blocks, block_size, max_seqs, max_drafts, device, max_model_len,
-                                    max_batched_tokens, enforce_eager))
+                                    max_batched_tokens, enforce_eager, num_checkpoints), prefix=prefix)
 
     @staticmethod
-    def build_parallel(spec: RankSpec) -> "Executor":
+    def build_parallel(spec: RankSpec, prefix: PrefixCaching | None = None) -> "Executor":
         """Rank 0 of spec.size tensor-parallel ranks (started here, each loading its shard)."""
         ranks = RankGroup(spec)
         try:
-            return Executor(ranks.build_runner(), ranks)
+            return Executor(ranks.build_runner(), ranks, prefix)
         except BaseException:
             ranks.stop_processes(wait_s=0)
             raise
@@ -71,26 +78,34 @@ class Executor:
         return self.runner.last_batch
 
     def forward(self, seqs: list[Sequence], chunks: list[list[int]], num_drafts: list[int] | None = None,
-                logits: str | list[int] = "last", before: BeforeStep | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                logits: str | list[int] = "last", before: BeforeStep | None = None,
+                checkpoints: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Run `chunks[i]` (tokens after seqs[i].num_cached) for every sequence; returns (hidden [T, H], logits
         [N, V]), valid until the next step. The caller advances num_cached / gdn_read_offset once it knows what
-        was committed. `logits`: "last", "all", or logit rows per sequence (its last tokens)."""
+        was committed. `logits`: "last", "all", or logit rows per sequence (its last tokens). `checkpoints[i]` > 0:
+        chunk i ends at the prefix checkpoint of that many blocks (its state is kept after the step)."""
         for seq, chunk in zip(seqs, chunks):
             self.blocks.reserve(seq, seq.num_cached + len(chunk))
-        fresh = self.blocks.take_fresh_slots()
+        for seq, m in zip(seqs, checkpoints or ()):
+            if m:
+                self.blocks.checkpoint(seq, m * self.block_size - 1)
+        ops = self.blocks.take_cache_ops()
         plan = self.plan(seqs, chunks, num_drafts, logits)
         if self.ranks is None:
-            self.runner.reset_slots(fresh)
-            return self.runner.run(plan, before)
+            self.runner.apply_before(ops)
+            out = self.runner.run(plan, before)
+            self.runner.apply_after(ops)
+            return out
         share = before is not None   # rank 0's inputs rewritten from the unread verdict go to the others
-        self.ranks.send(StepMessage(plan, fresh, share))
-        self.runner.reset_slots(fresh)
+        self.ranks.send(StepMessage(plan, ops, share))
+        self.runner.apply_before(ops)
         try:
-            return self.runner.run(plan, before, share_inputs=share)
+            out = self.runner.run(plan, before, share_inputs=share)
         except RuntimeError as e:   # a collective that lost its peer: say which rank, if one exited
             self.ranks.explain(e)
             raise
+        self.runner.apply_after(ops)
+        return out
 
     def plan(self, seqs: list[Sequence], chunks: list[list[int]], num_drafts: list[int] | None,
              logits: str | list[int]) -> StepPlan:

@@ -31,8 +31,13 @@ class VerifierMetrics:
                                    "its hidden states", registry=r)
         self.draft_length = Counter("specdec_steps_by_draft_length", "Decode steps by the drafts per sequence the "
                                     "draft policy gave them (fixed: always k)", ["k"], registry=r)
+        self.prefix_queries = Counter("specdec_prefix_cache_queries", "Prompt tokens looked up in the prefix cache "
+                                      "at admissions", registry=r)
+        self.prefix_hits = Counter("specdec_prefix_cache_hits", "Prompt tokens looked up in the prefix cache and "
+                                   "served from it (their KV / GDN state not computed)", registry=r)
         self._seen = (0, 0, 0, 0)
         self._preempted = 0
+        self._prefix = (0, 0)                  # (queried, hit) tokens at the last observe
         self._chosen: list[int] = []
 
     def serve(self, port: int) -> None:
@@ -68,3 +73,7 @@ class VerifierMetrics:
         preempted = engine.scheduler.num_preemptions
         self.preemptions.inc(preempted - self._preempted)
         self._preempted = preempted
+        prefix = engine.scheduler.prefix_stats
+        self.prefix_queries.inc(prefix.queried_tokens - self._prefix[0])
+        self.prefix_hits.inc(prefix.hit_tokens - self._prefix[1])
+        self._prefix = (prefix.queried_tokens, prefix.hit_tokens)

@@ -29,6 +29,8 @@ from specdec.models.fused_linear import fuse_projections
 from specdec.models.gated_deltanet import CHUNKED_PREFILL_MIN_TOKENS
 from specdec.models.loader import LoadedModel
 
+from .block_manager import CacheOps
+
 log = logging.getLogger(__name__)
 BeforeStep = Callable[[ForwardBatch], None]   # device work on the staged batch, queued before the step runs
 
@@ -36,16 +38,18 @@ BeforeStep = Callable[[ForwardBatch], None]   # device work on the staged batch,
 class ModelRunner:
     def __init__(self, loaded: LoadedModel, num_blocks: int, block_size: int, max_seqs: int,
                  max_drafts: int = 0, device: str | torch.device = "cpu", max_model_len: int | None = None,
-                 max_batched_tokens: int = 512, enforce_eager: bool = False):
+                 max_batched_tokens: int = 512, enforce_eager: bool = False, num_checkpoints: int = 0):
         """`max_model_len` bounds a sequence's length (block-table width; default: what the KV blocks hold,
-        capped by the model's max positions). CUDA graphs are captured here on CUDA unless `enforce_eager`."""
+        capped by the model's max positions). CUDA graphs are captured here on CUDA unless `enforce_eager`.
+        `num_checkpoints`: GDN / conv state rows after the sequences' slots, for prefix-cache checkpoints."""
         self.config, self.model = loaded.config, loaded.model
         fuse_projections(self.model)  # (load_model did; a model built otherwise is fused here, before capture)
         self.block_size, self.device, self.max_drafts = block_size, torch.device(device), max_drafts
-        self.num_blocks, self.max_seqs = num_blocks, max_seqs
+        self.num_blocks, self.max_seqs, self.num_checkpoints = num_blocks, max_seqs, num_checkpoints
         dtype = loaded.model.embed_tokens.weight.dtype
         self.tp = self.model.tp   # tensor parallelism: this rank's caches hold its shard's heads
-        self.caches = ModelCaches.allocate(self.model.config, num_blocks, block_size, max_seqs, max_drafts,
+        self.caches = ModelCaches.allocate(self.model.config, num_blocks, block_size, max_seqs + num_checkpoints,
+                                           max_drafts,
                                            dtype=dtype, device=self.device)
         max_len = max_model_len or min(num_blocks * block_size, self.config.max_position_embeddings)
         self.max_blocks_per_seq = math.ceil(max_len / block_size)
@@ -81,10 +85,24 @@ class ModelRunner:
                                       prefill_tokens=prefill, mixed_tokens=mixed)
         self.graphs.capture_all()
 
-    def reset_slots(self, slots: list[int]) -> None:
-        """Zero the GDN / conv state of slots newly given to sequences (queued on the device)."""
-        for slot in slots:
+    def apply_before(self, ops: CacheOps) -> None:
+        """Before a step (queued on the device): zero the GDN / conv state of slots newly given to sequences, restore
+        resumed ones from their checkpoints' rows, copy the KV blocks of resumed prefixes."""
+        for slot in ops.fresh_slots:
             self.caches.gdn.reset(slot)
+        if ops.restores:
+            self.caches.gdn.copy_rows(*self._index_pairs(ops.restores))
+        if ops.block_copies:
+            self.caches.kv.copy_blocks(*self._index_pairs(ops.block_copies))
+
+    def apply_after(self, ops: CacheOps) -> None:
+        """After a step: save the GDN / conv state of sequences at a checkpoint into its row."""
+        if ops.saves:
+            self.caches.gdn.copy_rows(*self._index_pairs(ops.saves))
+
+    def _index_pairs(self, pairs: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        index = torch.tensor(pairs, dtype=torch.long).t().to(self.device)   # [2, N]: sources, destinations
+        return index[0], index[1]
 
     # ---- one step ----------------------------------------------------------------------
     def run(self, plan: StepPlan, before: BeforeStep | None = None, share_inputs: bool = False

@@ -37,6 +37,7 @@ from specdec.models.tensor_parallel import TensorParallel
 from specdec.process_guard import die_with_parent
 from specdec.transport.host import free_port
 
+from .block_manager import CacheOps
 from .model_runner import ModelRunner
 from .step_message import PER_SEQ, MessageChannel, StepMessage
 
@@ -120,8 +121,9 @@ def rank_main(spec: RankSpec, rank: int, port: int, parent: int) -> None:
             os._exit(1)
         if message.plan is None:
             break
-        runner.reset_slots(message.fresh_slots)
+        runner.apply_before(message.ops)
         runner.run(message.plan, share_inputs=message.share_inputs)
+        runner.apply_after(message.ops)
     runner.graphs = None         # the graphs hold the communicator the teardown frees
     teardown()
     os._exit(0)
@@ -233,7 +235,7 @@ class RankGroup:
         """Stop the other ranks (after the last step)."""
         self.closing = True
         try:
-            self.send(StepMessage(None, [], False))
+            self.send(StepMessage(None, CacheOps(), False))
             self.closed = True
             teardown()           # with the others: NCCL's teardown waits for every rank's
         except RankLost:         # a rank is gone: no teardown would finish (this process is done with the group)

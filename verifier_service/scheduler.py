@@ -2,7 +2,9 @@
 
 Each step every running sequence gets a chunk: decoding ones verify [last committed, drafts...]; prefilling
 ones take the next piece of their prompt (chunked prefill, mixed with decoding) within a token budget.
-Admission needs a free GDN slot and KV blocks for the first chunk (the block manager's). When blocks run out, the
+Admission needs a free GDN slot and KV blocks for the first chunk (the block manager's). With prefix caching a
+sequence is admitted at the longest cached checkpoint of its tokens (block_manager.py), and a prompt chunk ends
+where the next checkpoint falls, so that the state there is kept. When blocks run out, the
 most recently admitted sequence is preempted by recompute: its caches are freed and it re-prefills prompt + output
 later. `schedule` returns the step's entries and the sequences it preempted (the drafter forgets them).
 
@@ -38,6 +40,8 @@ class ScheduledSeq:
     chunk: list[int]                # tokens to run, drafts included at the end
     num_drafts: int
     decoding: bool                  # a verify step of [last committed, drafts...] (else a prefill chunk)
+    resumed: int = 0                # admitted at a cached prefix: the checkpoint's blocks (0: not)
+    checkpoint: int = 0             # the chunk ends at the checkpoint of this many blocks (0: not at one)
 
     @property
     def samples(self) -> bool:      # does this chunk reach the end of the committed (and unread) tokens?
@@ -58,6 +62,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.prefix_stats = blocks.stats   # prompt tokens looked up in the prefix cache at admissions, and hit
         self.last_lone = False          # did the last step run a prompt chunk alone?
 
     def add(self, seq: Sequence) -> None:
@@ -74,7 +79,10 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def _chunk(self, seq: Sequence, budget: int, max_drafts: int) -> tuple[list[int], int]:
+    def _chunk(self, seq: Sequence, budget: int, max_drafts: int, start: int | None = None
+               ) -> tuple[list[int], int]:
+        """The tokens `seq` runs this step and how many of them are drafts (a prompt chunk from `start`, default
+        num_cached, ends at the next checkpoint if it reaches one)."""
         limit = min(max_drafts if seq.params.speculation else 0, budget - 1, seq.remaining - 1)
         if seq.is_decoding and seq.unread_steps:  # its token and drafts are on the device: the engine fills them in
             drafts = max(0, min(seq.device_drafts, limit))
@@ -82,21 +90,33 @@ class Scheduler:
         if seq.is_decoding:   # never more drafts than tokens it may still emit after the first
             drafts = seq.drafts[:max(0, limit)]
             return [seq.token_ids[-1]] + drafts, len(drafts)
-        size = min(self.config.prefill_chunk, budget, len(seq.token_ids) - seq.num_cached)
-        return seq.token_ids[seq.num_cached:seq.num_cached + size], 0
+        start = seq.num_cached if start is None else start
+        end = min(start + self.config.prefill_chunk, start + budget, len(seq.token_ids))
+        checkpoint = self.blocks.next_checkpoint(seq, start)
+        if checkpoint is not None:
+            end = min(end, checkpoint)
+        return seq.token_ids[start:end], 0
+
+    def _entry(self, seq: Sequence, chunk: list[int], num_drafts: int, resumed: int = 0) -> ScheduledSeq:
+        """The step's entry of `seq` (its caches reserved): a prompt chunk that ends at a checkpoint says so."""
+        decoding, end = seq.is_decoding, seq.num_cached + len(chunk)
+        at_checkpoint = not decoding and self.blocks.next_checkpoint(seq, seq.num_cached) == end
+        return ScheduledSeq(seq, chunk, num_drafts, decoding, resumed,
+                            (end + 1) // self.blocks.block_size if at_checkpoint else 0)
 
     @staticmethod
     def _reach(seq: Sequence, chunk: list[int]) -> int:
         """Cache positions the chunk may reach: the unread step may still move it by its accepted drafts."""
         return seq.num_cached + seq.unread_accepts + len(chunk)
 
-    def preempt(self, victim: Sequence, reason: str) -> None:
-        """Preempt by recompute: free the caches; the sequence prefills prompt + output again, first in line."""
+    def preempt(self, victim: Sequence, reason: str, reuse_prefix: bool = True) -> None:
+        """Preempt by recompute: free the caches; the sequence prefills prompt + output again, first in line
+        (from a cached prefix, unless not `reuse_prefix`)."""
         log.info("preempting sequence %s (%d tokens) by recompute: %s", victim.request_id or victim.seq_id,
                  len(victim.token_ids), reason)
         self.running.remove(victim)
         self.blocks.release(victim)
-        victim.preempted()
+        victim.preempted(reuse_prefix)
         self.waiting.appendleft(victim)
 
     def _preempt_for_blocks(self, victim: Sequence, preempted: list[Sequence]) -> None:
@@ -139,19 +159,24 @@ class Scheduler:
             if seq not in self.running:
                 continue
             self.blocks.reserve(seq, self._reach(seq, chunk))
-            plan.append(ScheduledSeq(seq, chunk, d, seq.is_decoding))
+            plan.append(self._entry(seq, chunk, d))
             budget -= len(chunk)
         while self.waiting and budget > 0 and len(self.running) < self.config.max_running and not alone:
             seq = self.waiting[0]
             if not self._can_run(seq):
                 break
-            chunk, d = self._chunk(seq, budget, max_drafts)
-            if not self.blocks.can_admit(seq, seq.num_cached + len(chunk)):
+            hit = self.blocks.match(seq) if seq.reuse_prefix and seq.num_cached == 0 else None
+            start = hit.num_cached(self.blocks.block_size) if hit is not None else seq.num_cached
+            chunk, d = self._chunk(seq, budget, max_drafts, start)
+            if not self.blocks.can_admit(seq, start + len(chunk), hit):
                 break
             self.waiting.popleft()
             self.running.append(seq)
+            self.blocks.queried(seq, hit)
+            if hit is not None:
+                self.blocks.resume(seq, hit)
             seq.admitted()
             self.blocks.reserve(seq, seq.num_cached + len(chunk))
-            plan.append(ScheduledSeq(seq, chunk, d, seq.is_decoding))
+            plan.append(self._entry(seq, chunk, d, hit.num_blocks if hit is not None else 0))
             budget -= len(chunk)
         return Schedule(plan, preempted)

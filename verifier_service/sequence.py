@@ -42,6 +42,9 @@ class Sequence:
     request_id: str = ""
     num_cached: int = 0                  # tokens whose KV / GDN state is in the cache
     block_table: list[int] = field(default_factory=list)
+    block_hashes: list[int] = field(default_factory=list)   # chain hashes of its first whole blocks of tokens
+    cached_tokens: int = 0               # prompt tokens its first admission took from the prefix cache
+    reuse_prefix: bool = True            # may resume from the prefix cache (not after its drafter lacked one)
     gdn_slot: int = -1
     gdn_read_offset: int = 0             # drafts of the last step accepted: GDN replays them, conv column
     unread_steps: int = 0                # launched steps that sampled and are not read yet (0 or 1 when scheduling)
@@ -65,6 +68,16 @@ class Sequence:
     def took_blocks(self, blocks: list[int]) -> None:
         self.block_table += blocks
 
+    def hashed(self, hashes: list[int]) -> None:
+        """Its block hashes, computed as far as the prefix cache needed them (tokens only grow: they stay true)."""
+        self.block_hashes = hashes
+
+    def resumed(self, num_cached: int) -> None:
+        """Its caches were restored from the prefix cache up to `num_cached` (a checkpoint of committed tokens)."""
+        self.num_cached, self.gdn_read_offset = num_cached, 0
+        if self.queue_seconds is None:   # (before its first admission: what usage reports)
+            self.cached_tokens = min(num_cached, self.num_prompt)
+
     def caches_released(self) -> None:
         """Its blocks and slot went back: it prefills again from the start (a late read must not move it)."""
         self.block_table, self.gdn_slot, self.num_cached, self.gdn_read_offset = [], -1, 0, 0
@@ -76,9 +89,11 @@ class Sequence:
         if self.queue_seconds is None:
             self.queue_seconds = time.monotonic() - self.arrived_at
 
-    def preempted(self) -> None:
-        """Back to the queue by recompute (the block manager released its caches): its drafts are stale."""
+    def preempted(self, reuse_prefix: bool = True) -> None:
+        """Back to the queue by recompute (the block manager released its caches): its drafts are stale. Without
+        `reuse_prefix` it prefills from its first token (its drafter could not resume it from a cached prefix)."""
         self.drafts, self.draft_probs = [], None
+        self.reuse_prefix = self.reuse_prefix and reuse_prefix
 
     # ---- one step (the engine) --------------------------------------------------------------------
     def launched(self, chunk_len: int, num_drafts: int, samples: bool, decoding: bool) -> None:

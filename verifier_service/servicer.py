@@ -27,7 +27,8 @@ STATUS = {FailureKind.INVALID: grpc.StatusCode.INVALID_ARGUMENT,
 def usage_of(o: RequestOutput, completion_tokens: int) -> gateway_pb2.Usage:
     return gateway_pb2.Usage(prompt_tokens=o.num_prompt, completion_tokens=completion_tokens,
                              draft_tokens=o.stats.drafted, accepted_tokens=o.stats.accepted,
-                             verify_steps=o.stats.verify_steps, queue_seconds=o.queue_seconds)
+                             verify_steps=o.stats.verify_steps, queue_seconds=o.queue_seconds,
+                             cached_tokens=o.cached_tokens)
 
 
 def logprobs_to_proto(logprobs: list | None) -> list[gateway_pb2.TokenLogprob]:
@@ -89,6 +90,7 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
     async def Stats(self, request, context):
         engine = self.loop.engine
         blocks, s, drafter = engine.executor.blocks, engine.stats, engine.drafter
+        prefix = engine.scheduler.prefix_stats
         return verifier_pb2.StatsResponse(
             free_kv_blocks=blocks.kv_blocks.num_free, total_kv_blocks=blocks.kv_blocks.size,
             free_gdn_slots=blocks.gdn_slots.num_free, total_gdn_slots=blocks.gdn_slots.size,
@@ -98,4 +100,6 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             drafter_fallbacks=engine.fallback_steps, mean_acceptance_length=s.mean_acceptance_length,
             verify_steps=s.verify_steps, draft_tokens=s.drafted, accepted_tokens=s.accepted,
             transport=getattr(drafter, "transport_name", "in-process" if drafter is not None else "none"),
-            in_flight=self.loop.in_flight, engine_alive=self.loop.error is None)
+            in_flight=self.loop.in_flight, engine_alive=self.loop.error is None,
+            prefix_cache_queries=prefix.queried_tokens, prefix_cache_hits=prefix.hit_tokens,
+            prefix_cache_blocks=len(blocks.checkpoints))

@@ -2,9 +2,10 @@
 size, one gloo broadcast per step (broadcast_object_list pickles and broadcasts twice, size then bytes: it costs
 more, bench/README.md, "Tensor parallelism"). A step larger than the tensor sends its words in a second broadcast.
 
-    [kind, share_inputs, B, T, W, F, size]  header (kind 0: stop, 1: step; size: words after the header)
+    [kind, share_inputs, B, T, W, F, R, C, S, size]  header (kind 0: stop, 1: step; size: words after the header)
     token_ids [T] · seq_lens, start_positions [B] · block_tables [B, W] · table_lens, gdn_slots, gdn_read_offsets,
-    num_drafts, logits_per_seq [B] · fresh slots [F]
+    num_drafts, logits_per_seq [B] · the step's cache ops: fresh slots [F], restores [R, 2], block copies [C, 2],
+    saves [S, 2]
 """
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ import torch.distributed as dist
 
 from specdec.models.batch_staging import StepPlan
 
-HEADER = 7
+from .block_manager import CacheOps
+
+HEADER = 10
 STOP, STEP = 0, 1
 PER_SEQ = ("seq_lens", "start_positions", "table_lens", "gdn_slots", "gdn_read_offsets", "num_drafts",
            "logits_per_seq")
@@ -24,29 +27,31 @@ PER_SEQ = ("seq_lens", "start_positions", "table_lens", "gdn_slots", "gdn_read_o
 
 @dataclass
 class StepMessage:
-    """One step for every rank: its plan, the GDN slots to reset first, whether rank 0's staged inputs follow on
+    """One step for every rank: its plan, the cache work around it, whether rank 0's staged inputs follow on
     the device (ModelRunner.run's share_inputs). plan None: stop."""
     plan: StepPlan | None
-    fresh_slots: list[int]
+    ops: CacheOps
     share_inputs: bool
 
     def pack(self) -> np.ndarray:
         if self.plan is None:
-            return np.array([STOP, 0, 0, 0, 0, 0, 0], np.int64)
+            return np.zeros(HEADER, np.int64)
         p = self.plan
         tables = p.block_tables[:, :int(p.table_lens.max(initial=0))]   # the columns any sequence fills
         parts = [p.token_ids, p.seq_lens, p.start_positions, tables.ravel(),
-                 *(getattr(p, name) for name in PER_SEQ[2:]), np.asarray(self.fresh_slots, np.int64)]
+                 *(getattr(p, name) for name in PER_SEQ[2:]), np.asarray(self.ops.fresh_slots, np.int64)]
+        pairs = (self.ops.restores, self.ops.block_copies, self.ops.saves)
+        parts += [np.asarray(x, np.int64).reshape(-1) for x in pairs]
         body = np.concatenate([np.asarray(a, np.int64) for a in parts])
         head = [STEP, int(self.share_inputs), p.num_seqs, p.num_tokens, tables.shape[1],
-                len(self.fresh_slots), body.shape[0]]
+                len(self.ops.fresh_slots), *map(len, pairs), body.shape[0]]
         return np.concatenate([np.array(head, np.int64), body])
 
     @staticmethod
     def unpack(words: np.ndarray) -> "StepMessage":
-        kind, share, b, t, w, f, _ = (int(x) for x in words[:HEADER])
+        kind, share, b, t, w, f, r, c, n, _ = (int(x) for x in words[:HEADER])
         if kind == STOP:
-            return StepMessage(None, [], False)
+            return StepMessage(None, CacheOps(), False)
         at = HEADER
 
         def take(n: int, dtype=np.int64) -> np.ndarray:
@@ -60,7 +65,9 @@ class StepMessage:
         plan = StepPlan(token_ids=token_ids, seq_lens=seq_lens, start_positions=start_positions,
                         block_tables=tables, table_lens=table_lens, gdn_slots=slots, gdn_read_offsets=offsets,
                         num_drafts=drafts, logits_per_seq=logits)
-        return StepMessage(plan, take(f).tolist(), bool(share))
+        fresh = take(f).tolist()
+        restores, copies, saves = (list(map(tuple, take(2 * x).reshape(x, 2).tolist())) for x in (r, c, n))
+        return StepMessage(plan, CacheOps(fresh, restores, copies, saves), bool(share))
 
 
 class MessageChannel:

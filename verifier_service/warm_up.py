@@ -91,6 +91,7 @@ def reset_counters(engine: SpecEngine) -> None:
     """The engine's statistics start afresh: what a warm-up did is not served traffic."""
     engine.stats, engine.step_count, engine.drafting.fallback_steps = AcceptanceStats(), 0, 0
     engine.scheduler.num_preemptions, engine.overlapped_draft_steps = 0, 0
+    engine.scheduler.prefix_stats.queried_tokens = engine.scheduler.prefix_stats.hit_tokens = 0
     engine.policy.forget()
 
 

@@ -10,14 +10,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from specdec.drafting import DeviceDrafts, DeviceDraftStep, DraftBatch, DraftOutput, ModelFacts
+from specdec.drafting import DeviceDrafts, DeviceDraftStep, DraftBatch, DraftOutput, ModelFacts, PrefixBlocks
 from specdec.drafting.draft_masks import DraftMasks
-from specdec.id_pool import IdPool, PoolExhausted
+from specdec.id_pool import PoolExhausted
 from specdec.models.batch_staging import concat_ranges
 from specdec.models.caches import GDNCache, KVCache, ModelCaches
 from specdec.models.loader import LoadedModel
 from specdec.models.pinned_upload import PinnedUpload
 from specdec.models.model_config import ModelConfig
+from specdec.prefix_cache import BlockPool
 from specdec.transport.tensor_bytes import DTYPE_NAMES
 
 from .chained_catch_up import ChainedCatchUp
@@ -85,8 +86,9 @@ class MTPDrafter:
                      v=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)],
                      block_size=block_size)
         caches = ModelCaches(kv=kv, gdn=GDNCache([], [], []), layer_slot={i: i for i in range(num_layers)})
-        self.tables = SequenceTables(IdPool(num_blocks, "mtp kv blocks"), block_size,
-                                     math.ceil(options.max_context / block_size))
+        self.kv = kv
+        self.tables = SequenceTables(BlockPool(num_blocks, "mtp kv blocks"), block_size,
+                                     math.ceil(options.max_context / block_size), min(256, num_blocks // 8))
         draft_vocab = None if options.draft_vocab is None else torch.as_tensor(options.draft_vocab)
         self.loop = MTPDraftLoop(self.head, caches, max_drafts, options.max_seqs, self.tables.width, self.device,
                                  graphs=not options.enforce_eager, draft_vocab=draft_vocab)
@@ -97,15 +99,15 @@ class MTPDrafter:
     def propose(self, batch: DraftBatch) -> DraftOutput:
         """Sequences this drafter cannot hold (its KV blocks ran out, or longer than max_context) are dropped:
         they get no drafts from then on, and the verifier decodes them without; nothing fails. A sequence first
-        seen past position 0 has KV this drafter never built: it is reported missing (the verifier recomputes
-        it)."""
+        seen past position 0 has KV this drafter never built, unless the verifier resumed it from a prefix this
+        drafter kept too: else it is reported missing (the verifier recomputes it)."""
         drafts: list[list[int]] = [[] for _ in batch.seqs]
         if self.draft_masks is not None:
             self.draft_masks.ingest(batch.seqs)
         lens = np.fromiter((len(s.token_ids) - 1 for s in batch.seqs), np.int64, count=len(batch.seqs))
-        served, missing = [], []
+        served, missing, prefixes = [], [], {p.seq_id: p for p in batch.prefixes}
         for i, s in enumerate(batch.seqs):
-            if s.start_pos > 0 and s.seq_id not in self.tables and s.seq_id not in self.dropped:
+            if s.start_pos > 0 and not self._holds(s.seq_id, prefixes.get(s.seq_id)):
                 missing.append(s.seq_id)
             elif s.seq_id not in self.dropped and self._try_reserve(s.seq_id, s.start_pos + lens[i]) and lens[i] > 0:
                 served.append(i)
@@ -116,7 +118,25 @@ class MTPDrafter:
                 hidden = hidden[torch.from_numpy(rows).to(hidden.device)]
             for i, d in zip(served, self._draft([batch.seqs[i] for i in served], hidden)):
                 drafts[i] = d
+        self._keep_checkpoints(batch.prefixes)
         return DraftOutput(drafts=drafts, missing=missing)
+
+    def _holds(self, seq_id: int, prefix: PrefixBlocks | None) -> bool:
+        """Does this drafter hold (or has it dropped) a sequence first seen past position 0? One the verifier
+        resumed from a prefix it kept too is taken now: its last block's copy is queued."""
+        if seq_id in self.tables or seq_id in self.dropped:
+            return True
+        copy = self.tables.resume(seq_id, prefix) if prefix is not None and prefix.resumed else None
+        if copy is None:
+            return False
+        index = torch.tensor(copy, dtype=torch.long).to(self.device)
+        self.kv.copy_blocks(index[:1], index[1:])
+        return True
+
+    def _keep_checkpoints(self, prefixes: list[PrefixBlocks]) -> None:
+        for prefix in prefixes:
+            if prefix.checkpoint:
+                self.tables.checkpoint(prefix.seq_id, prefix)
 
     def _try_reserve(self, seq_id: int, pairs_end: int) -> bool:
         """Blocks for the catch-up pairs (positions < pairs_end) and every draft step after them (a graph drafts
@@ -153,14 +173,16 @@ class MTPDrafter:
         reported missing; both are left out of the catch-up. Prompt chunks beside decoding sequences are ingested
         but for their last rows first (PromptRows), so that the catch-up replays a batch bucket's graph."""
         held, missing = np.zeros(len(step.seq_ids), bool), []
+        prefixes = {p.seq_id: p for p in step.prefixes}
         for i, (seq_id, start, shift, n) in enumerate(zip(step.seq_ids, step.start_pos, step.max_shift,
                                                          step.chunk_lens)):
-            if start > 0 and seq_id not in self.tables and seq_id not in self.dropped:
+            if start > 0 and not self._holds(seq_id, prefixes.get(seq_id)):
                 missing.append(seq_id)
             else:
                 held[i] = seq_id not in self.dropped and self._try_reserve(seq_id, int(start + shift + n))
         counts = [min(int(k), self.max_drafts) if ok else 0 for k, ok in zip(step.num_drafts, held)]
         if not held.any():
+            self._keep_checkpoints(step.prefixes)
             return DeviceDrafts(torch.zeros(len(counts), self.max_drafts, dtype=torch.long, device=self.device),
                                 counts, missing)
         skip = self.loop.prompt_skip(step.chunk_lens, held)
@@ -176,6 +198,7 @@ class MTPDrafter:
         drafts = self.loop.run(catch_up.plan(tables, table_lens, held), catch_up.hidden(), steps, catch_up)
         if steps == 0:
             drafts = torch.zeros(drafts.shape[0], self.max_drafts, dtype=torch.long, device=self.device)
+        self._keep_checkpoints(step.prefixes)
         return DeviceDrafts(catch_up.scatter(drafts), counts, missing)
 
     def release(self, seq_ids: list[int]) -> None:

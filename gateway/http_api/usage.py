@@ -1,4 +1,5 @@
-"""`usage` of an OpenAI response, with the speculative-decoding figures as an extra field (`spec_decode`)."""
+"""`usage` of an OpenAI response (prompt tokens from the prefix cache in `prompt_tokens_details`), with the
+speculative-decoding figures as an extra field (`spec_decode`)."""
 from __future__ import annotations
 
 
@@ -9,6 +10,7 @@ def usage_json(usage) -> dict:
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},   # from the verifier's prefix cache
         "spec_decode": {
             "draft_tokens": drafted,
             "accepted_tokens": accepted,

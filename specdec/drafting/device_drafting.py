@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from .device_schedule import DeviceSchedule
+from .interface import PrefixBlocks
 
 
 @dataclass
@@ -41,6 +42,7 @@ class DeviceDraftStep:
     hidden: torch.Tensor           # [T, H] the target's hidden rows after its final norm
     committed: torch.Tensor        # [B] int64 device: committed rows of each sequence
     next_token: torch.Tensor       # [B] int64 device: the token after each sequence's last committed row
+    prefixes: list[PrefixBlocks] = field(default_factory=list)   # prefix caching (interface.py), for some of them
 
     @property
     def num_tokens(self) -> int:

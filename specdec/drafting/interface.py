@@ -22,6 +22,12 @@ What a drafter may assume
   the grammar and the position where its output starts. A drafter may keep its proposals inside the grammar
   (drafting/draft_masks.py); one that ignores it loses only the drafts the verifier's mask rejects.
 - `release(seq_ids)` when sequences end (or are preempted); `clear()` when the verifier (re)connects.
+- Prefix caching (`PrefixBlocks` in `DraftBatch.prefixes` / `DeviceDraftStep.prefixes`, by sequence): a
+  sequence the verifier resumed from its prefix cache first arrives at start_pos = resumed * block_size - 1 (the
+  tokens before it are those its hashes name). A drafter that takes hidden states either keeps its own state for
+  those hashes (the MTP drafter: its KV blocks) or reports the sequence missing, and the verifier then recomputes
+  it from position 0 without the cache; a drafter of tokens alone gets it from position 0, all tokens. A
+  `checkpoint` says where a prompt chunk ends at a state the verifier keeps: the drafter may keep its own there.
 
 What a drafter must guarantee
 -----------------------------
@@ -61,11 +67,25 @@ class DraftInput:
     grammar: OutputGrammar | None = None  # with start_pos = 0 for a constrained sequence; None otherwise
 
 
+@dataclass(frozen=True)
+class PrefixBlocks:
+    """The verifier's prefix cache and one sequence of a step (specdec/prefix_cache.py): the chain hashes of its
+    first blocks of `block_size` tokens, the checkpoint it resumed from (this is its first call) and / or the
+    checkpoint its chunk ends at, each a count of blocks m naming position m * block_size - 1."""
+    seq_id: int
+    hashes: list[int]             # h_0 .. h_{max(resumed, checkpoint) - 1}
+    block_size: int
+    resumed: int = 0              # > 0: it starts at the checkpoint of this many blocks (its positions before
+    #                               are what it would have computed; the last block's last position is its own)
+    checkpoint: int = 0           # > 0: after this call its positions < checkpoint * block_size - 1 are final
+
+
 @dataclass
 class DraftBatch:
     step: int                     # strictly increasing per connection
     seqs: list[DraftInput]
     hidden: torch.Tensor | None = None  # [Σ n_i, H] rows in seqs order; None when the drafter needs none
+    prefixes: list[PrefixBlocks] = field(default_factory=list)   # prefix caching, for some of seqs
 
 
 @dataclass

@@ -29,6 +29,12 @@ class KVCache:
     def scratch_block(self) -> int:
         return self.num_blocks
 
+    def copy_blocks(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Block dst[i] := block src[i] in every layer (src and dst distinct)."""
+        for k, v in zip(self.k, self.v):
+            k[dst] = k[src]
+            v[dst] = v[src]
+
 
 def pending_ring_rows(max_drafts: int) -> int:
     """Rows of a sequence's ring of draft inputs: a step of 1 + d tokens stashes d drafts and replays up to
@@ -49,6 +55,12 @@ class GDNCache:
         for r, c in zip(self.recurrent, self.conv):
             r[slot].zero_()
             c[slot].zero_()
+
+    def copy_rows(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Slot dst[i] := slot src[i] (recurrent and conv state; a checkpoint's pending drafts are none)."""
+        for r, c in zip(self.recurrent, self.conv):
+            r[dst] = r[src]
+            c[dst] = c[src]
 
 
 @dataclass

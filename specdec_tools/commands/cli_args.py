@@ -54,6 +54,15 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
                    help="the share of the GPU's memory this process may hold (default 0.9): weights, activations, "
                         "CUDA graphs, and a shared pool of KV blocks sized from what is left; the start-up log says "
                         "how many tokens and sequences fit")
+    p.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
+                   help="do not resume prompts from cached prefixes (default: on: a prompt that starts like an "
+                        "earlier one reuses its KV blocks and its GDN state at the longest kept checkpoint)")
+    p.add_argument("--prefix-checkpoint-interval", type=int, default=1024, metavar="TOKENS",
+                   help="prefix caching keeps a prompt's GDN state every TOKENS tokens (a multiple of 16) and at its "
+                        "end (default 1024); a later prompt resumes from the last one it shares")
+    p.add_argument("--prefix-checkpoints", type=int, default=0, metavar="N",
+                   help="GDN states the prefix cache keeps, least recently used dropped (default 0: 2 x "
+                        "--max-running); each takes what one running sequence's GDN state does")
     p.add_argument("--kv-blocks", type=int, default=0, metavar="N",
                    help="KV blocks of 16 tokens, overriding the sizing (default 0: from --gpu-memory-utilization on a "
                         "GPU; --max-running x min(context, 4096) tokens on the CPU)")
@@ -61,11 +70,14 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
 
 def check_cache_args(args: argparse.Namespace) -> None:
     for name in ("max_context", "max_running", "max_batched_tokens", "prefill_chunk", "lone_prefill_chunk",
-                 "kv_blocks"):
+                 "kv_blocks", "prefix_checkpoints"):
         if getattr(args, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0 (0: the default), got {getattr(args, name)}")
     if not 0 < args.gpu_memory_utilization <= 1:
         raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {args.gpu_memory_utilization}")
+    if args.prefix_checkpoint_interval < 16 or args.prefix_checkpoint_interval % 16:
+        raise ValueError(f"--prefix-checkpoint-interval must be a positive multiple of 16 (the KV block size), got "
+                         f"{args.prefix_checkpoint_interval}")
 
 
 def add_enforce_eager_arg(p: argparse.ArgumentParser) -> None:

@@ -51,6 +51,8 @@ def add_stack_args(p: argparse.ArgumentParser) -> None:
     add_tensor_parallel_arg(p)
     add_load_format_arg(p)
     add_quantization_arg(p)
+    p.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
+                   help="the verifier does not resume prompts from cached prefixes (default: on)")
 
 
 def stack_config(args: argparse.Namespace, port: int, log_dir: str | None = None, http_port: int | None = None):
@@ -80,6 +82,8 @@ def stack_config(args: argparse.Namespace, port: int, log_dir: str | None = None
         drafter_args += ("--load-format", args.load_format)
     if getattr(args, "verifier_metrics_port", 0):
         verifier_args += ("--metrics-port", str(args.verifier_metrics_port))
+    if not args.prefix_caching:
+        verifier_args += ("--no-prefix-caching",)
     public = getattr(args, "public_args", None)    # `serve`'s gateway flags (`generate` starts a plain stack)
     return StackConfig(model=model, drafter=drafter, num_drafts=args.num_drafts, device=device, dtype=dtype,
                        port=port, http_port=http_port, transport=args.transport, log_dir=log_dir,

@@ -78,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
         max_context=args.max_context, max_running=args.max_running, max_queued=args.max_queued,
         max_batched_tokens=args.max_batched_tokens,
         prefill_chunk=args.prefill_chunk, lone_prefill_chunk=args.lone_prefill_chunk, kv_blocks=args.kv_blocks,
+        prefix_caching=args.prefix_caching, prefix_checkpoint_interval=args.prefix_checkpoint_interval,
+        prefix_checkpoints=args.prefix_checkpoints,
         gpu_memory_utilization=args.gpu_memory_utilization, metrics_port=args.metrics_port,
         forced_acceptance_length=args.forced_acceptance_length, unsafe_forced_acceptance=args.unsafe_forced_acceptance,
         enforce_eager=args.enforce_eager, overlap=args.overlap, warm_up=args.warm_up,

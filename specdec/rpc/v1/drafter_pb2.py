@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from specdec.rpc.v1 import gateway_pb2 as specdec_dot_rpc_dot_v1_dot_gateway__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cspecdec/rpc/v1/drafter.proto\x12\x0especdec.rpc.v1\x1a\x1cspecdec/rpc/v1/gateway.proto\"\xe1\x01\n\x12\x44rafterInfoRequest\x12\x12\n\nmax_drafts\x18\x01 \x01(\r\x12\x13\n\x0bhidden_size\x18\x02 \x01(\r\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x12\n\nvocab_size\x18\x04 \x01(\r\x12-\n\ntransports\x18\x05 \x03(\x0e\x32\x19.specdec.rpc.v1.Transport\x12\x0f\n\x07host_id\x18\x06 \x01(\t\x12\x10\n\x08gpu_uuid\x18\x07 \x01(\t\x12\x12\n\nmodel_type\x18\x08 \x01(\t\x12\x19\n\x11vocab_fingerprint\x18\t \x01(\t\"\xf2\x02\n\x13\x44rafterInfoResponse\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x12\n\nmax_drafts\x18\x02 \x01(\r\x12\x13\n\x0bhidden_size\x18\x03 \x01(\r\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\x12\n\nvocab_size\x18\x05 \x01(\r\x12\x1b\n\x13needs_hidden_states\x18\x06 \x01(\x08\x12\x1c\n\x14needs_shared_weights\x18\x07 \x01(\x08\x12-\n\ntransports\x18\x08 \x03(\x0e\x32\x19.specdec.rpc.v1.Transport\x12\x0f\n\x07host_id\x18\t \x01(\t\x12\x10\n\x08gpu_uuid\x18\n \x01(\t\x12\x12\n\nmodel_type\x18\x0b \x01(\t\x12\x19\n\x11vocab_fingerprint\x18\x0c \x01(\t\x12\x12\n\nlocal_lane\x18\r \x01(\t\x12\x14\n\x0c\x64\x65vice_steps\x18\x0e \x01(\x08\x12\x1b\n\x13\x64\x65vice_step_changes\x18\x0f \x01(\x08\"\x8b\x01\n\tTensorRef\x12,\n\ttransport\x18\x01 \x01(\x0e\x32\x19.specdec.rpc.v1.Transport\x12\r\n\x05shape\x18\x02 \x03(\x04\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x0e\n\x06\x62uffer\x18\x05 \x01(\t\x12\x14\n\x0coffset_bytes\x18\x06 \x01(\x04\"\xda\x02\n\x0cSharedBuffer\x12\x0c\n\x04name\x18\x01 \x01(\t\x12,\n\ttransport\x18\x02 \x01(\x0e\x32\x19.specdec.rpc.v1.Transport\x12\x10\n\x08shm_path\x18\x03 \x01(\t\x12\x12\n\nsize_bytes\x18\x04 \x01(\x04\x12\r\n\x05\x64type\x18\x05 \x01(\t\x12\r\n\x05shape\x18\x06 \x03(\x04\x12\x17\n\x0f\x63uda_mem_handle\x18\x07 \x01(\x0c\x12\x1f\n\x17\x63uda_storage_size_bytes\x18\x08 \x01(\x04\x12!\n\x19\x63uda_storage_offset_bytes\x18\t \x01(\x04\x12\x1f\n\x17\x63uda_ref_counter_handle\x18\n \x01(\x0c\x12\x1f\n\x17\x63uda_ref_counter_offset\x18\x0b \x01(\x04\x12\x19\n\x11\x63uda_event_handle\x18\x0c \x01(\x0c\x12\x10\n\x08gpu_uuid\x18\r \x01(\t\"6\n\x05Setup\x12-\n\x07\x62uffers\x18\x01 \x03(\x0b\x32\x1c.specdec.rpc.v1.SharedBuffer\"\x94\x01\n\x08SeqInput\x12\x0e\n\x06seq_id\x18\x01 \x01(\x04\x12\x11\n\tstart_pos\x18\x02 \x01(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x12\n\nnum_drafts\x18\x04 \x01(\r\x12(\n\x07grammar\x18\x05 \x01(\x0b\x32\x17.specdec.rpc.v1.Grammar\x12\x14\n\x0coutput_start\x18\x06 \x01(\r\"\xb1\x01\n\tStepInput\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12&\n\x04seqs\x18\x02 \x03(\x0b\x32\x18.specdec.rpc.v1.SeqInput\x12)\n\x06hidden\x18\x03 \x01(\x0b\x32\x19.specdec.rpc.v1.TensorRef\x12\x17\n\x0frelease_seq_ids\x18\x04 \x03(\x04\x12*\n\x06\x64\x65vice\x18\x05 \x01(\x0b\x32\x1a.specdec.rpc.v1.DeviceStep\"\xa2\x01\n\nDeviceStep\x12\x0f\n\x07seq_ids\x18\x01 \x03(\x04\x12\x11\n\tstart_pos\x18\x02 \x03(\r\x12\x11\n\tmax_shift\x18\x03 \x03(\r\x12\x12\n\nchunk_lens\x18\x04 \x03(\r\x12\x12\n\nnum_drafts\x18\x05 \x03(\r\x12\x14\n\x0c\x63hanges_only\x18\x06 \x01(\x08\x12\x0f\n\x07removed\x18\x07 \x03(\r\x12\x0e\n\x06placed\x18\x08 \x03(\r\"m\n\x10\x44raftStepRequest\x12&\n\x05setup\x18\x01 \x01(\x0b\x32\x15.specdec.rpc.v1.SetupH\x00\x12)\n\x04step\x18\x02 \x01(\x0b\x32\x19.specdec.rpc.v1.StepInputH\x00\x42\x06\n\x04kind\"\x1e\n\tSeqDrafts\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"\x8f\x01\n\x11\x44raftStepResponse\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12)\n\x06\x64rafts\x18\x02 \x03(\x0b\x32\x19.specdec.rpc.v1.SeqDrafts\x12\x12\n\ndrafter_ms\x18\x03 \x01(\x01\x12\x17\n\x0fmissing_seq_ids\x18\x04 \x03(\x04\x12\x14\n\x0c\x64raft_counts\x18\x05 \x03(\r\"!\n\x0eReleaseRequest\x12\x0f\n\x07seq_ids\x18\x01 \x03(\x04\"\x11\n\x0fReleaseResponse\"\x13\n\x11\x43learCacheRequest\"\x14\n\x12\x43learCacheResponse*I\n\tTransport\x12\x19\n\x15TRANSPORT_UNSPECIFIED\x10\x00\x12\n\n\x06INLINE\x10\x01\x12\x07\n\x03SHM\x10\x02\x12\x0c\n\x08\x43UDA_IPC\x10\x03\x32\xcc\x02\n\x07\x44rafter\x12O\n\x04Info\x12\".specdec.rpc.v1.DrafterInfoRequest\x1a#.specdec.rpc.v1.DrafterInfoResponse\x12O\n\x04Step\x12 .specdec.rpc.v1.DraftStepRequest\x1a!.specdec.rpc.v1.DraftStepResponse(\x01\x30\x01\x12J\n\x07Release\x12\x1e.specdec.rpc.v1.ReleaseRequest\x1a\x1f.specdec.rpc.v1.ReleaseResponse\x12S\n\nClearCache\x12!.specdec.rpc.v1.ClearCacheRequest\x1a\".specdec.rpc.v1.ClearCacheResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cspecdec/rpc/v1/drafter.proto\x12\x0especdec.rpc.v1\x1a\x1cspecdec/rpc/v1/gateway.proto\"\xe1\x01\n\x12\x44rafterInfoRequest\x12\x12\n\nmax_drafts\x18\x01 \x01(\r\x12\x13\n\x0bhidden_size\x18\x02 \x01(\r\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x12\n\nvocab_size\x18\x04 \x01(\r\x12-\n\ntransports\x18\x05 \x03(\x0e\x32\x19.specdec.rpc.v1.Transport\x12\x0f\n\x07host_id\x18\x06 \x01(\t\x12\x10\n\x08gpu_uuid\x18\x07 \x01(\t\x12\x12\n\nmodel_type\x18\x08 \x01(\t\x12\x19\n\x11vocab_fingerprint\x18\t \x01(\t\"\xf2\x02\n\x13\x44rafterInfoResponse\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x12\n\nmax_drafts\x18\x02 \x01(\r\x12\x13\n\x0bhidden_size\x18\x03 \x01(\r\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\x12\n\nvocab_size\x18\x05 \x01(\r\x12\x1b\n\x13needs_hidden_states\x18\x06 \x01(\x08\x12\x1c\n\x14needs_shared_weights\x18\x07 \x01(\x08\x12-\n\ntransports\x18\x08 \x03(\x0e\x32\x19.specdec.rpc.v1.Transport\x12\x0f\n\x07host_id\x18\t \x01(\t\x12\x10\n\x08gpu_uuid\x18\n \x01(\t\x12\x12\n\nmodel_type\x18\x0b \x01(\t\x12\x19\n\x11vocab_fingerprint\x18\x0c \x01(\t\x12\x12\n\nlocal_lane\x18\r \x01(\t\x12\x14\n\x0c\x64\x65vice_steps\x18\x0e \x01(\x08\x12\x1b\n\x13\x64\x65vice_step_changes\x18\x0f \x01(\x08\"\x8b\x01\n\tTensorRef\x12,\n\ttransport\x18\x01 \x01(\x0e\x32\x19.specdec.rpc.v1.Transport\x12\r\n\x05shape\x18\x02 \x03(\x04\x12\r\n\x05\x64type\x18\x03 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x0e\n\x06\x62uffer\x18\x05 \x01(\t\x12\x14\n\x0coffset_bytes\x18\x06 \x01(\x04\"\xda\x02\n\x0cSharedBuffer\x12\x0c\n\x04name\x18\x01 \x01(\t\x12,\n\ttransport\x18\x02 \x01(\x0e\x32\x19.specdec.rpc.v1.Transport\x12\x10\n\x08shm_path\x18\x03 \x01(\t\x12\x12\n\nsize_bytes\x18\x04 \x01(\x04\x12\r\n\x05\x64type\x18\x05 \x01(\t\x12\r\n\x05shape\x18\x06 \x03(\x04\x12\x17\n\x0f\x63uda_mem_handle\x18\x07 \x01(\x0c\x12\x1f\n\x17\x63uda_storage_size_bytes\x18\x08 \x01(\x04\x12!\n\x19\x63uda_storage_offset_bytes\x18\t \x01(\x04\x12\x1f\n\x17\x63uda_ref_counter_handle\x18\n \x01(\x0c\x12\x1f\n\x17\x63uda_ref_counter_offset\x18\x0b \x01(\x04\x12\x19\n\x11\x63uda_event_handle\x18\x0c \x01(\x0c\x12\x10\n\x08gpu_uuid\x18\r \x01(\t\"6\n\x05Setup\x12-\n\x07\x62uffers\x18\x01 \x03(\x0b\x32\x1c.specdec.rpc.v1.SharedBuffer\"\x94\x01\n\x08SeqInput\x12\x0e\n\x06seq_id\x18\x01 \x01(\x04\x12\x11\n\tstart_pos\x18\x02 \x01(\r\x12\x11\n\ttoken_ids\x18\x03 \x03(\x05\x12\x12\n\nnum_drafts\x18\x04 \x01(\r\x12(\n\x07grammar\x18\x05 \x01(\x0b\x32\x17.specdec.rpc.v1.Grammar\x12\x14\n\x0coutput_start\x18\x06 \x01(\r\"\xe1\x01\n\tStepInput\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12&\n\x04seqs\x18\x02 \x03(\x0b\x32\x18.specdec.rpc.v1.SeqInput\x12)\n\x06hidden\x18\x03 \x01(\x0b\x32\x19.specdec.rpc.v1.TensorRef\x12\x17\n\x0frelease_seq_ids\x18\x04 \x03(\x04\x12*\n\x06\x64\x65vice\x18\x05 \x01(\x0b\x32\x1a.specdec.rpc.v1.DeviceStep\x12.\n\x08prefixes\x18\x06 \x03(\x0b\x32\x1c.specdec.rpc.v1.PrefixBlocks\"g\n\x0cPrefixBlocks\x12\x0e\n\x06seq_id\x18\x01 \x01(\x04\x12\x0e\n\x06hashes\x18\x02 \x03(\x04\x12\x12\n\nblock_size\x18\x03 \x01(\r\x12\x0f\n\x07resumed\x18\x04 \x01(\r\x12\x12\n\ncheckpoint\x18\x05 \x01(\r\"\xa2\x01\n\nDeviceStep\x12\x0f\n\x07seq_ids\x18\x01 \x03(\x04\x12\x11\n\tstart_pos\x18\x02 \x03(\r\x12\x11\n\tmax_shift\x18\x03 \x03(\r\x12\x12\n\nchunk_lens\x18\x04 \x03(\r\x12\x12\n\nnum_drafts\x18\x05 \x03(\r\x12\x14\n\x0c\x63hanges_only\x18\x06 \x01(\x08\x12\x0f\n\x07removed\x18\x07 \x03(\r\x12\x0e\n\x06placed\x18\x08 \x03(\r\"m\n\x10\x44raftStepRequest\x12&\n\x05setup\x18\x01 \x01(\x0b\x32\x15.specdec.rpc.v1.SetupH\x00\x12)\n\x04step\x18\x02 \x01(\x0b\x32\x19.specdec.rpc.v1.StepInputH\x00\x42\x06\n\x04kind\"\x1e\n\tSeqDrafts\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\"\x8f\x01\n\x11\x44raftStepResponse\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12)\n\x06\x64rafts\x18\x02 \x03(\x0b\x32\x19.specdec.rpc.v1.SeqDrafts\x12\x12\n\ndrafter_ms\x18\x03 \x01(\x01\x12\x17\n\x0fmissing_seq_ids\x18\x04 \x03(\x04\x12\x14\n\x0c\x64raft_counts\x18\x05 \x03(\r\"!\n\x0eReleaseRequest\x12\x0f\n\x07seq_ids\x18\x01 \x03(\x04\"\x11\n\x0fReleaseResponse\"\x13\n\x11\x43learCacheRequest\"\x14\n\x12\x43learCacheResponse*I\n\tTransport\x12\x19\n\x15TRANSPORT_UNSPECIFIED\x10\x00\x12\n\n\x06INLINE\x10\x01\x12\x07\n\x03SHM\x10\x02\x12\x0c\n\x08\x43UDA_IPC\x10\x03\x32\xcc\x02\n\x07\x44rafter\x12O\n\x04Info\x12\".specdec.rpc.v1.DrafterInfoRequest\x1a#.specdec.rpc.v1.DrafterInfoResponse\x12O\n\x04Step\x12 .specdec.rpc.v1.DraftStepRequest\x1a!.specdec.rpc.v1.DraftStepResponse(\x01\x30\x01\x12J\n\x07Release\x12\x1e.specdec.rpc.v1.ReleaseRequest\x1a\x1f.specdec.rpc.v1.ReleaseResponse\x12S\n\nClearCache\x12!.specdec.rpc.v1.ClearCacheRequest\x1a\".specdec.rpc.v1.ClearCacheResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'specdec.rpc.v1.drafter_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TRANSPORT']._serialized_start=2108
-  _globals['_TRANSPORT']._serialized_end=2181
+  _globals['_TRANSPORT']._serialized_start=2261
+  _globals['_TRANSPORT']._serialized_end=2334
   _globals['_DRAFTERINFOREQUEST']._serialized_start=79
   _globals['_DRAFTERINFOREQUEST']._serialized_end=304
   _globals['_DRAFTERINFORESPONSE']._serialized_start=307
@@ -47,23 +47,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SEQINPUT']._serialized_start=1227
   _globals['_SEQINPUT']._serialized_end=1375
   _globals['_STEPINPUT']._serialized_start=1378
-  _globals['_STEPINPUT']._serialized_end=1555
-  _globals['_DEVICESTEP']._serialized_start=1558
-  _globals['_DEVICESTEP']._serialized_end=1720
-  _globals['_DRAFTSTEPREQUEST']._serialized_start=1722
-  _globals['_DRAFTSTEPREQUEST']._serialized_end=1831
-  _globals['_SEQDRAFTS']._serialized_start=1833
-  _globals['_SEQDRAFTS']._serialized_end=1863
-  _globals['_DRAFTSTEPRESPONSE']._serialized_start=1866
-  _globals['_DRAFTSTEPRESPONSE']._serialized_end=2009
-  _globals['_RELEASEREQUEST']._serialized_start=2011
-  _globals['_RELEASEREQUEST']._serialized_end=2044
-  _globals['_RELEASERESPONSE']._serialized_start=2046
-  _globals['_RELEASERESPONSE']._serialized_end=2063
-  _globals['_CLEARCACHEREQUEST']._serialized_start=2065
-  _globals['_CLEARCACHEREQUEST']._serialized_end=2084
-  _globals['_CLEARCACHERESPONSE']._serialized_start=2086
-  _globals['_CLEARCACHERESPONSE']._serialized_end=2106
-  _globals['_DRAFTER']._serialized_start=2184
-  _globals['_DRAFTER']._serialized_end=2516
+  _globals['_STEPINPUT']._serialized_end=1603
+  _globals['_PREFIXBLOCKS']._serialized_start=1605
+  _globals['_PREFIXBLOCKS']._serialized_end=1708
+  _globals['_DEVICESTEP']._serialized_start=1711
+  _globals['_DEVICESTEP']._serialized_end=1873
+  _globals['_DRAFTSTEPREQUEST']._serialized_start=1875
+  _globals['_DRAFTSTEPREQUEST']._serialized_end=1984
+  _globals['_SEQDRAFTS']._serialized_start=1986
+  _globals['_SEQDRAFTS']._serialized_end=2016
+  _globals['_DRAFTSTEPRESPONSE']._serialized_start=2019
+  _globals['_DRAFTSTEPRESPONSE']._serialized_end=2162
+  _globals['_RELEASEREQUEST']._serialized_start=2164
+  _globals['_RELEASEREQUEST']._serialized_end=2197
+  _globals['_RELEASERESPONSE']._serialized_start=2199
+  _globals['_RELEASERESPONSE']._serialized_end=2216
+  _globals['_CLEARCACHEREQUEST']._serialized_start=2218
+  _globals['_CLEARCACHEREQUEST']._serialized_end=2237
+  _globals['_CLEARCACHERESPONSE']._serialized_start=2239
+  _globals['_CLEARCACHERESPONSE']._serialized_end=2259
+  _globals['_DRAFTER']._serialized_start=2337
+  _globals['_DRAFTER']._serialized_end=2669
 # @@protoc_insertion_point(module_scope)

@@ -144,18 +144,34 @@ class SeqInput(_message.Message):
     def __init__(self, seq_id: _Optional[int] = ..., start_pos: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_drafts: _Optional[int] = ..., grammar: _Optional[_Union[_gateway_pb2.Grammar, _Mapping]] = ..., output_start: _Optional[int] = ...) -> None: ...
 
 class StepInput(_message.Message):
-    __slots__ = ("step", "seqs", "hidden", "release_seq_ids", "device")
+    __slots__ = ("step", "seqs", "hidden", "release_seq_ids", "device", "prefixes")
     STEP_FIELD_NUMBER: _ClassVar[int]
     SEQS_FIELD_NUMBER: _ClassVar[int]
     HIDDEN_FIELD_NUMBER: _ClassVar[int]
     RELEASE_SEQ_IDS_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
+    PREFIXES_FIELD_NUMBER: _ClassVar[int]
     step: int
     seqs: _containers.RepeatedCompositeFieldContainer[SeqInput]
     hidden: TensorRef
     release_seq_ids: _containers.RepeatedScalarFieldContainer[int]
     device: DeviceStep
-    def __init__(self, step: _Optional[int] = ..., seqs: _Optional[_Iterable[_Union[SeqInput, _Mapping]]] = ..., hidden: _Optional[_Union[TensorRef, _Mapping]] = ..., release_seq_ids: _Optional[_Iterable[int]] = ..., device: _Optional[_Union[DeviceStep, _Mapping]] = ...) -> None: ...
+    prefixes: _containers.RepeatedCompositeFieldContainer[PrefixBlocks]
+    def __init__(self, step: _Optional[int] = ..., seqs: _Optional[_Iterable[_Union[SeqInput, _Mapping]]] = ..., hidden: _Optional[_Union[TensorRef, _Mapping]] = ..., release_seq_ids: _Optional[_Iterable[int]] = ..., device: _Optional[_Union[DeviceStep, _Mapping]] = ..., prefixes: _Optional[_Iterable[_Union[PrefixBlocks, _Mapping]]] = ...) -> None: ...
+
+class PrefixBlocks(_message.Message):
+    __slots__ = ("seq_id", "hashes", "block_size", "resumed", "checkpoint")
+    SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    HASHES_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    seq_id: int
+    hashes: _containers.RepeatedScalarFieldContainer[int]
+    block_size: int
+    resumed: int
+    checkpoint: int
+    def __init__(self, seq_id: _Optional[int] = ..., hashes: _Optional[_Iterable[int]] = ..., block_size: _Optional[int] = ..., resumed: _Optional[int] = ..., checkpoint: _Optional[int] = ...) -> None: ...
 
 class DeviceStep(_message.Message):
     __slots__ = ("seq_ids", "start_pos", "max_shift", "chunk_lens", "num_drafts", "changes_only", "removed", "placed")

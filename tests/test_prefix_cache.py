@@ -1,0 +1,254 @@
+"""Prefix caching on hybrid models stays exact with speculation (issue 39). Each peer bug has a test here:
+outputs differ or come out empty with MTP + prefix caching + recurrent state (vllm #43559, #43650), MTP drops the
+hits to 0 (vllm #54360) or lowers the hit rate (vllm #38182), the first repeat of a prompt misses (vllm #53504).
+Outputs with the cache equal those without it (greedy and seeded sampling, the three families, mtp and ngram
+drafters, overlapped and synchronous steps), and so do the MTP drafter's acceptance counts."""
+import numpy as np
+import pytest
+from engine_factory import BLOCK, make_drafter, make_engine, random_prompts
+
+from specdec.id_pool import PoolExhausted
+from specdec.models.loader import load_model
+from specdec.prefix_cache import BlockPool, Checkpoints, chain_hashes, next_checkpoint
+from specdec.sampling_params import SamplingParams
+from specdec_tools.tiny import make_tiny
+from verifier_service.block_manager import PrefixCaching
+
+pytestmark = pytest.mark.timeout(600)
+CACHE = PrefixCaching(checkpoint_interval=4 * BLOCK, num_checkpoints=16)
+SYSTEM = 30          # shared prompt tokens (7 blocks of 4 and 2 tokens)
+
+
+# ---- the parts ---------------------------------------------------------------------------------
+def test_a_block_hash_names_everything_before_it():
+    tokens = list(range(1, 21))
+    hashes = chain_hashes(tokens, 4, 5)
+    assert len(set(hashes)) == 5
+    assert chain_hashes(tokens, 4, 5, hashes[:2]) == hashes           # extended, not recomputed
+    changed = chain_hashes([99] + tokens[1:], 4, 5)
+    assert all(a != b for a, b in zip(hashes, changed))                # a change in block 0 renames every block
+    assert chain_hashes(tokens[:8] + [0] * 12, 4, 5)[:2] == hashes[:2]
+
+
+def test_checkpoints_fall_every_interval_and_at_the_last_whole_block():
+    assert [next_checkpoint(s, 70, 4, 16) for s in (0, 15, 16, 47, 63, 67)] == [15, 31, 31, 63, 67, None]
+    assert next_checkpoint(0, 3, 4, 16) is None                         # no whole block
+    assert next_checkpoint(0, 8, 4, 16) == 7                            # a repeat still runs its last token
+
+
+def test_pool_shares_registered_blocks_and_evicts_idle_ones_least_recently_used_first():
+    pool = BlockPool(4, "kv")
+    a, b, c = pool.take(3)
+    pool.register(a, 11)
+    pool.register(b, 12)
+    pool.register(c, 11)                                 # another block of the same content stays unregistered
+    assert (pool.lookup(11), pool.matched([11, 12, 13])) == (a, 2)
+    pool.share(a)
+    pool.give_back([a, b, c])                            # b idle (registered), c free, a still held once
+    assert pool.num_free == 3 and pool.refs(a) == 1
+    pool.give_back([a])                                  # a idle now: the most recently used
+    assert sorted(pool.take(2)) == sorted([c, 3])       # free ones first
+    assert pool.take(1) == [b] and pool.lookup(12) is None   # then the least recently used idle one
+    pool.share(a)                                        # an idle block shared again is no longer free
+    assert pool.num_free == 0
+    with pytest.raises(PoolExhausted):
+        pool.take(1)
+
+
+def test_checkpoints_hold_their_block_until_dropped():
+    pool = BlockPool(4, "kv")
+    blocks = pool.take(3)
+    kept = Checkpoints(pool, 2, first_row=8)
+    rows = [kept.add(h, b) for h, b in zip((1, 2, 3), blocks)]
+    assert rows[:2] == [8, 9] and rows[2] in (8, 9)      # the third took the first one's row
+    assert kept.add(2, blocks[1]) is None                # kept already
+    pool.give_back(blocks)
+    assert 1 not in kept and pool.num_free == 2          # the first's block went back; two are held
+
+
+# ---- the engine ----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def families(tiny_model, tmp_path_factory):
+    moe = {f: load_model(make_tiny(tmp_path_factory.mktemp(f), family=f, progress=False))
+           for f in ("qwen3_5_moe", "qwen3_next")}
+    return {"qwen3_5": tiny_model, **moe}
+
+
+def conversation(vocab: int, seed: int = 3):
+    """A shared system prompt, three users after it, and the requests of two rounds: the first asks each user,
+    the second repeats them and adds a second turn of the first user (prompt + its answer + more)."""
+    system, *users = random_prompts([SYSTEM, 5, 9, 6, 7], vocab, seed=seed)
+    params = [SamplingParams(max_tokens=10, ignore_eos=True),
+              SamplingParams(max_tokens=10, ignore_eos=True, temperature=0.8, top_p=0.9, seed=7)]
+    return system, users, params
+
+
+def run_rounds(engine, vocab, seed=3):
+    """Round 1 then round 2 (each round's requests at once): the tokens and cached prompt tokens of each."""
+    system, users, params = conversation(vocab, seed)
+    first = [system + u for u in users[:3]]
+    rounds, outputs = [], {}
+    for r, prompts in enumerate((first, None)):
+        if prompts is None:   # round 2: the repeats and a second turn
+            prompts = first + [first[0] + outputs[0][0] + users[3]]
+        tokens, cached = {}, {}
+        for i, p in enumerate(prompts):
+            engine.add_request(f"r{r}-{i}", p, params[i % 2])
+            tokens[i] = []
+        while engine.has_work:
+            for o in engine.step():
+                i = int(o.request_id.split("-")[1])
+                tokens[i] += o.new_token_ids
+                cached[i] = o.cached_tokens
+        outputs = {i: (tokens[i], cached[i]) for i in tokens}
+        rounds.append(outputs)
+    return rounds
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe", "qwen3_next"])
+@pytest.mark.parametrize("drafter", [None, "ngram", "mtp"])
+def test_outputs_and_acceptance_equal_with_and_without_the_cache(families, family, drafter):
+    loaded, k = families[family], 3 if drafter else 0
+    results = []
+    for prefix in (None, CACHE):
+        engine = make_engine(loaded, make_drafter(drafter, loaded, k) if drafter else None, k=k, chunk=8,
+                             prefix=prefix)
+        results.append((run_rounds(engine, loaded.config.vocab_size), engine.stats.drafted, engine.stats.accepted,
+                        engine.scheduler.prefix_stats.hit_tokens))
+    (plain, drafted, accepted, no_hits), (cached, drafted_c, accepted_c, hits) = results
+    strip = [{i: t for i, (t, _) in r.items()} for r in plain], [{i: t for i, (t, _) in r.items()} for r in cached]
+    assert strip[0] == strip[1] and all(len(t) == 10 for r in strip[1] for t in r.values())
+    assert (drafted, accepted) == (drafted_c, accepted_c)                # the drafter saw the same contexts
+    assert no_hits == 0 and all(c == 0 for _, c in plain[1].values())
+    # round 2: every repeat resumes one token short of its last whole block; the second turn beyond its first
+    rep = cached[1]
+    whole = [((SYSTEM + n) // BLOCK) * BLOCK - 1 for n in (5, 9, 6)]
+    assert [rep[i][1] for i in range(3)] == whole                        # the first repeat hits, with any drafter
+    assert rep[3][1] >= whole[0]
+    assert hits == sum(c for _, c in cached[0].values()) + sum(c for _, c in rep.values())
+
+
+def test_mtp_keeps_the_hit_rate_of_plain_decoding(tiny_model):
+    """The same requests hit the same prompt tokens with the MTP drafter as without a drafter."""
+    hits = []
+    for drafter in (None, "mtp"):
+        k = 3 if drafter else 0
+        engine = make_engine(tiny_model, make_drafter(drafter, tiny_model, k) if drafter else None, k=k, chunk=8,
+                             prefix=CACHE)
+        run_rounds(engine, tiny_model.config.vocab_size, seed=4)
+        stats = engine.scheduler.prefix_stats
+        hits.append((stats.queried_tokens, stats.hit_tokens))
+    assert hits[0] == hits[1] and hits[0][1] > 0
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_sixteen_requests_share_a_prefix(tiny_model, overlap):
+    """One request computes the shared prefix; sixteen at once then resume from it, share its blocks, and end with
+    the pool as before: every block free but those the checkpoints keep."""
+    vocab = tiny_model.config.vocab_size
+    system = random_prompts([SYSTEM + 2], vocab, seed=9)[0]
+    tails = random_prompts([3 + i % 5 for i in range(16)], vocab, seed=10)
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    outputs = []
+    for prefix in (None, CACHE):
+        engine = make_engine(tiny_model, make_drafter("mtp", tiny_model, 3), k=3, chunk=8, budget=128,
+                             max_running=16, prefix=prefix, overlap=overlap)
+        engine.generate([system], params)
+        outputs.append(engine.generate([system + t for t in tails], params))
+        blocks = engine.executor.blocks
+        assert blocks.kv_blocks.num_free + len(blocks.checkpoints) == blocks.kv_blocks.size
+        assert blocks.gdn_slots.num_free == blocks.gdn_slots.size
+    assert outputs[0] == outputs[1]
+    assert engine.scheduler.prefix_stats.hit_tokens >= 16 * (SYSTEM + 2 - BLOCK)
+
+
+def test_eviction_under_pressure_keeps_outputs_and_the_pool_whole(tiny_model):
+    """Few blocks and two checkpoints: hashed blocks and checkpoints are evicted as prompts come and go, a
+    request never resumes from what was evicted, and outputs equal those without the cache."""
+    vocab = tiny_model.config.vocab_size
+    prompts = random_prompts([SYSTEM + 8 * i for i in range(6)], vocab, seed=12)
+    prompts += [prompts[0] + [5, 6], prompts[3] + [7], prompts[1]]
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    outputs, evictions = [], []
+    for prefix in (None, PrefixCaching(checkpoint_interval=2 * BLOCK, num_checkpoints=2)):
+        engine = make_engine(tiny_model, make_drafter("mtp", tiny_model, 3), k=3, chunk=8, num_blocks=40,
+                             max_running=2, prefix=prefix)
+        outputs.append([engine.generate([p], params)[0] for p in prompts])
+        blocks = engine.executor.blocks
+        assert blocks.kv_blocks.num_free + len(blocks.checkpoints) == blocks.kv_blocks.size
+        evictions.append(blocks.kv_blocks.num_cached)
+    assert outputs[0] == outputs[1]
+    assert evictions[1] < sum(len(p) // BLOCK for p in prompts)    # registered blocks were evicted on the way
+
+
+def test_a_request_cancelled_mid_prefill_leaves_only_what_it_finished(tiny_model):
+    """A prompt aborted after a few chunks keeps the checkpoints its launched chunks reached, no further; the same
+    prompt sent again resumes there and decodes what it would have without the cache."""
+    vocab = tiny_model.config.vocab_size
+    prompt = random_prompts([64], vocab, seed=14)[0]
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    expected = make_engine(tiny_model, chunk=8).generate([prompt], params)[0]
+    engine = make_engine(tiny_model, make_drafter("mtp", tiny_model, 3), k=3, chunk=8, prefix=CACHE)
+    engine.add_request("cut", prompt, params)
+    for _ in range(3):   # chunks of 8 ending at 8, 15 (checkpoint), 23
+        engine.step()
+    assert engine.abort("cut")
+    engine.add_request("again", prompt, params)
+    tokens, cached = [], None
+    while engine.has_work:
+        for o in engine.step():
+            tokens += o.new_token_ids
+            cached = o.cached_tokens
+    assert tokens == expected and cached == 4 * BLOCK - 1
+    blocks = engine.executor.blocks
+    assert blocks.kv_blocks.num_free + len(blocks.checkpoints) == blocks.kv_blocks.size
+
+
+def test_a_drafter_that_lacks_the_prefix_gets_the_sequence_from_its_start(tiny_model):
+    """The MTP drafter is cleared between rounds (its kept blocks gone): it reports resumed sequences missing, the
+    verifier recomputes them from position 0 without the cache (their first decode steps may go without drafts):
+    outputs stay those of a run without the cache, and the drafter drafts for them again."""
+    results = []
+    for prefix in (None, CACHE):
+        drafter = make_drafter("mtp", tiny_model, 3)
+        engine = make_engine(tiny_model, drafter, k=3, chunk=8, prefix=prefix)
+        system, users, params = conversation(tiny_model.config.vocab_size)
+        first = engine.generate([system + users[0]], params[0])
+        drafter.tables.checkpoints = type(drafter.tables.checkpoints)(drafter.tables.blocks, 8)   # forgets them
+        drafted = engine.stats.drafted
+        second = engine.generate([system + users[0]], params[0])
+        results.append((first, second))
+        assert engine.stats.drafted > drafted
+    assert results[0] == results[1]
+    assert engine.scheduler.prefix_stats.hit_tokens > 0
+
+
+def test_no_prefix_caching_keeps_nothing(tiny_model):
+    engine = make_engine(tiny_model, chunk=8, prefix=PrefixCaching(enabled=False))
+    prompt = random_prompts([40], tiny_model.config.vocab_size, seed=2)[0]
+    engine.generate([prompt, prompt], SamplingParams(max_tokens=4, ignore_eos=True))
+    engine.generate([prompt], SamplingParams(max_tokens=4, ignore_eos=True))
+    assert engine.scheduler.prefix_stats.hit_tokens == 0 and not len(engine.executor.blocks.checkpoints)
+    assert np.all(engine.executor.blocks.kv_blocks._refs == 0)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_demo_model_acceptance_is_the_same_with_a_cached_prefix(overlap):
+    """On the trained demo model the MTP head accepts drafts: resumed from a cached prefix (its own KV blocks
+    shared), it drafts and accepts exactly what it does after a full prefill."""
+    from specdec.demo import demo_model_dir
+    from tokenizers import Tokenizer
+    loaded = load_model(demo_model_dir())
+    tokenizer = Tokenizer.from_file(f"{demo_model_dir()}/tokenizer.json")
+    system = tokenizer.encode("def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + "
+                              "fibonacci(n - 2)\n\nclass Stack:\n    def __init__(self):\n        self.items = []\n").ids
+    users = [tokenizer.encode(u).ids for u in ("def push(self, x):", "def pop(self):", "def factorial(n):")]
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    results = []
+    for prefix in (None, CACHE):
+        engine = make_engine(loaded, make_drafter("mtp", loaded, 3), k=3, prefix=prefix, overlap=overlap)
+        outputs = [engine.generate([system + u], params)[0] for u in users + users]
+        results.append((outputs, engine.stats.drafted, engine.stats.accepted))
+        hits = engine.scheduler.prefix_stats.hit_tokens
+    assert results[0] == results[1] and results[0][2] > results[0][1] / 3   # (it does accept)
+    assert hits >= 5 * (len(system) - BLOCK)
