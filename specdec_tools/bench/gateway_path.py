@@ -193,6 +193,7 @@ class GatewayBench:
         the first always runs; a further one starts only if a pass as long as the last still fits."""
         deadline = time.perf_counter() + guard_s
         passes: list[dict] = []
+        last_s = 0.0
         while len(passes) < self.repeats:
             left, started = deadline - time.perf_counter(), time.perf_counter()
             if passes and left < last_s:
