@@ -129,7 +129,7 @@ def fake_gateway(monkeypatch):
 
 def test_the_multiturn_preset():
     plan = wl.multiturn()
-    assert [w.drafter_label for w in plan] == ["none", "mtp@3.39"]
+    assert [w.drafter_label for w in plan] == ["none", "mtp@3.39", "mtp"]
     for w in plan:
         assert (w.path, w.concurrency, w.prompt_tokens, w.max_tokens, w.temperature) == ("gateway", 16, 4096, 128, 0)
         assert (w.turns, w.turn_tokens, w.requests, w.prefix_cache) == (8, 200, 16 * 8, True)
@@ -137,7 +137,7 @@ def test_the_multiturn_preset():
         # the stack is sized for the longest prompt: the 8th turn's, after 7 answers of 128 tokens
         assert w.prompt_lengths == [4096 + 8 * 200 + 7 * 128] * 16
         assert w.turn_prompt_tokens(1) == 4296 and w.turn_prompt_tokens(2) == 4296 + 128 + 200
-    assert len({w.stack_key for w in plan}) == 2
+    assert len({w.stack_key for w in plan}) == 3
     w = plan[0]
     assert w.mean_context == pytest.approx(sum(w.turn_prompt_tokens(t) for t in range(1, 9)) / 8 + 64)
     for bad in (dict(path="inproc"), dict(turn_tokens=0), dict(long_prompt=512)):
@@ -151,9 +151,9 @@ def test_list_prints_the_planned_workloads(capsys):
     from specdec_tools.cli import main
     assert main(["bench", "--preset", "multiturn", "--list"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("2 workloads (multiturn,")
-    assert out[1:3] == ["  gateway/none/c16/p4096/o128/T0/turns8x200",
-                        "  gateway/mtp@3.39/c16/p4096/o128/T0/turns8x200"]
+    assert out[0].startswith("3 workloads (multiturn,")
+    assert out[1:4] == ["  gateway/none/c16/p4096/o128/T0/turns8x200",
+                        "  gateway/mtp@3.39/c16/p4096/o128/T0/turns8x200", "  gateway/mtp/c16/p4096/o128/T0/turns8x200"]
     assert main(["bench", "--preset", "multiturn", "--list", "--no-prefix-caching", "--turns", "3",
                  "--turn-tokens", "16", "--system-tokens", "64", "--max-tokens", "8"]) == 0
     out = capsys.readouterr().out.splitlines()

@@ -268,10 +268,12 @@ MULTITURN = {"conversations": 16, "turns": 8, "system_tokens": 4096, "turn_token
 def multiturn() -> list[Workload]:
     """Issue 39's prefix-cache workload, through the gateway, greedy: 16 conversations at once, each 8 turns in
     order; a 4096-token system prompt shared by all, 200 new user tokens a turn, 128 tokens back. Without a drafter,
-    then with MTP forced to 3.39 (one stack each)."""
+    with MTP forced to 3.39, and with MTP at its own acceptance (a trained checkpoint's: with and without the
+    cache it must be the same); one stack each."""
     m = MULTITURN
     return [Workload("gateway", d, m["conversations"], m["system_tokens"], m["max_tokens"], forced_length=f,
-                     turns=m["turns"], turn_tokens=m["turn_tokens"]) for d, f in (("none", None), ("mtp", 3.39))]
+                     turns=m["turns"], turn_tokens=m["turn_tokens"])
+            for d, f in (("none", None), ("mtp", 3.39), ("mtp", None))]
 
 
 PRESETS = {"full": (full, []), "baseline": (baseline, BASELINE_CUT), "quick": (quick, QUICK_CUT),
