@@ -360,6 +360,7 @@ def test_no_prefix_caching_reaches_the_verifier(monkeypatch):
         bench.ensure(v, [v])
         args = list(started[-1].verifier_args)
         assert ("--no-prefix-caching" in args) != cache
+        assert args[args.index("--draft-policy") + 1] == "fixed"   # (a GPU verifier's default is adaptive)
         assert int(args[args.index("--max-context") + 1]) >= 4096 + 8 * 200 + 7 * 128 + 128
         bench.stack = None
         bench.logs.cleanup()

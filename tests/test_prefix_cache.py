@@ -252,3 +252,38 @@ def test_demo_model_acceptance_is_the_same_with_a_cached_prefix(overlap):
         hits = engine.scheduler.prefix_stats.hit_tokens
     assert results[0] == results[1] and results[0][2] > results[0][1] / 3   # (it does accept)
     assert hits >= 5 * (len(system) - BLOCK)
+
+
+@pytest.mark.parametrize("transport", ["shm", "inline"])
+def test_the_mtp_drafter_service_resumes_a_cached_prefix(tmp_path, transport):
+    """Through the three services on the demo model: a prompt's first repeat is served from the prefix cache, the
+    MTP drafter service resumes it from its own kept blocks (device steps over shared memory, or host steps with
+    inline hidden states) and drafts and accepts exactly what it did the first time."""
+    import grpc
+    from tokenizers import Tokenizer
+
+    from specdec.demo import demo_model_dir
+    from specdec.rpc.v1 import gateway_pb2, gateway_pb2_grpc
+    from specdec_tools.local_stack import LocalStack, StackConfig
+    prompt = Tokenizer.from_file(f"{demo_model_dir()}/tokenizer.json").encode(
+        "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, x):\n").ids
+    stack = LocalStack(StackConfig(model=demo_model_dir(), drafter="mtp", num_drafts=3, port=0, transport=transport,
+                                   log_dir=str(tmp_path), startup_timeout_s=120))
+    stack.start()
+    try:
+        with grpc.insecure_channel(stack.address) as channel:
+            stub = gateway_pb2_grpc.GatewayStub(channel)
+            runs = []
+            for _ in range(2):
+                replies = list(stub.Generate(gateway_pb2.GenerateRequest(
+                    prompt_token_ids=prompt, sampling=gateway_pb2.SamplingParams(max_tokens=24, ignore_eos=True)),
+                    timeout=120))
+                u = replies[-1].usage
+                runs.append(([t for r in replies for t in r.token_ids], u.draft_tokens, u.accepted_tokens,
+                             u.cached_tokens))
+    finally:
+        stack.stop()
+    (tokens, drafted, accepted, cached), repeat = runs
+    assert cached == 0 and repeat == (tokens, drafted, accepted, (len(prompt) // 16) * 16 - 1)
+    assert accepted > 0
+    assert "the drafter lost its hidden states" not in (tmp_path / "verifier.log").read_text()

@@ -128,6 +128,7 @@ class GatewayBench:
         if w.forced_length:
             verifier += ["--forced-acceptance-length", str(w.forced_length), "--unsafe-forced-acceptance"]
         verifier += [] if w.prefix_cache else ["--no-prefix-caching"]
+        verifier += ["--draft-policy", w.draft_policy] if w.drafter != "none" else []   # (a GPU's default: adaptive)
         config = StackConfig(model=self.model, drafter=service, num_drafts=w.num_drafts or 3, device=self.device,
                              dtype=self.dtype, port=0, verifier_args=tuple(verifier), drafter_args=tuple(drafter),
                              log_dir=self.logs.name,
