@@ -349,6 +349,20 @@ def test_single_request_passes_send_other_prompts_each(fake_gateway):
     assert "multiturn" not in m and m["completion_tokens"] == 8
 
 
+def test_workloads_of_one_stack_send_other_prompts(fake_gateway):
+    """The long preset's alone run of a 16k prompt and its interference run send prompts of one generator (and c1's
+    prompt is c16's first): on one stack, no workload may find another's prompts cached."""
+    fake, bench = fake_gateway
+    crowd, alone = wl.Workload("gateway", "none", 2, 48, 4), wl.Workload("gateway", "none", 1, 48, 4)
+    bench.run(crowd, wl.prompts_for(crowd, 1000), 60.0)
+    before = len(fake.requests)
+    bench.run(alone, wl.prompts_for(alone, 1000), 60.0)
+    firsts = [{tuple(r.prompt_token_ids[:BLOCK]) for r, _, _ in fake.requests[a:b]}
+              for a, b in ((0, before), (before, len(fake.requests)))]
+    assert wl.prompts_for(alone, 1000)[0] == wl.prompts_for(crowd, 1000)[0]
+    assert not firsts[0] & firsts[1] and [c for _, _, c in fake.requests] == [0] * len(fake.requests)
+
+
 def test_no_prefix_caching_reaches_the_verifier(monkeypatch):
     from specdec.demo import demo_model_dir
     from specdec_tools.bench import gateway_path

@@ -4,8 +4,9 @@ the drafter inside the verifier's process (`--in-process-drafter`), so that gate
 A conversation workload (turns > 0) runs N conversations at once, each a gRPC stream per turn, in order: turn t + 1
 is sent when turn t has finished, its prompt turn t's prompt + the tokens turn t gave back + new user tokens.
 
-Every pass sends other token sequences (workloads.salted: the timed pass 0 the workload's own prompts, the warm-up
-and later passes them rotated), so that no pass finds an earlier one's prompts in the verifier's prefix cache.
+Every pass sends other token sequences (workloads.salted: the first workload's timed pass 0 the workload's own
+prompts, every other pass them rotated by a salt of its own), so that no pass finds an earlier one's prompts, of
+this workload or another, in the verifier's prefix cache.
 
 The step split comes from the verifier's Prometheus endpoint (`--metrics-port`): the mean per engine step of
 each phase of `specdec_step_seconds` (the engine's host time per phase), scraped before and after the
@@ -77,6 +78,7 @@ class GatewayBench:
         self.prefill_chunk = prefill_chunk  # the verifier's --prefill-chunk (None: its default)
         self.service_defaults = service_defaults  # no sizing flags: the services size themselves
         self.lone_prefill_chunk = lone_prefill_chunk  # the verifier's --lone-prefill-chunk (None: its default)
+        self.workloads_run = 0            # each workload's passes rotate its prompts by salts of their own
         self.tensor_parallel_size, self.load_format = tensor_parallel_size, load_format
         self.step_channel = step_channel  # the verifier's --step-channel (a drafter service's steps)
         self.repeats = repeats            # timed passes per workload; the one of median tokens/s is reported
@@ -179,17 +181,21 @@ class GatewayBench:
         # (Triton specialises per shape class, e.g. paged attention per query-block and split count, which the
         # steps mixing prefill chunks with decodes reach only once requests outlive the others' prefill), fla
         # autotunes, and the graph buckets of this concurrency are hit before measuring. Its prompts are the
-        # workload's rotated (salt -1): the same lengths and shapes, none of the timed pass's prefixes cached.
+        # workload's rotated: the same lengths and shapes, none of the timed passes' prefixes cached. Workload n's
+        # timed passes rotate them by n (repeats + 1) + pass, its warm-up by that + repeats, so that no workload finds
+        # another's prompts cached either (workloads of one length share their prompts: c1's is c16's first).
+        first, self.workloads_run = self.workloads_run * (self.repeats + 1), self.workloads_run + 1
         warm_start = time.perf_counter()
-        self._send(w, salted(prompts, -1), guard_s)
+        self._send(w, salted(prompts, first + self.repeats), guard_s)
         warmup_s = round(time.perf_counter() - warm_start, 2)
         log.info("%s: warm-up pass done in %.1f s; timing %d pass(es)", w.name, warmup_s, self.repeats)
-        passes = self._timed_passes(w, prompts, guard_s)
+        passes = self._timed_passes(w, prompts, guard_s, first)
         rates = [p["output_tokens_per_s"] or 0.0 for p in passes]
         median = passes[sorted(range(len(passes)), key=rates.__getitem__)[len(passes) // 2]]
         return {**median, "warmup_s": warmup_s, "passes_tokens_per_s": [round(r, 2) for r in rates]}
 
-    def _timed_passes(self, w: Workload, prompts: list[list[int]], guard_s: float) -> list[dict]:
+    def _timed_passes(self, w: Workload, prompts: list[list[int]], guard_s: float, first_salt: int = 0
+                      ) -> list[dict]:
         """Up to `repeats` timed passes within one guard_s for them all (as one pass has with --repeats 1):
         the first always runs; a further one starts only if a pass as long as the last still fits."""
         deadline = time.perf_counter() + guard_s
@@ -201,7 +207,7 @@ class GatewayBench:
                 log.warning("%s: %d of %d timed passes fit in the workload's %.0f s", w.name, len(passes),
                             self.repeats, guard_s)
                 break
-            passes.append(self._measure(w, salted(prompts, len(passes)), left))
+            passes.append(self._measure(w, salted(prompts, first_salt + len(passes)), left))
             last_s = time.perf_counter() - started
         return passes
 
