@@ -153,7 +153,7 @@ def leaks(verifier_address: str) -> list[str]:
     with grpc.insecure_channel(verifier_address) as channel:
         s = verifier_pb2_grpc.VerifierStub(channel).Stats(verifier_pb2.StatsRequest(), timeout=10)
     problems = []
-    taken = s.total_kv_blocks - s.free_kv_blocks - s.prefix_cache_blocks   # (checkpoints keep a block each)
+    taken = s.total_kv_blocks - s.free_kv_blocks - s.prefix_cache_checkpoints   # (checkpoints keep a block each)
     if taken:
         problems.append(f"{taken} KV blocks still taken")
     if s.free_gdn_slots != s.total_gdn_slots:

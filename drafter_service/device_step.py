@@ -42,7 +42,7 @@ class DeviceSteps:
         if hidden is None and step.device.changes_only and self.hidden is not None:
             hidden = pb.TensorRef(transport=self.hidden.transport, dtype=self.hidden.dtype, buffer="hidden",
                                   shape=[int(schedule.chunk_lens.sum()), info.facts.hidden_size])
-        problem = device_step_problem(schedule, hidden, info, self.buffers)
+        problem = device_step_problem(schedule, hidden, info, self.buffers, step.prefixes)
         if not problem:
             self._checked = (step.step, schedule, hidden)
         return problem
@@ -74,7 +74,7 @@ def read_schedule(d: pb.DeviceStep, held: DeviceSchedule | None) -> DeviceSchedu
 
 
 def device_step_problem(schedule: DeviceSchedule, hidden: pb.TensorRef | None, info: DrafterInfo,
-                        buffers: StreamBuffers) -> str:
+                        buffers: StreamBuffers, prefixes=()) -> str:
     """What is wrong with a device step's decoded schedule and hidden rows ("" if nothing), naming the field."""
     b = len(schedule)
     if len(np.unique(schedule.seq_ids)) != b:
@@ -92,6 +92,10 @@ def device_step_problem(schedule: DeviceSchedule, hidden: pb.TensorRef | None, i
         return "device.chunk_lens: every sequence has at least one row"
     if schedule.num_drafts.max(initial=0) > min(info.max_drafts, arrays["drafts"].shape[1]):
         return f"device.num_drafts: more than this drafter's {info.max_drafts} or the drafts buffer's width"
+    problem = prefixes_problem(prefixes, dict(zip(schedule.seq_ids.tolist(),
+                                                  (schedule.start_pos + schedule.max_shift + schedule.chunk_lens).tolist())))
+    if problem:
+        return problem
     if hidden is None or tuple(hidden.shape) != (rows, info.facts.hidden_size):
         return f"hidden: expected shape ({rows}, {info.facts.hidden_size}), one row per row of the step"
     on_gpu = arrays["step_tokens"].device.type == "cuda"   # the hidden rows' event orders every step buffer
@@ -125,3 +129,20 @@ def run_device_step(drafter: DraftsOnDevice, number: int, schedule: DeviceSchedu
 def prefixes_of(step: pb.StepInput) -> list[PrefixBlocks]:
     """drafter.proto's PrefixBlocks of a step as the drafter interface's."""
     return [PrefixBlocks(p.seq_id, list(p.hashes), p.block_size, p.resumed, p.checkpoint) for p in step.prefixes]
+
+
+def prefixes_problem(prefixes, ends: dict[int, int]) -> str:
+    """What is wrong with a step's prefix-cache messages ("" if nothing): each names a sequence of the step
+    (`ends`: seq id -> the position its rows reach this step), once, with a hash per block it counts, and a
+    checkpoint its rows reach."""
+    seen = set()
+    for p in prefixes:
+        name = f"prefixes[seq_id={p.seq_id}]"
+        if p.seq_id not in ends or p.seq_id in seen:
+            return f"{name}: not a sequence of this step, or named twice"
+        seen.add(p.seq_id)
+        if p.block_size < 1 or len(p.hashes) < max(p.resumed, p.checkpoint):
+            return f"{name}: block_size {p.block_size}, {len(p.hashes)} hashes for {max(p.resumed, p.checkpoint)} blocks"
+        if p.checkpoint and p.checkpoint * p.block_size - 1 > ends[p.seq_id]:
+            return f"{name}: checkpoint at {p.checkpoint * p.block_size - 1}, past the rows of this step"
+    return ""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from specdec.drafting import DrafterInfo
 from specdec.rpc.v1 import drafter_pb2 as pb
 
-from .device_step import DeviceSteps
+from .device_step import DeviceSteps, prefixes_problem
 from .stream_buffers import StreamBuffers
 
 
@@ -21,6 +21,9 @@ def step_problem(step: pb.StepInput, last_step: int, info: DrafterInfo, buffers:
     seq_ids = [s.seq_id for s in step.seqs]
     if len(set(seq_ids)) != len(seq_ids):
         return "seqs: a seq_id appears twice in one step"
+    problem = prefixes_problem(step.prefixes, {s.seq_id: s.start_pos + len(s.token_ids) - 1 for s in step.seqs})
+    if problem:
+        return problem
     vocab = info.facts.vocab_size
     for s in step.seqs:
         if not s.token_ids:

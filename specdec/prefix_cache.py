@@ -73,7 +73,8 @@ class BlockPool:
         return len(self._free) + len(self._idle)
 
     @property
-    def num_cached(self) -> int:
+    def num_registered(self) -> int:
+        """Blocks registered under a hash (owned or idle)."""
         return len(self._block_of)
 
     def take(self, n: int = 1) -> list[int]:
@@ -92,6 +93,7 @@ class BlockPool:
 
     def give_back(self, ids: list[int]) -> None:
         for block in reversed(ids):
+            assert self._refs[block] > 0, f"{self.name}: block {block} given back more often than taken"
             self._refs[block] -= 1
             if self._refs[block] > 0:
                 continue
@@ -101,7 +103,8 @@ class BlockPool:
                 self._free.append(block)
 
     def share(self, block: int) -> None:
-        """One more owner of a block (a registered one, possibly idle)."""
+        """One more owner of a block (an owned one, or a registered idle one)."""
+        assert self._refs[block] > 0 or block in self._idle, f"{self.name}: block {block} is free"
         self._idle.pop(block, None)
         self._refs[block] += 1
 
@@ -152,14 +155,32 @@ class Checkpoints:
             self._entries.move_to_end(block_hash)
         return entry
 
+    def drop(self, block_hash: int | None = None) -> bool:
+        """Drop a checkpoint (default: the least recently used), its block given back; False if there was none."""
+        if block_hash is None and self._entries:
+            block_hash = next(iter(self._entries))
+        entry = self._entries.pop(block_hash, None) if block_hash is not None else None
+        if entry is None:
+            return False
+        self.pool.give_back([entry[0]])
+        self._rows.append(entry[1])
+        return True
+
+    def reclaim(self, num_blocks: int) -> None:
+        """Drop checkpoints, least recently used first, until the pool has `num_blocks` free (or none is left)."""
+        while self.pool.num_free < num_blocks and self.drop():
+            pass
+
     def add(self, block_hash: int, block: int) -> int | None:
-        """Keep `block` for `block_hash`; returns the row its state goes to (None: already kept, or no room)."""
-        if block_hash in self._entries or self.capacity <= 0:
+        """Keep `block` for `block_hash`; returns the row its state goes to (None: already kept, now the most recently
+        used, so that two sides keeping the same checkpoints drop them in the same order; or no room)."""
+        if block_hash in self._entries:
+            self._entries.move_to_end(block_hash)
+            return None
+        if self.capacity <= 0:
             return None
         if not self._rows:
-            _, (old, row) = self._entries.popitem(last=False)
-            self.pool.give_back([old])
-            self._rows.append(row)
+            self.drop()
         self.pool.share(block)
         row = self._rows.pop()
         self._entries[block_hash] = (block, row)

@@ -60,7 +60,7 @@ def verifier_stats(stack: LocalStack) -> verifier_pb2.StatsResponse:
 def assert_no_leak(stack: LocalStack) -> None:
     s = verifier_stats(stack)
     # (the prefix cache's checkpoints keep a block each; its idle cached blocks count as free)
-    assert (s.free_kv_blocks + s.prefix_cache_blocks, s.free_gdn_slots) == (s.total_kv_blocks, s.total_gdn_slots), s
+    assert (s.free_kv_blocks + s.prefix_cache_checkpoints, s.free_gdn_slots) == (s.total_kv_blocks, s.total_gdn_slots), s
     assert (s.running, s.waiting, s.in_flight) == (0, 0, 0) and s.engine_alive, s
 
 

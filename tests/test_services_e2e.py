@@ -164,7 +164,7 @@ def test_cancelled_client_frees_its_slots(model_dir, tmp_path):
             call.cancel()
         wait_for(lambda: verifier_stats(stack).free_gdn_slots == total.total_gdn_slots)
         after = verifier_stats(stack)
-        assert after.free_kv_blocks + after.prefix_cache_blocks == after.total_kv_blocks and after.running == 0
+        assert after.free_kv_blocks + after.prefix_cache_checkpoints == after.total_kv_blocks and after.running == 0
         assert "aborted; its KV blocks and GDN slot are free" in (tmp_path / "verifier.log").read_text()
     finally:
         stack.stop()

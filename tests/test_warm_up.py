@@ -6,11 +6,15 @@ from engine_factory import make_drafter, make_engine, random_prompts
 from specdec.models import gated_deltanet
 from specdec.models.cuda_graph_runner import buckets_for
 from specdec.sampling_params import SamplingParams
+from verifier_service.block_manager import PrefixCaching
 from verifier_service.warm_up import MIN_CONTEXT, PREFILL_SIZES, warm_up
 
 
-def test_warm_up_mixes_prefill_chunks_with_verify_steps_at_every_bucket(tiny_model):
-    engine = make_engine(tiny_model, make_drafter("ngram", tiny_model, 3), 3, max_running=8, chunk=64, budget=128)
+@pytest.mark.parametrize("prefix", [None, PrefixCaching(checkpoint_interval=16, num_checkpoints=16)])
+def test_warm_up_mixes_prefill_chunks_with_verify_steps_at_every_bucket(tiny_model, prefix):
+    """(With prefix caching too: its made-up prompts share prefixes, which would cut or skip its chunks.)"""
+    engine = make_engine(tiny_model, make_drafter("ngram", tiny_model, 3), 3, max_running=8, chunk=64, budget=128,
+                         prefix=prefix)
     shapes, forward = set(), engine.executor.forward
 
     def spy(seqs, chunks, num_drafts=None, logits="last", before=None, checkpoints=None):

@@ -23,7 +23,8 @@ class PrefixCaching:
     """Prefix caching's settings (`--no-prefix-caching`, `--prefix-checkpoint-interval`, `--prefix-checkpoints`)."""
     enabled: bool = True
     checkpoint_interval: int = 1024      # tokens between two checkpoints of a prompt (and one at its end)
-    num_checkpoints: int = 16            # GDN state rows kept for checkpoints (0: none, so off)
+    num_checkpoints: int = 16            # GDN state rows kept for checkpoints (0 here: none, so off; the CLI's
+    #                                      --prefix-checkpoints 0 means its default, 2 x --max-running)
 
 
 @dataclass
@@ -34,9 +35,6 @@ class CacheOps:
     restores: list[tuple[int, int]] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)
     saves: list[tuple[int, int]] = field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.fresh_slots or self.restores or self.block_copies or self.saves)
 
 
 @dataclass(frozen=True)
@@ -64,6 +62,7 @@ class BlockManager:
         self.checkpoints = Checkpoints(self.kv_blocks, self.prefix.num_checkpoints if self.prefix.enabled else 0,
                                        first_row=max_seqs)
         self.stats = PrefixStats()
+        self.paused = False      # no lookups, no checkpoints (the warm-up: its made-up prompts share prefixes)
         self.block_rows = np.zeros((max_seqs + 1, max_blocks_per_seq), np.int32)   # [slot, W] (last: scratch)
         self._ops = CacheOps()   # since the last step
 
@@ -76,8 +75,10 @@ class BlockManager:
         return max(0, math.ceil(length / self.block_size) - len(seq.block_table))
 
     def fits(self, seq: Sequence, length: int) -> bool:
-        """Enough free blocks for positions < length (its slot aside)."""
-        return self.blocks_needed(seq, length) <= self.kv_blocks.num_free
+        """Enough free blocks for positions < length (its slot aside), checkpoints dropped for them if need be."""
+        needed = self.blocks_needed(seq, length)
+        self.checkpoints.reclaim(needed)
+        return needed <= self.kv_blocks.num_free
 
     def can_admit(self, seq: Sequence, length: int, hit: PrefixHit | None = None) -> bool:
         """A slot and blocks for positions < length, resuming from `hit` if given (its shared blocks need none,
@@ -86,19 +87,19 @@ class BlockManager:
             return False
         if hit is None:
             return self.fits(seq, length)
-        needed = math.ceil(length / self.block_size) - len(hit.shared)
-        return needed + self.kv_blocks.num_idle(hit.shared) <= self.kv_blocks.num_free
+        needed = math.ceil(length / self.block_size) - len(hit.shared) + self.kv_blocks.num_idle(hit.shared)
+        return needed <= self.kv_blocks.num_free   # (its checkpoint's block must stay: none is dropped here)
 
     # ---- prefix caching ------------------------------------------------------------------------
     def next_checkpoint(self, seq: Sequence, start: int) -> int | None:
         """Where the chunk of `seq` from position `start` must end so that its state is kept (None: nowhere)."""
-        if not self.prefix.enabled:
+        if not self.prefix.enabled or self.paused:
             return None
         return next_checkpoint(start, len(seq.token_ids), self.block_size, self.prefix.checkpoint_interval)
 
     def match(self, seq: Sequence) -> PrefixHit | None:
         """The longest cached prefix of `seq`'s tokens it can resume from (it must still run >= 1 token)."""
-        if not self.prefix.enabled or not len(self.checkpoints):
+        if not self.prefix.enabled or self.paused or not len(self.checkpoints):
             return None
         num_blocks = len(seq.token_ids) // self.block_size
         seq.hashed(chain_hashes(seq.token_ids, self.block_size, num_blocks, seq.block_hashes))
@@ -129,7 +130,7 @@ class BlockManager:
         blocks = hit.shared + [copy]
         self.block_rows[slot, :len(blocks)] = blocks
         seq.took_blocks(blocks)
-        seq.resumed(hit.num_cached(self.block_size))
+        seq.resumed(hit.num_cached(self.block_size), seq.block_hashes[hit.num_blocks - 1])
 
     def checkpoint(self, seq: Sequence, position: int) -> None:
         """`seq`'s launched chunk ends at checkpoint `position`: its complete blocks are registered and its state is
@@ -141,6 +142,11 @@ class BlockManager:
         row = self.checkpoints.add(seq.block_hashes[m - 1], seq.block_table[m - 1])
         if row is not None:
             self._ops.saves.append((seq.gdn_slot, row))
+
+    def forget(self, checkpoint_hash: int) -> None:
+        """Drop a checkpoint a drafter could not resume from: the next prompt that needs it computes it again (and
+        the drafter keeps its own part then)."""
+        self.checkpoints.drop(checkpoint_hash)
 
     # ---- reservation ---------------------------------------------------------------------------
     def reserve(self, seq: Sequence, length: int) -> None:

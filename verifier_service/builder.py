@@ -14,12 +14,12 @@ from specdec.models.loader import LoadedModel, fp8_format, load_model
 from specdec.models.model_config import ModelConfig
 from specdec.step_trace import StepTrace
 
+from .block_manager import PrefixCaching
 from .cache_sizing import CacheRequest, size_caches
 from .draft_policy import POLICIES
 from .drafter_client import DrafterLinkConfig, RemoteDrafter
 from .engine import EngineConfig, SpecEngine
 from .engine_loop import DEFAULT_MAX_QUEUED
-from .block_manager import PrefixCaching
 from .executor import Executor
 from .model_runner import ModelRunner
 from .rank_group import RankSpec

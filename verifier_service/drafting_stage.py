@@ -281,8 +281,9 @@ class DraftingStage:
             return DraftInput(seq.seq_id, 0, seq.token_ids[:seq.num_cached + 1], want, _grammar_of(seq))
         self.context_lost.discard(seq.seq_id)
         start = old if self.drafter.needs_hidden else min(old, self.sent.get(seq.seq_id, 0))
+        first = start == 0 or seq.seq_id not in self.sent   # (a sequence resumed from a cached prefix starts later)
         return DraftInput(seq.seq_id, start, seq.token_ids[start:seq.num_cached + 1], want,
-                          _grammar_of(seq) if start == 0 else None)
+                          _grammar_of(seq) if first else None)
 
 
 def _grammar_of(seq: Sequence) -> OutputGrammar | None:
@@ -327,7 +328,7 @@ def chained_draft_step(step: int, plan: list[ScheduledSeq], batch: ForwardBatch,
         max_shift=np.fromiter((p.seq.unread_accepts for p in plan), np.int64, count=b),
         chunk_lens=chunk_lens, num_drafts=wanted, input_ids=batch.input_ids, positions=batch.positions,
         hidden=hidden, committed=committed, next_token=next_token,
-        prefixes=[b for p in plan for b in prefix_blocks(p, block_size)]), sampled_dev
+        prefixes=[blocks for p in plan for blocks in prefix_blocks(p, block_size)]), sampled_dev
 
 
 def _next_prompt_token(p: ScheduledSeq) -> int:

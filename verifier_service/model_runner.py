@@ -28,6 +28,7 @@ from specdec.models.forward_batch import ForwardBatch
 from specdec.models.fused_linear import fuse_projections
 from specdec.models.gated_deltanet import CHUNKED_PREFILL_MIN_TOKENS
 from specdec.models.loader import LoadedModel
+from specdec.models.pinned_upload import PinnedUpload
 
 from .block_manager import CacheOps
 
@@ -59,6 +60,7 @@ class ModelRunner:
         self.graphs: CudaGraphRunner | None = None
         self.last_outputs: tuple[torch.Tensor, ...] = ()
         self.last_batch: ForwardBatch | None = None   # the staged (padded) batch of the last forward
+        self._upload_pairs = PinnedUpload(self.device, buffers=4)   # cache ops' indices (two uploads a step)
         if self.device.type == "cuda" and not enforce_eager:
             self.use_graphs(capture=True)
 
@@ -101,8 +103,9 @@ class ModelRunner:
             self.caches.gdn.copy_rows(*self._index_pairs(ops.saves))
 
     def _index_pairs(self, pairs: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        index = torch.tensor(pairs, dtype=torch.long).t().to(self.device)   # [2, N]: sources, destinations
-        return index[0], index[1]
+        """(sources [N], destinations [N]) on the device, through pinned memory (no wait for the device)."""
+        index = self._upload_pairs(np.asarray(pairs, np.int64).T.ravel())   # [2 * N]
+        return index[:len(pairs)], index[len(pairs):]
 
     # ---- one step ----------------------------------------------------------------------
     def run(self, plan: StepPlan, before: BeforeStep | None = None, share_inputs: bool = False

@@ -3,7 +3,8 @@ which loads its shard of the target (tensor_parallel.py), allocates its caches a
 runs every step rank 0 tells it, in the same order:
 
     rank 0   executor.forward: plan the step → send StepMessage → run its shard → sample (rank 0 only)
-    rank r   receive StepMessage → reset fresh GDN slots → run its shard (the collectives meet rank 0's)
+    rank r   receive StepMessage → its cache ops (GDN slots reset or restored, KV blocks copied) → run its shard (the
+             collectives meet rank 0's) → save the states of prefix checkpoints
 
 The message crosses a gloo group on the host (step_message.py); the collectives inside the step use NCCL on GPUs
 (rank r on cuda:r) and gloo on the CPU. A step whose inputs rank 0 rewrote on the device from an unread verdict

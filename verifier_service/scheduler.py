@@ -4,9 +4,9 @@ Each step every running sequence gets a chunk: decoding ones verify [last commit
 ones take the next piece of their prompt (chunked prefill, mixed with decoding) within a token budget.
 Admission needs a free GDN slot and KV blocks for the first chunk (the block manager's). With prefix caching a
 sequence is admitted at the longest cached checkpoint of its tokens (block_manager.py), and a prompt chunk ends
-where the next checkpoint falls, so that the state there is kept. When blocks run out, the
-most recently admitted sequence is preempted by recompute: its caches are freed and it re-prefills prompt + output
-later. `schedule` returns the step's entries and the sequences it preempted (the drafter forgets them).
+where the next checkpoint falls, so that the state there is kept. When blocks run out, kept checkpoints are dropped
+first, then the most recently admitted sequence is preempted by recompute: its caches are freed and it re-prefills
+prompt + output later. `schedule` returns the step's entries and the sequences it preempted (the drafter forgets them).
 
 With `lone_prefill_chunk` (`--lone-prefill-chunk`), a running prompt whose next chunk is that long runs alone, in
 steps that alternate with steps of everything else: on a GPU with fla-core a chunk alone replays its prefill graph,
@@ -116,6 +116,8 @@ class Scheduler:
                  len(victim.token_ids), reason)
         self.running.remove(victim)
         self.blocks.release(victim)
+        if not reuse_prefix and victim.resumed_from is not None:
+            self.blocks.forget(victim.resumed_from)
         victim.preempted(reuse_prefix)
         self.waiting.appendleft(victim)
 

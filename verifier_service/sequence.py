@@ -45,6 +45,7 @@ class Sequence:
     block_hashes: list[int] = field(default_factory=list)   # chain hashes of its first whole blocks of tokens
     cached_tokens: int = 0               # prompt tokens its first admission took from the prefix cache
     reuse_prefix: bool = True            # may resume from the prefix cache (not after its drafter lacked one)
+    resumed_from: int | None = None      # the hash of the prefix checkpoint its caches were restored from
     gdn_slot: int = -1
     gdn_read_offset: int = 0             # drafts of the last step accepted: GDN replays them, conv column
     unread_steps: int = 0                # launched steps that sampled and are not read yet (0 or 1 when scheduling)
@@ -69,12 +70,12 @@ class Sequence:
         self.block_table += blocks
 
     def hashed(self, hashes: list[int]) -> None:
-        """Its block hashes, computed as far as the prefix cache needed them (tokens only grow: they stay true)."""
+        """Its block hashes, as far as the prefix cache needed them (tokens only grow: the first ones stay true)."""
         self.block_hashes = hashes
 
-    def resumed(self, num_cached: int) -> None:
+    def resumed(self, num_cached: int, checkpoint_hash: int) -> None:
         """Its caches were restored from the prefix cache up to `num_cached` (a checkpoint of committed tokens)."""
-        self.num_cached, self.gdn_read_offset = num_cached, 0
+        self.num_cached, self.gdn_read_offset, self.resumed_from = num_cached, 0, checkpoint_hash
         if self.queue_seconds is None:   # (before its first admission: what usage reports)
             self.cached_tokens = min(num_cached, self.num_prompt)
 
@@ -94,6 +95,8 @@ class Sequence:
         `reuse_prefix` it prefills from its first token (its drafter could not resume it from a cached prefix)."""
         self.drafts, self.draft_probs = [], None
         self.reuse_prefix = self.reuse_prefix and reuse_prefix
+        if not reuse_prefix:   # (usage counts what was not computed: it will be)
+            self.cached_tokens = 0
 
     # ---- one step (the engine) --------------------------------------------------------------------
     def launched(self, chunk_len: int, num_drafts: int, samples: bool, decoding: bool) -> None:

@@ -102,4 +102,4 @@ class VerifierServicer(verifier_pb2_grpc.VerifierServicer):
             transport=getattr(drafter, "transport_name", "in-process" if drafter is not None else "none"),
             in_flight=self.loop.in_flight, engine_alive=self.loop.error is None,
             prefix_cache_queries=prefix.queried_tokens, prefix_cache_hits=prefix.hit_tokens,
-            prefix_cache_blocks=len(blocks.checkpoints))
+            prefix_cache_checkpoints=len(blocks.checkpoints), prefix_cache_blocks=blocks.kv_blocks.num_registered)

@@ -49,7 +49,7 @@ class StepMessage:
 
     @staticmethod
     def unpack(words: np.ndarray) -> "StepMessage":
-        kind, share, b, t, w, f, r, c, n, _ = (int(x) for x in words[:HEADER])
+        kind, share, b, t, w, f, num_restores, num_copies, num_saves, _ = (int(x) for x in words[:HEADER])
         if kind == STOP:
             return StepMessage(None, CacheOps(), False)
         at = HEADER
@@ -66,7 +66,8 @@ class StepMessage:
                         block_tables=tables, table_lens=table_lens, gdn_slots=slots, gdn_read_offsets=offsets,
                         num_drafts=drafts, logits_per_seq=logits)
         fresh = take(f).tolist()
-        restores, copies, saves = (list(map(tuple, take(2 * x).reshape(x, 2).tolist())) for x in (r, c, n))
+        restores, copies, saves = (list(map(tuple, take(2 * x).reshape(x, 2).tolist()))
+                                   for x in (num_restores, num_copies, num_saves))
         return StepMessage(plan, CacheOps(fresh, restores, copies, saves), bool(share))
 
 

@@ -69,8 +69,10 @@ def warm_up(engine: SpecEngine, mixed: bool | None = None) -> None:
     start, steps = time.perf_counter(), engine.step_count
     drafter = engine.drafter
     k = engine.config.num_drafts if drafter is not None else 0
+    blocks = engine.executor.blocks
     try:
         engine.drafter = EchoDrafter(k) if k else None
+        blocks.paused = True   # its made-up prompts share prefixes: cached, they would not run the shapes meant
         if engine.max_len < MIN_CONTEXT:
             log.warning("warm-up skipped: a maximum context of %d tokens leaves no room for it (%d needed); the "
                         "first requests may wait for kernels to compile", engine.max_len, MIN_CONTEXT)
@@ -82,7 +84,7 @@ def warm_up(engine: SpecEngine, mixed: bool | None = None) -> None:
             while engine.has_work:   # an overlapped step still running: its aborted requests' tokens are dropped
                 engine.step()
     finally:
-        engine.drafter = drafter
+        engine.drafter, blocks.paused = drafter, False
         log.info("warm-up: %d steps in %.1f s", engine.step_count - steps, time.perf_counter() - start)
         reset_counters(engine)
 

@@ -29,6 +29,9 @@ from .prompt_rows import PromptRows
 from .sequence_tables import SequenceTables
 
 log = logging.getLogger(__name__)
+# prefix checkpoints kept (one block each; dropped, least recently used first, when sequences need the blocks): more
+# than a verifier keeps by default (2 x 64 running sequences), so that a checkpoint it resumes from is still here
+MAX_CHECKPOINTS = 256
 
 
 def _linear_around(weight: torch.Tensor) -> nn.Linear:
@@ -88,7 +91,8 @@ class MTPDrafter:
         caches = ModelCaches(kv=kv, gdn=GDNCache([], [], []), layer_slot={i: i for i in range(num_layers)})
         self.kv = kv
         self.tables = SequenceTables(BlockPool(num_blocks, "mtp kv blocks"), block_size,
-                                     math.ceil(options.max_context / block_size), min(256, num_blocks // 8))
+                                     math.ceil(options.max_context / block_size),
+                                     MAX_CHECKPOINTS)
         draft_vocab = None if options.draft_vocab is None else torch.as_tensor(options.draft_vocab)
         self.loop = MTPDraftLoop(self.head, caches, max_drafts, options.max_seqs, self.tables.width, self.device,
                                  graphs=not options.enforce_eager, draft_vocab=draft_vocab)
@@ -105,12 +109,13 @@ class MTPDrafter:
         if self.draft_masks is not None:
             self.draft_masks.ingest(batch.seqs)
         lens = np.fromiter((len(s.token_ids) - 1 for s in batch.seqs), np.int64, count=len(batch.seqs))
-        served, missing, prefixes = [], [], {p.seq_id: p for p in batch.prefixes}
+        served, missing, prefixes, copies = [], [], {p.seq_id: p for p in batch.prefixes}, []
         for i, s in enumerate(batch.seqs):
-            if s.start_pos > 0 and not self._holds(s.seq_id, prefixes.get(s.seq_id)):
+            if s.start_pos > 0 and not self._holds(s.seq_id, prefixes.get(s.seq_id), copies):
                 missing.append(s.seq_id)
             elif s.seq_id not in self.dropped and self._try_reserve(s.seq_id, s.start_pos + lens[i]) and lens[i] > 0:
                 served.append(i)
+        self._copy_blocks(copies)
         if served:
             hidden = batch.hidden
             if len(served) < len(batch.seqs):  # rows of the served sequences only
@@ -121,17 +126,21 @@ class MTPDrafter:
         self._keep_checkpoints(batch.prefixes)
         return DraftOutput(drafts=drafts, missing=missing)
 
-    def _holds(self, seq_id: int, prefix: PrefixBlocks | None) -> bool:
+    def _holds(self, seq_id: int, prefix: PrefixBlocks | None, copies: list[tuple[int, int]]) -> bool:
         """Does this drafter hold (or has it dropped) a sequence first seen past position 0? One the verifier
-        resumed from a prefix it kept too is taken now: its last block's copy is queued."""
+        resumed from a prefix it kept too is taken now: its last block's (source, copy) joins `copies`."""
         if seq_id in self.tables or seq_id in self.dropped:
             return True
         copy = self.tables.resume(seq_id, prefix) if prefix is not None and prefix.resumed else None
-        if copy is None:
-            return False
-        index = torch.tensor(copy, dtype=torch.long).to(self.device)
-        self.kv.copy_blocks(index[:1], index[1:])
-        return True
+        if copy is not None:
+            copies.append(copy)
+        return copy is not None
+
+    def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Queue the KV block copies of resumed sequences (indices through pinned memory: no sync)."""
+        if copies:
+            index = self._upload(np.asarray(copies, np.int64).T.ravel())   # [2 * N]: sources, then copies
+            self.kv.copy_blocks(index[:len(copies)], index[len(copies):])
 
     def _keep_checkpoints(self, prefixes: list[PrefixBlocks]) -> None:
         for prefix in prefixes:
@@ -172,14 +181,15 @@ class MTPDrafter:
         propose(), a sequence this drafter cannot hold gets no drafts, and one first seen past position 0 is
         reported missing; both are left out of the catch-up. Prompt chunks beside decoding sequences are ingested
         but for their last rows first (PromptRows), so that the catch-up replays a batch bucket's graph."""
-        held, missing = np.zeros(len(step.seq_ids), bool), []
+        held, missing, copies = np.zeros(len(step.seq_ids), bool), [], []
         prefixes = {p.seq_id: p for p in step.prefixes}
         for i, (seq_id, start, shift, n) in enumerate(zip(step.seq_ids, step.start_pos, step.max_shift,
                                                          step.chunk_lens)):
-            if start > 0 and not self._holds(seq_id, prefixes.get(seq_id)):
+            if start > 0 and not self._holds(seq_id, prefixes.get(seq_id), copies):
                 missing.append(seq_id)
             else:
                 held[i] = seq_id not in self.dropped and self._try_reserve(seq_id, int(start + shift + n))
+        self._copy_blocks(copies)
         counts = [min(int(k), self.max_drafts) if ok else 0 for k, ok in zip(step.num_drafts, held)]
         if not held.any():
             self._keep_checkpoints(step.prefixes)

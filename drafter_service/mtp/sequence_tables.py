@@ -40,6 +40,7 @@ class SequenceTables:
             row = self.row_of[seq_id] = self._take_row()
         have = int(self.lens[row])
         if needed > have:
+            self.checkpoints.reclaim(needed - have)   # (kept checkpoints give way to running sequences)
             self.array[row, have:needed] = self.blocks.take(needed - have)
             self.lens[row] = needed
 

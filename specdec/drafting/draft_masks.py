@@ -87,7 +87,8 @@ class DraftMasks:
         return cls(grammars)
 
     def ingest(self, seqs: list[DraftInput]) -> None:
-        """Take each sequence's committed tokens (a sequence sent from position 0 with a grammar starts over)."""
+        """Take each sequence's committed tokens (a sequence sent from position 0 with a grammar starts over; one first
+        seen later, resumed from a cached prefix, is tracked if it starts before its output)."""
         if self._loading.done() and self._loading.exception() is not None and self.failure is None:
             self.failure = str(self._loading.exception())
             self.tracked.clear()
@@ -95,7 +96,8 @@ class DraftMasks:
         if self.failure is not None:
             return
         for s in seqs:
-            if s.start_pos == 0:
+            resumed = s.grammar is not None and s.seq_id not in self.tracked and s.start_pos <= s.grammar.output_start
+            if s.start_pos == 0 or resumed:
                 self.tracked.pop(s.seq_id, None)
                 if s.grammar is not None:
                     self.tracked[s.seq_id] = _Tracked(self._compiler.submit(self.grammars.matcher, s.grammar.spec),

@@ -75,8 +75,8 @@ class PrefixBlocks:
     seq_id: int
     hashes: list[int]             # h_0 .. h_{max(resumed, checkpoint) - 1}
     block_size: int
-    resumed: int = 0              # > 0: it starts at the checkpoint of this many blocks (its positions before
-    #                               are what it would have computed; the last block's last position is its own)
+    resumed: int = 0              # > 0: it starts at the checkpoint of this many blocks (positions before it are
+                                  # what it would have computed; the last block's last position is its own)
     checkpoint: int = 0           # > 0: after this call its positions < checkpoint * block_size - 1 are final
 
 

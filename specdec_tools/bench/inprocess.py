@@ -35,7 +35,7 @@ from ..commands.in_process_drafter import IN_PROCESS_KINDS, in_process_drafter
 
 from .latency import RequestTrace, summarize
 from .memory import PeakMemory
-from .workloads import Workload
+from .workloads import Workload, salted
 
 BLOCK = 16
 
@@ -119,9 +119,10 @@ class InprocBench:
         # Warm-up, not timed: the whole workload once (every kernel variant it meets compiles first: Triton
         # specialises per shape class, and steps mixing prefill chunks with decodes appear only once requests
         # outlive the others' prefill; fla autotunes; this concurrency's graph buckets replay), then the
-        # counters are read afresh below.
+        # counters are read afresh below. Its prompts are the workload's rotated (workloads.salted): none of the
+        # timed pass's prefixes is in the prefix cache.
         warm_start = time.perf_counter()
-        engine.generate(prompts, [SamplingParams(max_tokens=w.max_tokens, temperature=w.temperature, seed=i,
+        engine.generate(salted(prompts, -1), [SamplingParams(max_tokens=w.max_tokens, temperature=w.temperature, seed=i,
                                                  ignore_eos=True) for i in range(len(prompts))])
         warmup_s = round(time.perf_counter() - warm_start, 2)
         target_clock, drafter_clock = CallClock(self.device), CallClock(self.device)

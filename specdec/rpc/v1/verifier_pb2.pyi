@@ -48,7 +48,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("free_kv_blocks", "total_kv_blocks", "free_gdn_slots", "total_gdn_slots", "running", "waiting", "drafter_connected", "drafter_kind", "drafter_fallbacks", "mean_acceptance_length", "verify_steps", "draft_tokens", "accepted_tokens", "transport", "in_flight", "engine_alive", "prefix_cache_queries", "prefix_cache_hits", "prefix_cache_blocks")
+    __slots__ = ("free_kv_blocks", "total_kv_blocks", "free_gdn_slots", "total_gdn_slots", "running", "waiting", "drafter_connected", "drafter_kind", "drafter_fallbacks", "mean_acceptance_length", "verify_steps", "draft_tokens", "accepted_tokens", "transport", "in_flight", "engine_alive", "prefix_cache_queries", "prefix_cache_hits", "prefix_cache_checkpoints", "prefix_cache_blocks")
     FREE_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     FREE_GDN_SLOTS_FIELD_NUMBER: _ClassVar[int]
@@ -67,6 +67,7 @@ class StatsResponse(_message.Message):
     ENGINE_ALIVE_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_QUERIES_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_HITS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     free_kv_blocks: int
     total_kv_blocks: int
@@ -86,5 +87,6 @@ class StatsResponse(_message.Message):
     engine_alive: bool
     prefix_cache_queries: int
     prefix_cache_hits: int
+    prefix_cache_checkpoints: int
     prefix_cache_blocks: int
-    def __init__(self, free_kv_blocks: _Optional[int] = ..., total_kv_blocks: _Optional[int] = ..., free_gdn_slots: _Optional[int] = ..., total_gdn_slots: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., drafter_connected: _Optional[bool] = ..., drafter_kind: _Optional[str] = ..., drafter_fallbacks: _Optional[int] = ..., mean_acceptance_length: _Optional[float] = ..., verify_steps: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., transport: _Optional[str] = ..., in_flight: _Optional[int] = ..., engine_alive: _Optional[bool] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., prefix_cache_blocks: _Optional[int] = ...) -> None: ...
+    def __init__(self, free_kv_blocks: _Optional[int] = ..., total_kv_blocks: _Optional[int] = ..., free_gdn_slots: _Optional[int] = ..., total_gdn_slots: _Optional[int] = ..., running: _Optional[int] = ..., waiting: _Optional[int] = ..., drafter_connected: _Optional[bool] = ..., drafter_kind: _Optional[str] = ..., drafter_fallbacks: _Optional[int] = ..., mean_acceptance_length: _Optional[float] = ..., verify_steps: _Optional[int] = ..., draft_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., transport: _Optional[str] = ..., in_flight: _Optional[int] = ..., engine_alive: _Optional[bool] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., prefix_cache_checkpoints: _Optional[int] = ..., prefix_cache_blocks: _Optional[int] = ...) -> None: ...
