@@ -25,9 +25,9 @@ ROOT_HASH = 0   # the parent of block 0
 
 def chain_hashes(token_ids: list[int], block_size: int, num_blocks: int, known: list[int] | None = None
                  ) -> list[int]:
-    """Hashes of the first `num_blocks` blocks: h_j = H(h_{j-1}, tokens[j B : (j + 1) B]) (63-bit ints, so they
-    fit any int64 field). `known`: hashes already computed for a prefix of them (extended, not recomputed)."""
-    hashes = list(known or [])[:num_blocks]
+    """Hashes of (at least) the first `num_blocks` blocks: h_j = H(h_{j-1}, tokens[j B : (j + 1) B]) (63-bit ints,
+    so they fit any int64 field). `known`: hashes already computed for the first blocks (kept, and extended)."""
+    hashes = list(known or [])
     parent = hashes[-1] if hashes else ROOT_HASH
     for j in range(len(hashes), num_blocks):
         block = np.asarray(token_ids[j * block_size:(j + 1) * block_size], np.int64)

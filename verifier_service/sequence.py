@@ -70,7 +70,7 @@ class Sequence:
         self.block_table += blocks
 
     def hashed(self, hashes: list[int]) -> None:
-        """Its block hashes, as far as the prefix cache needed them (tokens only grow: the first ones stay true)."""
+        """Its block hashes, as far as the prefix cache needed them (tokens only grow: they stay true)."""
         self.block_hashes = hashes
 
     def resumed(self, num_cached: int, checkpoint_hash: int) -> None:
