@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from specdec.models.batch_staging import BatchStaging, StepPlan
-from specdec.models.forward_batch import ForwardBatch
+from specdec.models.forward_batch import CHUNK_LANE_MIN_TOKENS, CHUNK_LANES, ForwardBatch
 from specdec.models.graph_bucket import Bucket
 
 BLOCK = 4
@@ -106,6 +106,34 @@ def test_a_mixed_bucket_pads_tokens_and_logit_rows_apart():
         with pytest.raises(ValueError, match="does not fit"):
             staging.stage(StepPlan.from_lists(chunks_, [0] * n, [[0, 1, 2, 3, 4]] * n, list(range(n)), None, drafts,
                                               logits), bucket=bucket)
+
+
+def test_chunk_lanes_name_the_longest_prompt_chunks_that_can_run_chunked():
+    """A mixed step's chunk lanes (forward_batch.py): the longest chunks of at least CHUNK_LANE_MIN_TOKENS tokens
+    with no drafts and nothing to replay, as (sequence, first row, end row, GDN slot); unused lanes point at the
+    scratch slot. A mixed bucket always carries them (a graph's static choice), an eager step of several
+    sequences only when it has a chunk for them, decode and prefill buckets never."""
+    n = CHUNK_LANE_MIN_TOKENS
+    staging = BatchStaging(max_tokens=8 * n, max_seqs=8, max_blocks=64, block_size=BLOCK, scratch_gdn_slot=7)
+    # a decoder with drafts, a chunk that replays drafts, a short chunk, two long chunks
+    lens = [4, n + 5, n - 1, n, n + 2]
+    chunks = [[1] * length for length in lens]
+    tables = [list(range(64))] * len(lens)
+    plan = StepPlan.from_lists(chunks, [0] * len(lens), tables, [3, 4, 5, 6, 2], [0, 2, 0, 0, 0], [3, 0, 0, 0, 0])
+    starts = np.cumsum([0] + lens)
+    want = [[4, starts[4], starts[5], 2], [3, starts[3], starts[4], 6]][:CHUNK_LANES]
+    want += [[-1, 0, 0, 7]] * (CHUNK_LANES - len(want))
+    mixed = Bucket.mixed(8, 8 * n, 2 * n, 3)
+    assert staging.stage(plan, bucket=mixed).chunk_lanes.tolist() == want
+    assert staging.stage(plan).chunk_lanes.tolist() == want                        # eager
+    decoders = StepPlan.from_lists([[1] * 4, [2]], [0, 0], [[0], [1]], [0, 1], None, [3, 0])
+    assert staging.stage(decoders).chunk_lanes is None                             # nothing for them: eager
+    batch = staging.stage(decoders, bucket=mixed)                                  # a graph's static choice
+    assert batch.chunk_lanes.tolist() == [[-1, 0, 0, 7]] * CHUNK_LANES
+    assert staging.stage(decoders, bucket=Bucket.uniform(2, 4)).chunk_lanes is None
+    alone = StepPlan.from_lists([[1] * 2 * n], [0], [list(range(64))], [0])
+    assert staging.stage(alone, bucket=Bucket.prefill(2 * n)).chunk_lanes is None
+    assert staging.stage(alone).chunk_lanes is None                                # one sequence
 
 
 @pytest.mark.parametrize("bad, message", [

@@ -1,6 +1,7 @@
 """GPU: greedy outputs of long prompts do not depend on the prefill chunk (issue 38), fp32. Chunks of 256 tokens
 replay prefill graphs with the recurrent GDN kernel, chunks of 1024 prefill graphs with the one-sequence chunked
-kernel (fla-core's, carried by the GPU image), chunks of 2048 run that kernel eagerly."""
+kernel (fla-core's, carried by the GPU image), chunks of 2048 run that kernel eagerly. Nor on the sequences beside
+them: a chunk in a mixed step runs in a chunk lane (specdec/models/forward_batch.py)."""
 import pytest
 
 from specdec.models.loader import load_model
@@ -65,3 +66,21 @@ def test_the_one_sequence_chunked_rule_leaves_its_padding_out():
     assert torch.allclose(out[:L], expected, atol=5e-3, rtol=5e-3), (out[:L] - expected).abs().max()
     assert torch.allclose(state, expected_state, atol=5e-3, rtol=5e-3), (state - expected_state).abs().max()
     assert torch.equal(state[0], expected_state[0]) and torch.equal(state[2], expected_state[2])
+
+
+def test_a_prompt_beside_a_decoder_gives_its_outputs_alone(model):
+    """A 3000-token prompt in chunks of 1000 beside a 64-token one: the first step (1064 tokens) runs eagerly, the
+    next ones (the short prompt decoding beside a chunk) in a mixed bucket's graph, each with the long chunk in a
+    chunk lane. Greedy outputs equal each prompt's alone."""
+    import torch
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(1, model.config.vocab_size, (n,), generator=g).tolist() for n in (64, 3000)]
+
+    def run(batch):
+        executor = Executor.build(model, num_blocks=512, block_size=16, max_seqs=2, device="cuda",
+                                  max_batched_tokens=1024)
+        assert executor.runner.graphs.mixed_tokens, "mixed buckets captured"
+        return greedy_generate(executor, batch, NEW_TOKENS, prefill_chunk=1000)
+    together = run(prompts)
+    alone = [run([p])[0] for p in prompts]
+    assert together == alone, (together, alone)

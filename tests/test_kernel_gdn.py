@@ -142,15 +142,44 @@ def test_replay_only_folds_the_accepted_drafts_in(interpreted, pipeline):
     assert out.isnan().all()
 
 
+@pytest.mark.parametrize("pipeline", [False, True], ids=["loop", "pipelined"])
+def test_skipped_sequences_are_left_alone(interpreted, pipeline):
+    """A mixed step's chunk lanes: the recurrent kernel leaves their sequences to the chunked kernel (state, ring
+    and outputs untouched; an unused lane, -1, skips nothing) and runs every other sequence as before."""
+    case = CASES["mixed-prefill-verify"]                      # lens 9 (the lane), 3 (2 drafts), 1
+    q, k, v, a, b, A_log, dt_bias, state, pending = make_inputs(case, seed=11)
+    ref_state, ref_pending = state.clone(), pending.clone()
+    want = gated_delta_rule_ref(q, k, v, a, b, A_log, dt_bias, ref_state, ref_pending, *args_of(case))
+    before_state, before_pending = state.clone(), pending.clone()
+    lane_slot = case.slot_list[0]
+    skip = torch.tensor([[0, 0, 9, lane_slot], [-1, 0, 0, case.num_slots - 1]], dtype=torch.int32)
+    out = torch.full_like(want, NAN)
+    interpreted.gated_delta_rule_triton(q, k, v, a, b, A_log, dt_bias, state, pending, *args_of(case),
+                                        pipeline=pipeline, out=out, skip=skip)
+    assert out[:9].isnan().all()
+    real = case.real_token_mask()
+    real[:9] = False
+    torch.testing.assert_close(out[real], want[real], atol=1e-5, rtol=1e-4)
+    for slot in range(case.num_slots):
+        if slot == lane_slot:
+            assert_state_equal(state[slot], before_state[slot], atol=0)
+            assert_state_equal(pending[slot], before_pending[slot], atol=0)
+        else:
+            assert_state_equal(state[slot], ref_state[slot], atol=1e-5)
+            assert_state_equal(pending[slot], ref_pending[slot], atol=0)
+
+
 def test_the_kernel_compiles_for_hopper_in_every_mode(tmp_path):
     """The interpreter accepts code the compiler rejects: compile for sm_90 on the CPU, 4B shape, bf16 inputs,
-    in every loop mode and both value-slice widths the launch rule picks."""
+    in every loop mode and both value-slice widths the launch rule picks, with and without sequences to skip."""
     types = {name: "*bf16" for name in ("q_ptr", "k_ptr", "v_ptr", "a_ptr", "b_ptr", "A_log_ptr", "dt_bias_ptr",
                                          "pending_ptr", "out_ptr")}
     types |= dict(state_ptr="*fp32", cu_seqlens_ptr="*i32", slots_ptr="*i32", read_offsets_ptr="*i32",
-                  num_drafts_ptr="*i32", positions_ptr="*i64", scale="fp32")
-    modes = [dict(HK=16, HV=32, GROUP=2, K=128, V=128, R=8, BK=128, BV=bv, PIPELINE=pipeline, REPLAY_ONLY=replay)
-             for bv, pipeline, replay in ((16, True, False), (16, False, False), (32, False, False), (16, True, True))]
+                  num_drafts_ptr="*i32", positions_ptr="*i64", skip_ptr="*i32", scale="fp32")
+    modes = [dict(HK=16, HV=32, GROUP=2, K=128, V=128, R=8, BK=128, BV=bv, PIPELINE=pipeline, REPLAY_ONLY=replay,
+                  NUM_SKIP=skip)
+             for bv, pipeline, replay, skip in ((16, True, False, 0), (16, False, False, 0), (32, False, False, 0),
+                                                (16, True, True, 0), (16, True, False, 2))]
     assert_compiles_for_hopper(tmp_path, "kernels.gated_delta_rule.fused_recurrent", "_gdn_recurrent_kernel", types,
                                modes)
 
@@ -186,6 +215,46 @@ def test_gpu_kernel_matches_reference_4b_shape(name, dtype, config):
     torch.testing.assert_close(state.nan_to_num(), ref_state.nan_to_num(), atol=1e-3, rtol=1e-3)
     assert torch.equal(pending.isnan(), ref_pending.isnan())
     assert torch.equal(pending.nan_to_num(), ref_pending.nan_to_num())
+
+
+@pytest.mark.gpu
+def test_gpu_chunk_lanes_match_reference():
+    """A mixed step at the 4B shape: a 300-token chunk (the lane, row 0..300) and a 150-token one (a second lane
+    when CHUNK_LANES allows it, else the recurrent kernel's) beside verify steps with drafts and replays, padding
+    at the end; the lanes' dispatch gives the reference's outputs and states, in a CUDA graph too."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from kernels.gated_delta_rule import gated_delta_rule_lanes
+    from kernels.gated_delta_rule.chunk import fla_chunk_kernel
+    from specdec.models.forward_batch import CHUNK_LANES
+    assert fla_chunk_kernel() is not None, "the GPU image carries fla-core (.whl)"
+    case = RaggedCase([300, 4, 4, 150, 2, 1, 0], [0, 3, 3, 0, 1, 0, 0], 3, 9, tail=20, seed=12)
+    case.offset_list[0] = case.offset_list[3] = 0                 # a lane has nothing to replay
+    q, k, v, a, b, A_log, dt_bias, state, pending = make_inputs(case, hk=16, hv=32, dk=128, dv=128, device="cuda")
+    state, pending = state.nan_to_num(), pending.nan_to_num()
+    ref_state, ref_pending = state.clone(), pending.clone()
+    want = gated_delta_rule_ref(q, k, v, a, b, A_log, dt_bias, ref_state, ref_pending, *args_of(case, "cuda"))
+    lanes = [[0, 0, 300, case.slot_list[0]], [3, 308, 458, case.slot_list[3]]][:CHUNK_LANES]
+    lanes += [[-1, 0, 0, case.num_slots - 1]] * (CHUNK_LANES - len(lanes))
+    lanes = torch.tensor(lanes, dtype=torch.int32, device="cuda")
+    start_state, start_pending = state.clone(), pending.clone()
+
+    def step():
+        return gated_delta_rule_lanes(q, k, v, a, b, A_log, dt_bias, state, pending, *args_of(case, "cuda"),
+                                      chunk_lanes=lanes)
+    out = step()
+    real = case.real_token_mask()
+    torch.testing.assert_close(out[real], want[real], atol=1e-2, rtol=1e-2)   # chunked sums; a wrong state is O(1)
+    torch.testing.assert_close(state, ref_state, atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(pending, ref_pending, atol=0, rtol=0)
+    state.copy_(start_state), pending.copy_(start_pending)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    state.copy_(start_state), pending.copy_(start_pending)
+    graph.replay()
+    torch.testing.assert_close(captured[real], out[real], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(state, ref_state, atol=1e-2, rtol=1e-2)
 
 
 @pytest.mark.gpu

@@ -5,7 +5,9 @@
 CUDA tensors run the Triton fused recurrent kernel (`fused_recurrent.py`), anything else the torch reference
 (`reference.py`, which documents the state and the pending ring of drafts). `gated_delta_rule_prefill` (same
 signature, steps without drafts only) runs fla-core's chunk kernel when it is installed and the tensors are on
-CUDA, after folding the replayed drafts into the state, else `gated_delta_rule`.
+CUDA, after folding the replayed drafts into the state, else `gated_delta_rule`. `gated_delta_rule_lanes` (same
+signature plus a step's chunk lanes, specdec/models/forward_batch.py) runs the lanes' sequences through fla-core's
+chunk kernel and the rest through the recurrent one, where both exist; else `gated_delta_rule` over them all.
 The Triton module is imported on first CUDA use, so tests can set TRITON_INTERPRET=1 before importing it.
 """
 import torch
@@ -41,4 +43,24 @@ def gated_delta_rule_prefill(q, k, v, a, b, A_log, dt_bias, state, pending, cu_s
     return gated_delta_rule(*args)
 
 
-__all__ = ["gated_delta_rule", "gated_delta_rule_prefill", "gated_delta_rule_ref", "gdn_gating", "l2norm"]
+def gated_delta_rule_lanes(q, k, v, a, b, A_log, dt_bias, state, pending, cu_seqlens, slots, read_offsets,
+                           num_drafts, positions, max_seqlen: int, chunk_lanes: torch.Tensor) -> torch.Tensor:
+    """`chunk_lanes` [N, 4] int32 (sequence, first row, end row, slot): sequences with no drafts and nothing to
+    replay, run chunked; the recurrent kernel leaves them alone and runs the others. Same results as
+    `gated_delta_rule` over the whole batch, up to the chunked kernel's rounding."""
+    args = (q, k, v, a, b, A_log, dt_bias, state, pending, cu_seqlens, slots, read_offsets, num_drafts, positions,
+            max_seqlen)
+    if q.is_cuda:
+        from .chunk import chunk_lanes_fla, fla_chunk_kernel
+        from .fused_recurrent import gated_delta_rule_triton
+        if fla_chunk_kernel() is not None:
+            out = gated_delta_rule_triton(*args, skip=chunk_lanes)                       # [T, HV, V]
+            lanes, live = chunk_lanes_fla(q, k, v, a, b, A_log, dt_bias, state, chunk_lanes[:, 1],
+                                          chunk_lanes[:, 2], chunk_lanes[:, 3])        # [N, T, HV, V], [N, T]
+            for n in range(lanes.shape[0]):
+                out = torch.where(live[n, :, None, None], lanes[n], out)
+            return out
+    return gated_delta_rule(*args)
+
+
+__all__ = ["gated_delta_rule", "gated_delta_rule_lanes", "gated_delta_rule_prefill", "gated_delta_rule_ref", "gdn_gating", "l2norm"]

@@ -10,6 +10,9 @@ fla's varlen path derives chunk indices from cu_seqlens, reading them back from 
 they come from the host, and caches what it derives per cu_seqlens TENSOR. Given the step's cu_seqlens on the
 host, the wrapper builds fla's int64 cu_seqlens and chunk index once per distinct length set and passes the same
 tensors to every GDN layer of the step: no layer waits for the device, and fla's caches hit after the first.
+Inside a CUDA graph there are no host offsets: `chunk_lanes_fla` runs chosen sequences of a ragged batch each as a
+fixed-length call over all its rows, the others masked out (a prefill bucket's one sequence, or the prompt chunks
+of a mixed step while the recurrent kernel runs its decoding sequences).
 """
 from __future__ import annotations
 
@@ -62,26 +65,42 @@ def chunk_gated_delta_rule_one_fla(
     positions: torch.Tensor, max_seqlen: int,
 ) -> torch.Tensor:
     """One sequence: its cu_seqlens[1] tokens first, padding after (a CUDA graph's prefill bucket). fla's
-    fixed-length call over all T rows, so no chunk index is built on the host and the call can be captured.
+    fixed-length call over all T rows (`chunk_lanes_fla`), so no chunk index is built on the host and the call
+    can be captured."""
+    o, _ = chunk_lanes_fla(q, k, v, a, b, A_log, dt_bias, state, cu_seqlens[:1], cu_seqlens[1:2], slots[:1])
+    return o[0]
 
-    Padding rows get beta = 0 and g = 0 (and zero q, k, v: the rows may hold anything, NaN included), and the delta
+
+def chunk_lanes_fla(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+    A_log: torch.Tensor, dt_bias: torch.Tensor, state: torch.Tensor,
+    starts: torch.Tensor,   # [N] int32 first row of each lane's sequence
+    ends: torch.Tensor,     # [N] int32 its end row (start = end: an unused lane)
+    slots: torch.Tensor,    # [N] int32 its state row (an unused lane: a scratch row)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """N sequences of a ragged batch, each as fla's fixed-length call over all T rows, the rows outside it masked:
+    (o [N, T, HV, V], live [N, T] bool), o valid where live. Every shape is static (a CUDA graph captures it) and
+    nothing is read back. Each sequence starts from state[slot], which must hold its state (no drafts to replay),
+    and state[slot] gets its state after its last row.
+
+    Masked rows get beta = 0 and g = 0 (and zero q, k, v: the rows may hold anything, NaN included), and the delta
     rule leaves the state alone on them: S_t = exp(g_t) S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T = S_{t-1}.
-    So the final state is the state after the sequence's last real token. Their outputs are padding."""
+    So rows before the sequence keep its initial state, and the final state is the one after its last row."""
     chunk = fla_chunk_kernel()
     if chunk is None:
-        raise RuntimeError("chunk_gated_delta_rule_one_fla needs fla-core (pip install fla-core)")
-    num_tokens = q.shape[0]
-    live = torch.arange(num_tokens, device=q.device) < cu_seqlens[1]                     # [T] bool
-    g, beta = gdn_gating(a, b, A_log, dt_bias)                                          # [T, HV] fp32
+        raise RuntimeError("chunk_lanes_fla needs fla-core (pip install fla-core)")
+    rows = torch.arange(q.shape[0], device=q.device)                                       # [T]
+    live = (rows[None, :] >= starts[:, None]) & (rows[None, :] < ends[:, None])             # [N, T]
+    g, beta = gdn_gating(a, b, A_log, dt_bias)                                              # [T, HV] fp32
     zero = torch.zeros((), dtype=g.dtype, device=g.device)
-    g, beta = torch.where(live[:, None], g, zero), torch.where(live[:, None], beta, zero)
-    q, k, v = (torch.where(live[:, None, None], x, torch.zeros((), dtype=x.dtype, device=x.device))
-               for x in (q, k, v))                                                      # contiguous copies
-    slot = slots[:1].long()
-    o, final = chunk(q[None], k[None], v[None], g[None], beta[None], scale=q.shape[-1] ** -0.5,
-                     initial_state=state[slot], output_final_state=True, use_qk_l2norm_in_kernel=True)
+    g, beta = (torch.where(live[:, :, None], x[None], zero) for x in (g, beta))             # [N, T, HV]
+    q, k, v = (torch.where(live[:, :, None, None], x[None], torch.zeros((), dtype=x.dtype, device=x.device))
+               for x in (q, k, v))                                                          # [N, T, H, D]
+    slot = slots.long()
+    o, final = chunk(q, k, v, g, beta, scale=q.shape[-1] ** -0.5, initial_state=state[slot],
+                     output_final_state=True, use_qk_l2norm_in_kernel=True)
     state[slot] = final.float()
-    return o[0].to(v.dtype)
+    return o.to(v.dtype), live
 
 
 FLA_CHUNK_SIZE = 64  # fla's chunk_gated_delta_rule default

@@ -13,6 +13,8 @@ Both loops are software-pipelined: token u + 1's inputs are loaded while token u
 normalised after it, so each token's dependent chain is one pass of reductions over the state slice; the first
 token's inputs are loaded before the replay starts.
 Grid (cdiv(V, BV), B * HV): static for a CUDA-graph bucket; sequences of length 0 replay nothing, run no token.
+`skip` (a step's chunk lanes, specdec/models/forward_batch.py): sequences whose index is in its first column are
+left alone, as if of length 0: the chunked kernel runs them.
 """
 import torch
 import triton
@@ -72,19 +74,21 @@ def _load_token(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, p_pend, t, eos, first_saved, 
 @triton.jit
 def _gdn_recurrent_kernel(
     q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, A_log_ptr, dt_bias_ptr, state_ptr, pending_ptr, out_ptr,
-    cu_seqlens_ptr, slots_ptr, read_offsets_ptr, num_drafts_ptr, positions_ptr,
+    cu_seqlens_ptr, slots_ptr, read_offsets_ptr, num_drafts_ptr, positions_ptr, skip_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_at, stride_bt,
     stride_s_slot, stride_s_head, stride_s_k, stride_p_slot, stride_pe,
     stride_ot, stride_oh,
     scale,
     HK: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, K: tl.constexpr, V: tl.constexpr, R: tl.constexpr,
-    BK: tl.constexpr, BV: tl.constexpr, PIPELINE: tl.constexpr, REPLAY_ONLY: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, PIPELINE: tl.constexpr, REPLAY_ONLY: tl.constexpr, NUM_SKIP: tl.constexpr,
 ):
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b, i_hv = i_bh // HV, i_bh % HV
     i_hk = i_hv // GROUP
     bos = tl.load(cu_seqlens_ptr + i_b).to(tl.int64)
     eos = tl.load(cu_seqlens_ptr + i_b + 1).to(tl.int64)
+    for n in tl.static_range(NUM_SKIP):                                            # [NUM_SKIP, 4] rows, column 0
+        eos = tl.where(tl.load(skip_ptr + 4 * n) == i_b, bos, eos)
     slot = tl.load(slots_ptr + i_b).to(tl.int64)
     live = bos < eos
     j = tl.where(live, tl.load(read_offsets_ptr + i_b).to(tl.int64), 0)            # last step's drafts to replay
@@ -176,12 +180,13 @@ def gated_delta_rule_triton(
     cu_seqlens: torch.Tensor, slots: torch.Tensor, read_offsets: torch.Tensor, num_drafts: torch.Tensor,
     positions: torch.Tensor, max_seqlen: int,
     *, replay_only: bool = False, block_v: int | None = None, num_warps: int | None = None,
-    pipeline: bool | None = None, out: torch.Tensor | None = None,
+    pipeline: bool | None = None, out: torch.Tensor | None = None, skip: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Shapes as in `gated_delta_rule_ref`; q/k/v/a/b may be row-strided views (last dim contiguous).
     `replay_only`: only fold the replayed drafts into state[slot] (before a kernel that starts from state[slot],
     fla-core's chunk prefill); no token runs, the output is left as it is. `block_v`, `num_warps`, `pipeline` are for
-    the benchmark and tests (None: `launch_config`'s choice); `out` [T, HV, V] lets a test pre-fill the output."""
+    the benchmark and tests (None: `launch_config`'s choice); `out` [T, HV, V] lets a test pre-fill the output.
+    `skip` [N, 4] int32: sequences (column 0; -1 for none) to leave alone: no token, no state, no output."""
     num_tokens, num_k_heads, head_k = q.shape
     num_v_heads, head_v = v.shape[1], v.shape[2]
     for name, x in (("q", q), ("k", k), ("v", v), ("a", a), ("b", b)):
@@ -202,12 +207,13 @@ def gated_delta_rule_triton(
     grid = (triton.cdiv(head_v, block_v), num_seqs * num_v_heads)
     _gdn_recurrent_kernel[grid](
         q, k, v, a, b, A_log, dt_bias, state, pending, out, cu_seqlens, slots, read_offsets, num_drafts, positions,
+        cu_seqlens if skip is None else skip,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), a.stride(0), b.stride(0),
         state.stride(0), state.stride(1), state.stride(2), pending.stride(0), pending.stride(1),
         out.stride(0), out.stride(1),
         head_k ** -0.5,
         HK=num_k_heads, HV=num_v_heads, GROUP=num_v_heads // num_k_heads, K=head_k, V=head_v, R=ring,
         BK=triton.next_power_of_2(head_k), BV=block_v, PIPELINE=pipeline, REPLAY_ONLY=replay_only,
-        num_warps=num_warps,
+        NUM_SKIP=0 if skip is None else skip.shape[0], num_warps=num_warps,
     )
     return out

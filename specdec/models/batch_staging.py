@@ -4,6 +4,7 @@ sequences, and one non-blocking host-to-device copy per step into one persistent
 Layout of the buffer (int32 words; the int64 fields first so that they stay 8-byte aligned):
     input_ids, positions, slot_mapping, logits_indices, seq_of_token   [max_tokens] int64 each
     cu_seqlens [max_seqs + 1], gdn_slots, gdn_read_offsets, num_drafts [max_seqs]   int32
+    chunk_lanes [CHUNK_LANES, 4]                                                    int32
     block_tables [B, W] packed (W: the step's widest table, not max_blocks)         int32 (last)
 Fields sit at fixed offsets, so a batch padded to a bucket always has the same addresses: what a CUDA graph
 captured. The block tables travel packed, so that a step copies words for the blocks its sequences hold, not for
@@ -21,11 +22,11 @@ from itertools import chain
 import numpy as np
 import torch
 
-from .forward_batch import ForwardBatch, as_array
+from .forward_batch import CHUNK_LANE_MIN_TOKENS, CHUNK_LANES, ForwardBatch, as_array
 from .graph_bucket import Bucket
 
 INT64_FIELDS = ("input_ids", "positions", "slot_mapping", "logits_indices", "seq_of_token")
-INT32_FIELDS = ("cu_seqlens", "gdn_slots", "gdn_read_offsets", "num_drafts", "block_tables")
+INT32_FIELDS = ("cu_seqlens", "gdn_slots", "gdn_read_offsets", "num_drafts", "chunk_lanes", "block_tables")
 
 
 @dataclass
@@ -118,7 +119,7 @@ class BatchStaging:
         self.scratch_block, self.scratch_gdn_slot = scratch_block, scratch_gdn_slot
         sizes = {name: 2 * max_tokens for name in INT64_FIELDS}
         sizes |= {"cu_seqlens": max_seqs + 1, "gdn_slots": max_seqs, "gdn_read_offsets": max_seqs,
-                  "num_drafts": max_seqs, "block_tables": max_seqs * max_blocks}
+                  "num_drafts": max_seqs, "chunk_lanes": 4 * CHUNK_LANES, "block_tables": max_seqs * max_blocks}
         self.offsets, total = {}, 0
         for name in INT64_FIELDS + INT32_FIELDS:
             self.offsets[name], total = total, total + sizes[name]
@@ -172,6 +173,9 @@ class BatchStaging:
         tables[:b, :plan.block_tables.shape[1]], tables[b:] = plan.block_tables, self.scratch_block
         for name, pad in (("gdn_slots", self.scratch_gdn_slot), ("gdn_read_offsets", 0), ("num_drafts", 0)):
             h[name][:b], h[name][b:bp] = getattr(plan, name), pad
+        lanes = self._chunk_lanes(plan, cu, h["chunk_lanes"].reshape(CHUNK_LANES, 4))
+        with_lanes = (bucket.seqs > 1 and bucket.max_seqlen > bucket.max_drafts + 1) if bucket is not None \
+            else (b > 1 and lanes > 0)   # a mixed bucket (static), or an eager step that has a chunk for them
         self._copy_to_device(self.offsets["block_tables"] + bp * width)
         d = self.device_views
         block_tables = d["block_tables"][: bp * width].view(bp, width)
@@ -186,7 +190,21 @@ class BatchStaging:
             gdn_slots=d["gdn_slots"][:bp], gdn_read_offsets=d["gdn_read_offsets"][:bp],
             num_drafts=d["num_drafts"][:bp], logits_indices=d["logits_indices"][:np_],
             num_seqs=bp, num_tokens=tp, max_seqlen=max_seqlen, max_num_drafts=max_drafts,
-            cu_seqlens_host=cu.copy() if bucket is None else None, seq_of_token=d["seq_of_token"][:tp])
+            cu_seqlens_host=cu.copy() if bucket is None else None, seq_of_token=d["seq_of_token"][:tp],
+            chunk_lanes=d["chunk_lanes"].view(CHUNK_LANES, 4) if with_lanes else None)
+
+    def _chunk_lanes(self, plan: StepPlan, cu: np.ndarray, lanes: np.ndarray) -> int:
+        """Fill `lanes` [CHUNK_LANES, 4] with the step's longest prompt chunks that may run chunked
+        (forward_batch.py); returns how many there are."""
+        eligible = ((plan.seq_lens >= CHUNK_LANE_MIN_TOKENS) & (plan.num_drafts == 0)
+                    & (plan.gdn_read_offsets == 0))
+        chosen = np.flatnonzero(eligible)
+        chosen = chosen[np.argsort(-plan.seq_lens[chosen], kind="stable")][:CHUNK_LANES]
+        n = chosen.shape[0]
+        lanes[:n, 0], lanes[:n, 1], lanes[:n, 2], lanes[:n, 3] = chosen, cu[chosen], cu[chosen + 1], \
+            plan.gdn_slots[chosen]
+        lanes[n:] = (-1, 0, 0, self.scratch_gdn_slot)
+        return n
 
     @property
     def step_inputs(self) -> torch.Tensor:

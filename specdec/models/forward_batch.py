@@ -13,6 +13,16 @@ import numpy as np
 import torch
 
 
+# A step that mixes prompt chunks with decoding sequences (a mixed bucket, or an eager step of several sequences)
+# names up to CHUNK_LANES of its prompt chunks, the longest first, in `chunk_lanes`: one row (sequence, first row,
+# end row, GDN slot) each; an unused lane is (-1, 0, 0, the scratch slot). GDN runs those through the chunked
+# kernel and every other sequence through the recurrent one, which walks a sequence's tokens one by one (a
+# 1024-token chunk beside 15 decoders made the whole step wait on that walk). A lane takes a chunk of at least
+# CHUNK_LANE_MIN_TOKENS tokens with no drafts and nothing to replay: its state is state[slot] as it stands.
+CHUNK_LANES = 1
+CHUNK_LANE_MIN_TOKENS = 64
+
+
 @dataclass
 class ForwardBatch:
     input_ids: torch.Tensor         # [T] int64 token ids, sequences back to back
@@ -30,6 +40,7 @@ class ForwardBatch:
     max_num_drafts: int = 0         # largest num_drafts (0: no per-draft states, prefill may run chunked)
     cu_seqlens_host: np.ndarray | None = None  # [B + 1] cu_seqlens on the host (eager steps; None in graphs)
     seq_of_token: torch.Tensor | None = None   # [T] int64 each token's sequence (0 for padding); staged batches
+    chunk_lanes: torch.Tensor | None = None    # [CHUNK_LANES, 4] int32 prompt chunks GDN runs chunked (see above)
 
     @staticmethod
     def build(token_chunks: list[list[int]], start_positions: list[int], block_tables: list[list[int]],

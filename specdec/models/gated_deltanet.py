@@ -11,13 +11,15 @@ two cross on an H100 at the 4B shape (whole eager prefill steps, `bench/profile_
 0.6.0's chunk call has a large fixed host cost per layer, while the pipelined recurrent kernel's time grows with the
 longest sequence. One sequence alone (a prompt chunk in its prefill bucket) of CHUNKED_ONE_MIN_TOKENS or more takes
 the chunked kernel too (fla-core's, when installed), through a fixed-length call that needs no host offsets: CUDA
-graphs capture it, so its host cost is paid once, at capture.
+graphs capture it, so its host cost is paid once, at capture. A step that mixes prompt chunks with decoding
+sequences runs its chunk lanes (`forward_batch.py`) through that fixed-length call, masked to their rows, and the
+rest through the recurrent kernel.
 """
 import torch
 from torch import nn
 
 from kernels.causal_conv1d import causal_conv1d
-from kernels.gated_delta_rule import gated_delta_rule, gated_delta_rule_prefill
+from kernels.gated_delta_rule import gated_delta_rule, gated_delta_rule_lanes, gated_delta_rule_prefill
 
 from .forward_batch import ForwardBatch
 from .fused_linear import FusedLinear
@@ -60,9 +62,14 @@ class GatedDeltaNet(nn.Module):
         one_sequence = (batch.num_seqs == 1 and batch.max_num_drafts == 0
                         and batch.max_seqlen >= CHUNKED_ONE_MIN_TOKENS)
         chunked = one_sequence or (batch.max_num_drafts == 0 and batch.max_seqlen >= CHUNKED_PREFILL_MIN_TOKENS)
-        extra = ({"one_sequence": True} if one_sequence else {"cu_seqlens_host": batch.cu_seqlens_host}) \
-            if chunked else {}
-        rule = gated_delta_rule_prefill if chunked else gated_delta_rule
+        if one_sequence:
+            rule, extra = gated_delta_rule_prefill, {"one_sequence": True}
+        elif chunked:
+            rule, extra = gated_delta_rule_prefill, {"cu_seqlens_host": batch.cu_seqlens_host}
+        elif batch.chunk_lanes is not None:
+            rule, extra = gated_delta_rule_lanes, {"chunk_lanes": batch.chunk_lanes}
+        else:
+            rule, extra = gated_delta_rule, {}
         o = rule(q, k, v, a, b, self.A_log, self.dt_bias, recurrent, pending, *ragged, batch.positions,
                  batch.max_seqlen, **extra)                                            # [T, HV, V]
         z = z.view(num_tokens, self.num_v_heads, self.head_v)                          # row-strided
