@@ -238,10 +238,10 @@ def test_gpu_chunk_lanes_match_reference():
     lanes += [[-1, 0, 0, case.num_slots - 1]] * (CHUNK_LANES - len(lanes))
     lanes = torch.tensor(lanes, dtype=torch.int32, device="cuda")
     start_state, start_pending = state.clone(), pending.clone()
+    ragged = args_of(case, "cuda")                                 # built before the capture (host copies)
 
     def step():
-        return gated_delta_rule_lanes(q, k, v, a, b, A_log, dt_bias, state, pending, *args_of(case, "cuda"),
-                                      chunk_lanes=lanes)
+        return gated_delta_rule_lanes(q, k, v, a, b, A_log, dt_bias, state, pending, *ragged, chunk_lanes=lanes)
     out = step()
     real = case.real_token_mask()
     torch.testing.assert_close(out[real], want[real], atol=1e-2, rtol=1e-2)   # chunked sums; a wrong state is O(1)
