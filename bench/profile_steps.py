@@ -3,6 +3,9 @@
 1. prefill steps (eager): N prompts x L tokens in one step, wall ms and prompt tokens/s, then a profile of one
 2. engine steps at batch 1 and 16, plain and MTP k = 3 at forced acceptance 3.39: wall per step, the engine's
    phases, and the profiler's top host (self CPU) and GPU entries.
+3. `--chunked-prompt L:N` (instead of 1 and 2): one L-token prompt alone in N-token steps, as a server prefills it
+   (issue 38's TTFT): wall ms of each step in graphs and eagerly, and the profiler's top GPU kernels of the
+   eager run (the same kernels the prefill bucket's graph replays).
 Run on the GPU machine: PYTHONPATH=$PWD:$PWD/bench python3 -P bench/profile_steps.py [--out DIR] (-P: bench/kernels.py
 would shadow the kernels package)
 """
@@ -74,6 +77,37 @@ def prefill_table(loaded, device, cases=PREFILL_CASES) -> list[dict]:
     by_stack = prof.key_averages(group_by_stack_n=4)
     print(by_stack.table(sort_by="count", row_limit=25, max_name_column_width=40))
     return rows
+
+
+def chunked_prompt(loaded, device, length: int, chunk: int) -> dict:
+    """One prompt of `length` tokens prefilled alone in steps of `chunk` tokens, in CUDA graphs and eagerly."""
+    record = {"length": length, "chunk": chunk}
+    for mode, eager in (("graphs", False), ("eager", True)):
+        executor = Executor.build(loaded, length // 16 + 8, 16, 1, 0, device, max_batched_tokens=chunk,
+                                  enforce_eager=eager)
+
+        def run() -> list[float]:
+            vocab = loaded.config.vocab_size
+            seq, walls = Sequence(0, [7 + i % (vocab - 8) for i in range(length)], length), []
+            for start in range(0, length, chunk):
+                piece = seq.token_ids[start: start + chunk]
+                sync()
+                t0 = time.perf_counter()
+                executor.forward([seq], [piece])
+                sync()
+                walls.append(round((time.perf_counter() - t0) * 1e3, 2))
+                seq.launched(len(piece), 0, samples=False, decoding=False)
+            executor.blocks.release(seq)
+            return walls
+        run()                                                   # compile / autotune
+        walls = run()
+        record[mode] = {"total_ms": round(sum(walls), 1), "step_ms": walls}
+        print(f"prompt {length} in chunks of {chunk}, {mode}: {sum(walls):.1f} ms; steps {walls}", flush=True)
+    with profile(activities=ACTIVITIES) as prof:
+        run()
+        sync()
+    print(prof.key_averages().table(sort_by=SORT, row_limit=40, max_name_column_width=100))
+    return record
 
 
 def sync_sites(engine, steps: int = 3) -> dict[str, float]:
@@ -154,9 +188,18 @@ def main() -> None:
     parser.add_argument("--skip-prefill", action="store_true")
     parser.add_argument("--skip-engine", action="store_true", help="the prefill table only")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (checks the script runs)")
+    parser.add_argument("--chunked-prompt", metavar="L:N", default=None,
+                        help="only profile one L-token prompt prefilled in N-token steps (e.g. 8192:1024)")
     args = parser.parse_args()
     device = torch.device("cpu" if args.smoke else "cuda")
     loaded = random_model(2 if args.smoke else 32, device, smoke=args.smoke)
+    if args.chunked_prompt:
+        length, chunk = (int(x) for x in args.chunked_prompt.split(":"))
+        record = {"chunked_prompt": chunked_prompt(loaded, device, length, chunk)}
+        if args.out:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            Path(args.out, "profile_steps.json").write_text(json.dumps(record, indent=1))
+        return
     record = {"device": str(device) if args.smoke else torch.cuda.get_device_name(), "prefill": [] if args.skip_prefill else
               prefill_table(loaded, device, PREFILL_CASES[:2] if args.smoke else PREFILL_CASES)}
     loaded.mtp_weights = random_mtp_weights(loaded, device)
