@@ -5,7 +5,8 @@ counts, outputs pre-filled with NaN; the history columns a step must not read ho
 import pytest
 import torch
 import torch.nn.functional as F
-from kernel_cases import CASES, GPU_CASES, RaggedCase, assert_state_equal, load_interpreted
+from kernel_cases import (CASES, GPU_CASES, RaggedCase, assert_compiles_for_hopper, assert_state_equal,
+                          load_interpreted)
 
 from kernels.causal_conv1d import causal_conv1d_ref
 
@@ -70,7 +71,7 @@ def test_triton_interpreter_matches_reference(interpreted, name, block_c):
 
 
 def test_triton_interpreter_long_prefill_crosses_token_tiles(interpreted):
-    """More tokens than one tile (16): the history is read by the first tile, the window written at the end."""
+    """More rows than one tile (32): the history is read by the first tile, the window written at the end."""
     case = RaggedCase([37, 2], [0, 1], 1, 3, seed=11)
     x, weight, state = make_inputs(case, channels=24, width=3, seed=4)
     ref_state = state.clone()
@@ -78,6 +79,15 @@ def test_triton_interpreter_long_prefill_crosses_token_tiles(interpreted):
     out = interpreted.causal_conv1d_triton(x, weight, state, *case.tensors(), case.max_seqlen)
     torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-4)
     assert_state_equal(state, ref_state, atol=1e-6)
+
+
+def test_the_kernels_compile_for_hopper(tmp_path):
+    """The interpreter accepts code the compiler rejects: compile both kernels for sm_90 on the CPU, 4B shape."""
+    types = dict(x_ptr="*bf16", w_ptr="*bf16", state_ptr="*bf16", out_ptr="*bf16", cu_seqlens_ptr="*i32",
+                 slots_ptr="*i32", read_offsets_ptr="*i32", num_drafts_ptr="*i32")
+    module = "kernels.causal_conv1d.triton_conv"
+    assert_compiles_for_hopper(tmp_path, module, "_conv_out_kernel", types, [dict(C=8192, W=4, BC=64, BT=32)])
+    assert_compiles_for_hopper(tmp_path, module, "_conv_window_kernel", types, [dict(C=8192, W=4, BC=64, BW=8)])
 
 
 # ---- GPU, 4B shape: conv over [q, k, v] = 2 × 16 × 128 + 32 × 128 = 8192 channels, kernel 4 -------------------

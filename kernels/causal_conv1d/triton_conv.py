@@ -1,12 +1,15 @@
 """Triton causal depthwise conv1d + SiLU over a ragged batch with the speculative history window: same math
 and signature as `reference.causal_conv1d_ref` (update of 1..k+1 tokens and prefill alike).
 
-One program owns one (sequence, BC-wide channel block). It walks the sequence in tiles of BT tokens; output
-token t needs xs[t .. t+W-1] where xs = [history | x], so each tap j reads column s = t + j from the history
-(conv_state[slot, c, read_offset + s], s < W-1) or from x (row bos + s - (W-1)). After all reads (a barrier:
-the window it writes overlaps the history it read), it stores the new window xs[n-d .. n+W-2] at columns
-0 .. W-2+d. Channel blocks are disjoint, so programs never share a state element.
-Grid (B, cdiv(C, BC)): static for a CUDA-graph bucket; the token loop bound is read on the device.
+Two kernels, launched in turn. `_conv_out_kernel`: one program owns one (BC-wide channel block, BT-row tile of the
+flat batch), whatever sequences its rows belong to (a row's sequence: how many sequences end at or before it), so a
+prompt chunk's rows spread over the whole GPU. Output row t of a sequence starting at row bos needs xs[p .. p+W-1],
+p = t - bos, where xs = [history | x]: tap j reads column s = p + j from the history
+(conv_state[slot, c, read_offset + s], s < W-1) or from x (row t + j - (W-1)). Rows past the last sequence
+(padding) load and store nothing. `_conv_window_kernel`, one program per (sequence, channel block), then stores
+the new window xs[n-d .. n+W-2] at columns 0 .. W-2+d: it overwrites the history the output kernel read, so it
+runs after it (stream order), and within the program its own reads come before its stores (a barrier).
+Grids (cdiv(C, BC), cdiv(T, BT)) and (B, cdiv(C, BC)): static for a CUDA-graph bucket.
 """
 import torch
 import triton
@@ -14,10 +17,44 @@ import triton.language as tl
 
 
 @triton.jit
-def _causal_conv1d_kernel(
-    x_ptr, w_ptr, state_ptr, out_ptr, cu_seqlens_ptr, slots_ptr, read_offsets_ptr, num_drafts_ptr,
+def _conv_out_kernel(
+    x_ptr, w_ptr, state_ptr, out_ptr, cu_seqlens_ptr, slots_ptr, read_offsets_ptr, num_seqs,
     stride_xt, stride_wc, stride_s_slot, stride_s_c, stride_ot,
-    C: tl.constexpr, W: tl.constexpr, BC: tl.constexpr, BT: tl.constexpr, BW: tl.constexpr,
+    C: tl.constexpr, W: tl.constexpr, BC: tl.constexpr, BT: tl.constexpr,
+):
+    i_c, i_t = tl.program_id(0), tl.program_id(1)
+    o_t = i_t * BT + tl.arange(0, BT)                                                 # [BT] flat rows
+    seq = tl.zeros([BT], dtype=tl.int32)
+    for b in range(num_seqs):                        # sequences that end at or before each row: its index
+        seq += (tl.load(cu_seqlens_ptr + b + 1) <= o_t).to(tl.int32)
+    live = seq < num_seqs                                                             # padding rows: False
+    seq = tl.minimum(seq, num_seqs - 1)
+    pos = o_t - tl.load(cu_seqlens_ptr + seq)                                        # [BT] row in its sequence
+    slot = tl.load(slots_ptr + seq).to(tl.int64)
+    read_offset = tl.load(read_offsets_ptr + seq).to(tl.int64)
+    o_c = i_c * BC + tl.arange(0, BC)
+    m_c = o_c < C
+    m_tc = live[:, None] & m_c[None, :]
+    p_state = state_ptr + slot[:, None] * stride_s_slot + o_c[None, :].to(tl.int64) * stride_s_c  # [BT, BC]
+    acc = tl.zeros([BT, BC], dtype=tl.float32)
+    for j in tl.static_range(W):
+        s = pos + j                                                                   # xs column
+        in_history = (s < W - 1)[:, None]
+        hist = tl.load(p_state + (read_offset + s)[:, None], mask=m_tc & in_history, other=0.0)
+        xv = tl.load(x_ptr + (o_t + j - (W - 1)).to(tl.int64)[:, None] * stride_xt + o_c[None, :],
+                     mask=m_tc & (~in_history), other=0.0)
+        w_j = tl.load(w_ptr + o_c * stride_wc + j, mask=m_c, other=0.0).to(tl.float32)
+        acc += (hist.to(tl.float32) + xv.to(tl.float32)) * w_j[None, :]
+    y = acc / (1.0 + tl.exp(-acc))                                                    # silu
+    tl.store(out_ptr + o_t.to(tl.int64)[:, None] * stride_ot + o_c[None, :], y.to(out_ptr.dtype.element_ty),
+             mask=m_tc)
+
+
+@triton.jit
+def _conv_window_kernel(
+    x_ptr, state_ptr, cu_seqlens_ptr, slots_ptr, read_offsets_ptr, num_drafts_ptr,
+    stride_xt, stride_s_slot, stride_s_c,
+    C: tl.constexpr, W: tl.constexpr, BC: tl.constexpr, BW: tl.constexpr,
 ):
     i_b, i_c = tl.program_id(0), tl.program_id(1)
     bos = tl.load(cu_seqlens_ptr + i_b).to(tl.int64)
@@ -25,26 +62,9 @@ def _causal_conv1d_kernel(
     slot = tl.load(slots_ptr + i_b).to(tl.int64)
     read_offset = tl.load(read_offsets_ptr + i_b).to(tl.int64)
     drafts = tl.load(num_drafts_ptr + i_b).to(tl.int64)
-
     o_c = i_c * BC + tl.arange(0, BC)
     m_c = o_c < C
     p_state = state_ptr + slot * stride_s_slot + o_c[None, :].to(tl.int64) * stride_s_c      # [1, BC]
-    for t0 in range(0, n, BT):
-        o_t = t0 + tl.arange(0, BT)                                                           # [BT]
-        m_tc = (o_t < n)[:, None] & m_c[None, :]
-        acc = tl.zeros([BT, BC], dtype=tl.float32)
-        for j in tl.static_range(W):
-            s = o_t + j                                                                       # xs column
-            in_history = (s < W - 1)[:, None]
-            hist = tl.load(p_state + (read_offset + s)[:, None], mask=m_tc & in_history, other=0.0)
-            xv = tl.load(x_ptr + (bos + s - (W - 1))[:, None] * stride_xt + o_c[None, :],
-                         mask=m_tc & (~in_history), other=0.0)
-            w_j = tl.load(w_ptr + o_c * stride_wc + j, mask=m_c, other=0.0).to(tl.float32)
-            acc += (hist.to(tl.float32) + xv.to(tl.float32)) * w_j[None, :]
-        y = acc / (1.0 + tl.exp(-acc))                                                      # silu
-        tl.store(out_ptr + (bos + o_t)[:, None] * stride_ot + o_c[None, :], y.to(out_ptr.dtype.element_ty),
-                 mask=m_tc)
-
     o_w = tl.arange(0, BW)                                     # new window column
     s = n - drafts + o_w                                       # its xs column
     keep = (o_w < W - 1 + drafts)[:, None] & m_c[None, :]      # [BW, BC]
@@ -72,13 +92,18 @@ def causal_conv1d_triton(
         raise ValueError(f"causal_conv1d: conv_state has {conv_state.shape[2]} columns, needs >= {width - 1}")
     if out is None:
         out = torch.empty(num_tokens, channels, dtype=x.dtype, device=x.device)
-    block_t = max(2, min(16, triton.next_power_of_2(max(max_seqlen, 1))))
+    num_seqs = slots.shape[0]
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+    block_t = max(2, min(32, triton.next_power_of_2(num_tokens)))
     block_c = min(block_c, triton.next_power_of_2(channels))
-    grid = (slots.shape[0], triton.cdiv(channels, block_c))
-    _causal_conv1d_kernel[grid](
-        x, weight, conv_state, out, cu_seqlens, slots, read_offsets, num_drafts,
+    num_c = triton.cdiv(channels, block_c)
+    _conv_out_kernel[(num_c, triton.cdiv(num_tokens, block_t))](
+        x, weight, conv_state, out, cu_seqlens, slots, read_offsets, num_seqs,
         x.stride(0), weight.stride(0), conv_state.stride(0), conv_state.stride(1), out.stride(0),
-        C=channels, W=width, BC=block_c, BT=block_t, BW=triton.next_power_of_2(conv_state.shape[2]),
-        num_warps=num_warps,
-    )
+        C=channels, W=width, BC=block_c, BT=block_t, num_warps=num_warps)
+    _conv_window_kernel[(num_seqs, num_c)](
+        x, conv_state, cu_seqlens, slots, read_offsets, num_drafts,
+        x.stride(0), conv_state.stride(0), conv_state.stride(1),
+        C=channels, W=width, BC=block_c, BW=triton.next_power_of_2(conv_state.shape[2]), num_warps=num_warps)
     return out
