@@ -187,6 +187,8 @@ def main() -> int:
     p.add_argument("--only-sampling", action="store_true", help="the sampling section only")
     p.add_argument("--skip-sampling", action="store_true", help="no sampling section")
     p.add_argument("--smoke", action="store_true", help="tiny shapes: checks the script, not the speed")
+    p.add_argument("--attention-prefill", metavar="CHUNK:CONTEXT", nargs="+", default=None,
+                   help="only sweep the paged-attention tunings for one prompt chunk at this context (e.g. 1024:7168)")
     args = p.parse_args()
     device = torch.device(args.device)
     shape = SHAPE_SMOKE if args.smoke else SHAPE_4B
@@ -198,6 +200,14 @@ def main() -> int:
     rows = [row("device", torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "copy", None,
                 note=f"{copy_bw / 1e12:.2f} TB/s read+write")]
     print(f"device copy: {copy_bw / 1e12:.2f} TB/s", flush=True)
+    if args.attention_prefill:
+        from layer_kernels import LAYER_4B, LAYER_SMOKE, attention_prefill_rows
+        for spec in args.attention_prefill:
+            chunk, context = (int(x) for x in spec.split(":"))
+            guarded(rows, "attention-prefill", lambda: attention_prefill_rows(
+                LAYER_SMOKE if args.smoke else LAYER_4B, chunk, context, device))
+        print(table(rows))
+        return 0
     gdn_conv = not (args.skip_kernels or args.only_sampling)
     for batch in args.batches if gdn_conv else []:
         guarded(rows, "gdn-decode", lambda: gdn_rows(shape, batch, 0, device, copy_bw, args.accepted))

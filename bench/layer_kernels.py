@@ -60,6 +60,47 @@ def attention_rows(s: dict, batch: int, n: int, context: int, device, copy_bw: f
     return rows
 
 
+PREFILL_TUNINGS = (  # paged attention for a prompt chunk: query rows x key tile, warps, pipeline stages
+    {}, dict(block_n=64), dict(block_n=64, num_warps=4), dict(rows=128), dict(rows=128, block_n=64),
+    dict(num_stages=3), dict(block_n=64, num_stages=3), dict(rows=32, block_n=64, num_warps=4),
+    dict(rows=128, num_warps=4), dict(rows=128, block_n=64, num_stages=3))
+
+
+def attention_prefill_rows(s: dict, chunk: int, context: int, device) -> list[dict]:
+    """One sequence's prompt chunk of `chunk` query tokens at positions context .. context + chunk - 1 (keys 0 ..
+    context + chunk - 1 in the cache), under each of PREFILL_TUNINGS ({}: the launch rule's choice): ms per call
+    in a CUDA graph and TFLOP/s of the causal attention (4 · heads · head_dim per query-key pair)."""
+    from kernels.paged_attention.triton_paged_attention import paged_attention_triton
+    d, nkv, bs, heads = s["head_dim"], s["kv_heads"], s["block"], s["heads"]
+    dtype = BF16 if device.type == "cuda" else torch.float32   # the interpreter's bf16 dots are not the GPU's
+    width = -(-(context + chunk) // bs)
+    k_cache = torch.randn(width + 1, bs, nkv, d, device=device, dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    tables = torch.arange(width, device=device, dtype=torch.int32).view(1, width)
+    q = torch.randn(chunk, heads, d, device=device, dtype=dtype)
+    positions = context + torch.arange(chunk, device=device)
+    cu = torch.tensor([0, chunk], device=device, dtype=torch.int32)
+    pairs = chunk * context + chunk * (chunk + 1) // 2                                    # causal (query, key) pairs
+    want = paged_attention_ref(q, k_cache, v_cache, positions, tables, cu, chunk, d ** -0.5)
+    rows = []
+    for tuning in PREFILL_TUNINGS:
+        def call(tuning=tuning):
+            return paged_attention_triton(q, k_cache, v_cache, positions, tables, cu, chunk, d ** -0.5,
+                                          tuning=tuning)
+        try:
+            error = (call().float() - want.float()).abs().max().item()
+            ms, mode = time_ms(call, device, reps=10)
+        except Exception as e:  # noqa: BLE001 - a tuning that does not compile (shared memory) is a row too
+            rows.append(row("attention-prefill", f"chunk {chunk} ctx {context}", f"ours {tuning or 'default'}",
+                            None, note=f"{type(e).__name__}: {str(e)[:80]}"))
+            continue
+        tflops = 4 * heads * d * pairs / (ms * 1e-3) / 1e12
+        rows.append(row("attention-prefill", f"chunk {chunk} ctx {context}", f"ours {tuning or 'default'}", ms,
+                        mode, note=f"{tflops:.0f} TFLOP/s, max |error| {error:.3g}"))
+        print(rows[-1], flush=True)
+    return rows
+
+
 def token_rows(s: dict, batch: int, n: int, device, copy_bw: float) -> list[dict]:
     """The token-parallel kernels of one layer over batch · n tokens."""
     from kernels.activation.triton_silu_mul import silu_mul_triton

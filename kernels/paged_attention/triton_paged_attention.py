@@ -156,12 +156,14 @@ def _num_sms(device: torch.device) -> int:
 
 
 def launch_config(num_seqs: int, max_seqlen: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                  device: torch.device, num_splits: int | None = None) -> dict:
-    """Tile sizes and split count: host ints only (static for a CUDA-graph bucket)."""
+                  device: torch.device, num_splits: int | None = None, tuning: dict | None = None) -> dict:
+    """Tile sizes and split count: host ints only (static for a CUDA-graph bucket). `tuning` (the benchmark's
+    sweep) overrides any of rows (query rows of a tile), block_n, num_warps, num_stages."""
+    tuning = tuning or {}
     group = num_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
     block_d = max(16, triton.next_power_of_2(head_dim))
-    tokens_per_tile = max(1, 64 // group_pad)                     # ≤ 64 rows: fp32 acc [rows, D] fits registers
+    tokens_per_tile = max(1, tuning.get("rows", 64) // group_pad)  # ≤ 64 rows: fp32 acc [rows, D] fits registers
     block_m = min(triton.next_power_of_2(max(1, max_seqlen)), tokens_per_tile)
     rows = max(16, block_m * group_pad)                           # tl.dot needs M ≥ 16
     m_blocks = triton.cdiv(max(1, max_seqlen), block_m)
@@ -170,8 +172,9 @@ def launch_config(num_seqs: int, max_seqlen: int, num_heads: int, num_kv_heads: 
         want = triton.cdiv(2 * _num_sms(device), max(1, programs))
         num_splits = min(MAX_SPLITS, triton.next_power_of_2(want)) if want > 1 else 1
     return dict(GROUP=group, GROUP_PAD=group_pad, BLOCK_D=block_d, BLOCK_M=block_m, ROWS=rows,
-                BLOCK_N=32 if block_d >= 256 else 64, NUM_SPLITS=num_splits, m_blocks=m_blocks,
-                num_warps=8 if rows * block_d >= 64 * 256 else 4)
+                BLOCK_N=tuning.get("block_n", 32 if block_d >= 256 else 64), NUM_SPLITS=num_splits, m_blocks=m_blocks,
+                num_warps=tuning.get("num_warps", 8 if rows * block_d >= 64 * 256 else 4),
+                num_stages=tuning.get("num_stages", 2))
 
 
 def paged_attention_triton(
@@ -185,6 +188,7 @@ def paged_attention_triton(
     scale: float,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
+    tuning: dict | None = None,
 ) -> torch.Tensor:               # [T, NH, D]
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -196,9 +200,9 @@ def paged_attention_triton(
     num_seqs = cu_seqlens.shape[0] - 1
     if num_seqs == 0 or num_tokens == 0:
         return out
-    cfg = launch_config(num_seqs, max_seqlen, num_heads, num_kv_heads, head_dim, q.device, num_splits)
+    cfg = launch_config(num_seqs, max_seqlen, num_heads, num_kv_heads, head_dim, q.device, num_splits, tuning)
     splits, m_blocks = cfg.pop("NUM_SPLITS"), cfg.pop("m_blocks")
-    num_warps, block_n = cfg.pop("num_warps"), cfg.pop("BLOCK_N")
+    num_warps, block_n, num_stages = cfg.pop("num_warps"), cfg.pop("BLOCK_N"), cfg.pop("num_stages")
     part_acc = part_ml = out  # unused placeholders when there is a single split
     if splits > 1:
         part_acc = torch.empty(splits, num_tokens, num_heads, head_dim, dtype=torch.float32, device=q.device)
@@ -209,7 +213,7 @@ def paged_attention_triton(
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         out.stride(0), out.stride(1), block_tables.stride(0),
         HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_SPLITS=splits, IEEE=k_cache.dtype == torch.float32,
-        num_warps=num_warps, num_stages=2, **cfg)
+        num_warps=num_warps, num_stages=num_stages, **cfg)
     if splits > 1:
         _combine_kernel[(num_seqs, m_blocks, num_kv_heads)](
             cu_seqlens, positions, out, part_acc, part_ml, num_tokens, num_heads, out.stride(0), out.stride(1),
