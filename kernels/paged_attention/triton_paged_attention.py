@@ -157,8 +157,10 @@ def _num_sms(device: torch.device) -> int:
 
 def launch_config(num_seqs: int, max_seqlen: int, num_heads: int, num_kv_heads: int, head_dim: int,
                   device: torch.device, num_splits: int | None = None, tuning: dict | None = None) -> dict:
-    """Tile sizes and split count: host ints only (static for a CUDA-graph bucket). `tuning` (the benchmark's
-    sweep) overrides any of rows (query rows of a tile), block_n, num_warps, num_stages."""
+    """Tile sizes and split count: host ints only (static for a CUDA-graph bucket). Key tiles of 64, but of 32 for
+    head_dim 256 under fewer than 64 query rows (decode / verify tiles); a prompt chunk's 64-row tiles take 64 keys
+    (`bench/kernels.py --attention-prefill` sweeps the choices). `tuning` (that sweep) overrides any of rows (query
+    rows of a tile), block_n, num_warps, num_stages."""
     tuning = tuning or {}
     group = num_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
@@ -172,7 +174,8 @@ def launch_config(num_seqs: int, max_seqlen: int, num_heads: int, num_kv_heads: 
         want = triton.cdiv(2 * _num_sms(device), max(1, programs))
         num_splits = min(MAX_SPLITS, triton.next_power_of_2(want)) if want > 1 else 1
     return dict(GROUP=group, GROUP_PAD=group_pad, BLOCK_D=block_d, BLOCK_M=block_m, ROWS=rows,
-                BLOCK_N=tuning.get("block_n", 32 if block_d >= 256 else 64), NUM_SPLITS=num_splits, m_blocks=m_blocks,
+                BLOCK_N=tuning.get("block_n", 32 if block_d >= 256 and rows < 64 else 64), NUM_SPLITS=num_splits,
+                m_blocks=m_blocks,
                 num_warps=tuning.get("num_warps", 8 if rows * block_d >= 64 * 256 else 4),
                 num_stages=tuning.get("num_stages", 2))
 
