@@ -156,9 +156,11 @@ def _num_sms(device: torch.device) -> int:
 
 
 def launch_config(num_seqs: int, max_seqlen: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                  device: torch.device, num_splits: int | None = None, tuning: dict | None = None) -> dict:
+                  device: torch.device, num_splits: int | None = None, tuning: dict | None = None,
+                  kv_bytes: int = 2) -> dict:
     """Tile sizes and split count: host ints only (static for a CUDA-graph bucket). Key tiles of 64, but of 32 for
-    head_dim 256 under fewer than 64 query rows (decode / verify tiles); a prompt chunk's 64-row tiles take 64 keys
+    head_dim 256 under fewer than 64 query rows (decode / verify tiles) or with a cache of `kv_bytes` > 2 (fp32 K
+    and V tiles of 64 x 256, double-buffered, pass the shared memory); a prompt chunk's 64-row tiles take 64 keys
     (`bench/kernels.py --attention-prefill` sweeps the choices). `tuning` (that sweep) overrides any of rows (query
     rows of a tile), block_n, num_warps, num_stages."""
     tuning = tuning or {}
@@ -174,7 +176,7 @@ def launch_config(num_seqs: int, max_seqlen: int, num_heads: int, num_kv_heads: 
         want = triton.cdiv(2 * _num_sms(device), max(1, programs))
         num_splits = min(MAX_SPLITS, triton.next_power_of_2(want)) if want > 1 else 1
     return dict(GROUP=group, GROUP_PAD=group_pad, BLOCK_D=block_d, BLOCK_M=block_m, ROWS=rows,
-                BLOCK_N=tuning.get("block_n", 32 if block_d >= 256 and rows < 64 else 64), NUM_SPLITS=num_splits,
+                BLOCK_N=tuning.get("block_n", 32 if block_d >= 256 and (rows < 64 or kv_bytes > 2) else 64), NUM_SPLITS=num_splits,
                 m_blocks=m_blocks,
                 num_warps=tuning.get("num_warps", 8 if rows * block_d >= 64 * 256 else 4),
                 num_stages=tuning.get("num_stages", 2))
@@ -203,7 +205,8 @@ def paged_attention_triton(
     num_seqs = cu_seqlens.shape[0] - 1
     if num_seqs == 0 or num_tokens == 0:
         return out
-    cfg = launch_config(num_seqs, max_seqlen, num_heads, num_kv_heads, head_dim, q.device, num_splits, tuning)
+    cfg = launch_config(num_seqs, max_seqlen, num_heads, num_kv_heads, head_dim, q.device, num_splits, tuning,
+                        k_cache.element_size())
     splits, m_blocks = cfg.pop("NUM_SPLITS"), cfg.pop("m_blocks")
     num_warps, block_n, num_stages = cfg.pop("num_warps"), cfg.pop("BLOCK_N"), cfg.pop("num_stages")
     part_acc = part_ml = out  # unused placeholders when there is a single split
