@@ -85,6 +85,16 @@ def test_default_launch_splits_and_half_precision():
     check_attention(case, real, triton_attention.paged_attention_triton, atol=2e-2)
 
 
+def test_prompt_chunks_take_64_key_tiles_at_head_dim_256():
+    """The launch rule at the 4B shape (16 q / 4 kv heads of 256): a prompt chunk's 64-row tiles take 64 keys from
+    a 16-bit cache; decode and verify tiles, and fp32 caches (their tiles would pass the shared memory), 32."""
+    def block_n(max_seqlen, kv_bytes=2):
+        return triton_attention.launch_config(1, max_seqlen, 16, 4, 256, torch.device("cpu"),
+                                              kv_bytes=kv_bytes)["BLOCK_N"]
+    assert block_n(1024) == block_n(16) == 64
+    assert block_n(1) == block_n(4) == block_n(1024, kv_bytes=4) == 32
+
+
 def test_reference_matches_dense_causal_attention():
     """The reference itself against plain SDPA over contiguous keys (no paging, no GQA tricks)."""
     seqs = [(5, 3), (0, 4)]

@@ -63,4 +63,5 @@ def gated_delta_rule_lanes(q, k, v, a, b, A_log, dt_bias, state, pending, cu_seq
     return gated_delta_rule(*args)
 
 
-__all__ = ["gated_delta_rule", "gated_delta_rule_lanes", "gated_delta_rule_prefill", "gated_delta_rule_ref", "gdn_gating", "l2norm"]
+__all__ = ["gated_delta_rule", "gated_delta_rule_lanes", "gated_delta_rule_prefill", "gated_delta_rule_ref",
+           "gdn_gating", "l2norm"]

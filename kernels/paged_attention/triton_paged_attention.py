@@ -175,9 +175,9 @@ def launch_config(num_seqs: int, max_seqlen: int, num_heads: int, num_kv_heads: 
         programs = num_seqs * m_blocks * num_kv_heads
         want = triton.cdiv(2 * _num_sms(device), max(1, programs))
         num_splits = min(MAX_SPLITS, triton.next_power_of_2(want)) if want > 1 else 1
+    block_n = 32 if block_d >= 256 and (rows < 64 or kv_bytes > 2) else 64
     return dict(GROUP=group, GROUP_PAD=group_pad, BLOCK_D=block_d, BLOCK_M=block_m, ROWS=rows,
-                BLOCK_N=tuning.get("block_n", 32 if block_d >= 256 and (rows < 64 or kv_bytes > 2) else 64), NUM_SPLITS=num_splits,
-                m_blocks=m_blocks,
+                BLOCK_N=tuning.get("block_n", block_n), NUM_SPLITS=num_splits, m_blocks=m_blocks,
                 num_warps=tuning.get("num_warps", 8 if rows * block_d >= 64 * 256 else 4),
                 num_stages=tuning.get("num_stages", 2))
 
