@@ -1,4 +1,5 @@
-"""The three services as separate local processes on 127.0.0.1 (what `specdec serve` runs).
+"""The three services as separate local processes on 127.0.0.1 (what `specdec serve` runs), or two when the
+drafter runs inside the verifier's process (`drafter_in_process`: what `specdec generate` does on a CPU).
 
 No child outlives the stack: each is started with `--parent-pid` (it gets SIGTERM when this process exits,
 even by SIGKILL; see specdec.process_guard), a failed or interrupted start stops what was started, and
@@ -46,6 +47,7 @@ class StackConfig:
     model: str
     drafter: str = "mtp"              # a drafter kind (mtp | draft_model | ngram | synthetic | a plugin) or none
     num_drafts: int = 3
+    drafter_in_process: bool = False  # the drafter (mtp | ngram) inside the verifier's process: no drafter service
     device: str = "cpu"
     dtype: str = "float32"
     port: int = 50051                 # the gateway's (0: any free port)
@@ -130,7 +132,9 @@ class LocalStack:
         verifier = ["verifier", *common, "--port", str(self.ports["verifier"]), *c.verifier_args]
         names = ["verifier", "gateway"]
         try:
-            if c.drafter != "none":
+            if c.drafter != "none" and c.drafter_in_process:
+                verifier += ["--in-process-drafter", c.drafter, "-k", str(c.num_drafts), *c.drafter_args]
+            elif c.drafter != "none":
                 self.ports["drafter"] = free_port()
                 names.insert(0, "drafter")
                 self._spawn("drafter", ["drafter", "--kind", c.drafter, "-k", str(c.num_drafts), *common,

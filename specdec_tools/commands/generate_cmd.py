@@ -28,7 +28,7 @@ def add_parser(sub) -> None:
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true")
     add_client_security_args(p)
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, in_process_default=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
     from specdec_tools.local_stack import LocalStack, run_stack
     with tempfile.TemporaryDirectory(prefix="specdec-logs-") as logs:
         stack = LocalStack(stack_config(args, port=0, log_dir=logs))
-        print(f"starting the local stack ({stack.config.drafter} drafter, k={stack.config.num_drafts}, "
-              f"{stack.config.device}) ...", file=sys.stderr, flush=True)
+        c = stack.config
+        where = " in the verifier's process" if c.drafter_in_process and c.drafter != "none" else ""
+        print(f"starting the local stack ({c.drafter} drafter{where}, k={c.num_drafts}, {c.device}) ...",
+              file=sys.stderr, flush=True)
         return run_stack(stack, lambda address: stream_completion(address, args, ids))

@@ -5,6 +5,7 @@ import sys
 from .cli_args import (add_draft_policy_arg, add_enforce_eager_arg, add_load_format_arg, add_model_args,
                        add_quantization_arg, add_tensor_parallel_arg, resolve)
 from .gateway_cmd import add_public_args, gateway_argv
+from .in_process_drafter import IN_PROCESS_KINDS
 
 
 def add_parser(sub) -> None:
@@ -53,6 +54,10 @@ def add_stack_args(p: argparse.ArgumentParser) -> None:
     add_quantization_arg(p)
     p.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
                    help="the verifier does not resume prompts from cached prefixes (default: on)")
+    p.add_argument("--in-process-drafter", action=argparse.BooleanOptionalAction, default=None,
+                   help="run the drafter (mtp or ngram) inside the verifier's process, with no drafter service "
+                        "(default: on for `generate` on a CPU, where two processes taking turns on few cores cost "
+                        "more than the exchange; off for `serve`, whose drafter can be swapped and restarted)")
 
 
 def stack_config(args: argparse.Namespace, port: int, log_dir: str | None = None, http_port: int | None = None):
@@ -68,9 +73,14 @@ def stack_config(args: argparse.Namespace, port: int, log_dir: str | None = None
         raise ValueError("--drafter draft_model and --draft-model DIR go together")
     if args.draft_vocab and drafter != "mtp":
         raise ValueError("--draft-vocab goes with the mtp drafter")
+    in_process = args.in_process_drafter
+    if in_process is None:   # the default: `generate` passes in_process_default
+        in_process = getattr(args, "in_process_default", False) and device == "cpu" and drafter in IN_PROCESS_KINDS
+    if in_process and drafter not in IN_PROCESS_KINDS + ("none",):
+        raise ValueError(f"--in-process-drafter runs {' or '.join(IN_PROCESS_KINDS)}, not --drafter {drafter}")
     drafter_args = ("--draft-model", args.draft_model) if args.draft_model else ()
     drafter_args += ("--draft-vocab", args.draft_vocab) if args.draft_vocab else ()
-    drafter_args += ("--enforce-eager",) if args.enforce_eager else ()
+    drafter_args += ("--enforce-eager",) if args.enforce_eager and not in_process else ()
     verifier_args = ("--enforce-eager",) if args.enforce_eager else ()
     verifier_args += ("--draft-policy", args.draft_policy)
     if args.tensor_parallel_size != 1:
@@ -79,13 +89,14 @@ def stack_config(args: argparse.Namespace, port: int, log_dir: str | None = None
         verifier_args += ("--quantization", args.quantization)
     if args.load_format != "safetensors":
         verifier_args += ("--load-format", args.load_format)
-        drafter_args += ("--load-format", args.load_format)
+        drafter_args += ("--load-format", args.load_format) if not in_process else ()
     if getattr(args, "verifier_metrics_port", 0):
         verifier_args += ("--metrics-port", str(args.verifier_metrics_port))
     if not args.prefix_caching:
         verifier_args += ("--no-prefix-caching",)
     public = getattr(args, "public_args", None)    # `serve`'s gateway flags (`generate` starts a plain stack)
-    return StackConfig(model=model, drafter=drafter, num_drafts=args.num_drafts, device=device, dtype=dtype,
+    return StackConfig(model=model, drafter=drafter, num_drafts=args.num_drafts, drafter_in_process=in_process,
+                       device=device, dtype=dtype,
                        port=port, http_port=http_port, transport=args.transport, log_dir=log_dir,
                        drafter_args=drafter_args, verifier_args=verifier_args,
                        gateway_args=tuple(gateway_argv(args, public)) if public else (),
