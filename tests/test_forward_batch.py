@@ -111,8 +111,8 @@ def test_a_mixed_bucket_pads_tokens_and_logit_rows_apart():
 def test_chunk_lanes_name_the_longest_prompt_chunks_that_can_run_chunked():
     """A mixed step's chunk lanes (forward_batch.py): the longest chunks of at least CHUNK_LANE_MIN_TOKENS tokens
     with no drafts and nothing to replay, as (sequence, first row, end row, GDN slot); unused lanes point at the
-    scratch slot. A mixed bucket always carries them (a graph's static choice), an eager step of several
-    sequences only when it has a chunk for them, decode and prefill buckets never."""
+    scratch slot. A mixed bucket always carries them (a graph's static choice); eager steps, decode and prefill
+    buckets never."""
     n = CHUNK_LANE_MIN_TOKENS
     staging = BatchStaging(max_tokens=8 * n, max_seqs=8, max_blocks=64, block_size=BLOCK, scratch_gdn_slot=7)
     # a decoder with drafts, a chunk that replays drafts, a short chunk, two long chunks
@@ -125,15 +125,13 @@ def test_chunk_lanes_name_the_longest_prompt_chunks_that_can_run_chunked():
     want += [[-1, 0, 0, 7]] * (CHUNK_LANES - len(want))
     mixed = Bucket.mixed(8, 8 * n, 2 * n, 3)
     assert staging.stage(plan, bucket=mixed).chunk_lanes.tolist() == want
-    assert staging.stage(plan).chunk_lanes.tolist() == want                        # eager
+    assert staging.stage(plan).chunk_lanes is None                                 # eager
     decoders = StepPlan.from_lists([[1] * 4, [2]], [0, 0], [[0], [1]], [0, 1], None, [3, 0])
-    assert staging.stage(decoders).chunk_lanes is None                             # nothing for them: eager
     batch = staging.stage(decoders, bucket=mixed)                                  # a graph's static choice
     assert batch.chunk_lanes.tolist() == [[-1, 0, 0, 7]] * CHUNK_LANES
     assert staging.stage(decoders, bucket=Bucket.uniform(2, 4)).chunk_lanes is None
     alone = StepPlan.from_lists([[1] * 2 * n], [0], [list(range(64))], [0])
     assert staging.stage(alone, bucket=Bucket.prefill(2 * n)).chunk_lanes is None
-    assert staging.stage(alone).chunk_lanes is None                                # one sequence
 
 
 @pytest.mark.parametrize("bad, message", [

@@ -25,12 +25,19 @@ def test_generate_runs_the_drafter_in_the_verifiers_process_on_a_cpu():
     model = demo_model_dir()
     c = config("generate", "x", "--model", model, "--device", "cpu")
     assert c.drafter == "mtp" and c.drafter_in_process
-    assert not config("generate", "x", "--model", model, "--device", "cpu", "--no-in-process-drafter").drafter_in_process
+    assert not config("generate", "x", "--model", model, "--device", "cpu",
+                      "--no-in-process-drafter").drafter_in_process
     assert config("generate", "x", "--model", model, "--device", "cpu", "--drafter", "ngram").drafter_in_process
     assert not config("serve", "--model", model, "--device", "cpu").drafter_in_process
     assert config("serve", "--model", model, "--device", "cpu", "--in-process-drafter").drafter_in_process
     with pytest.raises(ValueError, match="runs mtp or ngram"):
         config("serve", "--model", model, "--drafter", "draft_model", "--draft-model", model, "--in-process-drafter")
+    # beside tensor-parallel ranks an mtp drafter is a service (the verifier refuses it in process)
+    assert not config("generate", "x", "--model", model, "--device", "cpu", "--tensor-parallel-size", "2"
+                      ).drafter_in_process
+    with pytest.raises(ValueError, match="tensor-parallel"):
+        config("generate", "x", "--model", model, "--device", "cpu", "--tensor-parallel-size", "2",
+               "--in-process-drafter")
 
 
 def test_the_stack_passes_the_drafter_to_the_verifier_and_starts_no_drafter_service():

@@ -70,9 +70,12 @@ def test_the_one_sequence_chunked_rule_leaves_its_padding_out():
 
 def test_a_prompt_beside_a_decoder_gives_its_outputs_alone(model):
     """A 3000-token prompt in chunks of 1000 beside a 64-token one: the first step (1064 tokens) runs eagerly, the
-    next ones (the short prompt decoding beside a chunk) in a mixed bucket's graph, each with the long chunk in a
-    chunk lane. Greedy outputs equal each prompt's alone."""
+    next ones (the short prompt decoding beside a chunk) in a mixed bucket's graph, with the long chunk in a chunk
+    lane. Greedy outputs equal each prompt's alone."""
     import torch
+
+    from kernels.gated_delta_rule.chunk import fla_chunk_kernel
+    assert fla_chunk_kernel() is not None, "the GPU image carries fla-core (.whl): without it there is no lane"
     g = torch.Generator().manual_seed(7)
     prompts = [torch.randint(1, model.config.vocab_size, (n,), generator=g).tolist() for n in (64, 3000)]
 

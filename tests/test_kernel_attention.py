@@ -87,12 +87,20 @@ def test_default_launch_splits_and_half_precision():
 
 def test_prompt_chunks_take_64_key_tiles_at_head_dim_256():
     """The launch rule at the 4B shape (16 q / 4 kv heads of 256): a prompt chunk's 64-row tiles take 64 keys from
-    a 16-bit cache; decode and verify tiles, and fp32 caches (their tiles would pass the shared memory), 32."""
+    a 16-bit cache; decode and verify tiles, fp32 caches and a GPU of less shared memory than an H100's (an A100's
+    163 KiB: their tiles would not fit), 32."""
     def block_n(max_seqlen, kv_bytes=2):
         return triton_attention.launch_config(1, max_seqlen, 16, 4, 256, torch.device("cpu"),
                                               kv_bytes=kv_bytes)["BLOCK_N"]
     assert block_n(1024) == block_n(16) == 64
     assert block_n(1) == block_n(4) == block_n(1024, kv_bytes=4) == 32
+    triton_attention._shared_memory.cache_clear()
+    real = triton_attention._shared_memory
+    try:
+        triton_attention._shared_memory = lambda device: 163 * 1024
+        assert block_n(1024) == 32
+    finally:
+        triton_attention._shared_memory = real
 
 
 def test_reference_matches_dense_causal_attention():

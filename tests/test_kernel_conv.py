@@ -90,7 +90,8 @@ def test_the_kernels_compile_for_hopper(tmp_path):
     types = dict(x_ptr="*bf16", w_ptr="*bf16", state_ptr="*bf16", out_ptr="*bf16", cu_seqlens_ptr="*i32",
                  slots_ptr="*i32", read_offsets_ptr="*i32", num_drafts_ptr="*i32")
     module = "kernels.causal_conv1d.triton_conv"
-    assert_compiles_for_hopper(tmp_path, module, "_conv_out_kernel", types, [dict(C=8192, W=4, BC=64, BT=32, BS=64)])
+    assert_compiles_for_hopper(tmp_path, module, "_conv_out_kernel", types,
+                               [dict(C=8192, W=4, BC=64, BT=32, BLOCK_SEQS=64)])
     assert_compiles_for_hopper(tmp_path, module, "_conv_window_kernel", types, [dict(C=8192, W=4, BC=64, BW=8)])
 
 

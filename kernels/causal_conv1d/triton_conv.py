@@ -20,12 +20,12 @@ import triton.language as tl
 def _conv_out_kernel(
     x_ptr, w_ptr, state_ptr, out_ptr, cu_seqlens_ptr, slots_ptr, read_offsets_ptr, num_seqs,
     stride_xt, stride_wc, stride_s_slot, stride_s_c, stride_ot,
-    C: tl.constexpr, W: tl.constexpr, BC: tl.constexpr, BT: tl.constexpr, BS: tl.constexpr,
+    C: tl.constexpr, W: tl.constexpr, BC: tl.constexpr, BT: tl.constexpr, BLOCK_SEQS: tl.constexpr,
 ):
     i_c, i_t = tl.program_id(0), tl.program_id(1)
     o_t = i_t * BT + tl.arange(0, BT)                                                 # [BT] flat rows
-    o_s = tl.arange(0, BS)
-    ends = tl.load(cu_seqlens_ptr + 1 + o_s, mask=o_s < num_seqs, other=1 << 30)     # [BS] each sequence's end
+    o_s = tl.arange(0, BLOCK_SEQS)
+    ends = tl.load(cu_seqlens_ptr + 1 + o_s, mask=o_s < num_seqs, other=1 << 30)     # [BLOCK_SEQS] each sequence's end
     seq = tl.sum((ends[None, :] <= o_t[:, None]).to(tl.int32), axis=1)  # [BT] sequences ending at or before a row
     live = seq < num_seqs                                                             # padding rows: False
     seq = tl.minimum(seq, num_seqs - 1)
@@ -101,7 +101,7 @@ def causal_conv1d_triton(
     _conv_out_kernel[(num_c, triton.cdiv(num_tokens, block_t))](
         x, weight, conv_state, out, cu_seqlens, slots, read_offsets, num_seqs,
         x.stride(0), weight.stride(0), conv_state.stride(0), conv_state.stride(1), out.stride(0),
-        C=channels, W=width, BC=block_c, BT=block_t, BS=triton.next_power_of_2(num_seqs), num_warps=num_warps)
+        C=channels, W=width, BC=block_c, BT=block_t, BLOCK_SEQS=triton.next_power_of_2(num_seqs), num_warps=num_warps)
     _conv_window_kernel[(num_seqs, num_c)](
         x, conv_state, cu_seqlens, slots, read_offsets, num_drafts,
         x.stride(0), conv_state.stride(0), conv_state.stride(1),

@@ -149,6 +149,14 @@ def _combine_kernel(
 
 
 @functools.cache
+def _shared_memory(device: torch.device) -> int:
+    """Bytes of shared memory a block may use (the interpreter: as an H100's)."""
+    if device.type != "cuda":
+        return 227 * 1024
+    return getattr(torch.cuda.get_device_properties(device), "shared_memory_per_block_optin", 48 * 1024)
+
+
+@functools.cache
 def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 8  # interpreter runs: small, but > 1 so tests exercise split-KV
@@ -159,8 +167,9 @@ def launch_config(num_seqs: int, max_seqlen: int, num_heads: int, num_kv_heads: 
                   device: torch.device, num_splits: int | None = None, tuning: dict | None = None,
                   kv_bytes: int = 2) -> dict:
     """Tile sizes and split count: host ints only (static for a CUDA-graph bucket). Key tiles of 64, but of 32 for
-    head_dim 256 under fewer than 64 query rows (decode / verify tiles) or with a cache of `kv_bytes` > 2 (fp32 K
-    and V tiles of 64 x 256, double-buffered, pass the shared memory); a prompt chunk's 64-row tiles take 64 keys
+    head_dim 256 under fewer than 64 query rows (decode / verify tiles) or where the query tile and two stages of
+    64-key K and V tiles of `kv_bytes` elements would not fit the device's shared memory with 16 KiB to spare (fp32
+    caches; GPUs with less than an H100's); a prompt chunk's 64-row tiles take 64 keys
     (`bench/kernels.py --attention-prefill` sweeps the choices). `tuning` (that sweep) overrides any of rows (query
     rows of a tile), block_n, num_warps, num_stages."""
     tuning = tuning or {}
@@ -175,7 +184,8 @@ def launch_config(num_seqs: int, max_seqlen: int, num_heads: int, num_kv_heads: 
         programs = num_seqs * m_blocks * num_kv_heads
         want = triton.cdiv(2 * _num_sms(device), max(1, programs))
         num_splits = min(MAX_SPLITS, triton.next_power_of_2(want)) if want > 1 else 1
-    block_n = 32 if block_d >= 256 and (rows < 64 or kv_bytes > 2) else 64
+    wide_fits = (rows + 2 * 2 * 64) * block_d * kv_bytes + 16 * 1024 <= _shared_memory(device)
+    block_n = 32 if block_d >= 256 and (rows < 64 or not wide_fits) else 64
     return dict(GROUP=group, GROUP_PAD=group_pad, BLOCK_D=block_d, BLOCK_M=block_m, ROWS=rows,
                 BLOCK_N=tuning.get("block_n", block_n), NUM_SPLITS=num_splits, m_blocks=m_blocks,
                 num_warps=tuning.get("num_warps", 8 if rows * block_d >= 64 * 256 else 4),

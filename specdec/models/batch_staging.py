@@ -173,9 +173,8 @@ class BatchStaging:
         tables[:b, :plan.block_tables.shape[1]], tables[b:] = plan.block_tables, self.scratch_block
         for name, pad in (("gdn_slots", self.scratch_gdn_slot), ("gdn_read_offsets", 0), ("num_drafts", 0)):
             h[name][:b], h[name][b:bp] = getattr(plan, name), pad
-        lanes = self._chunk_lanes(plan, cu, h["chunk_lanes"].reshape(CHUNK_LANES, 4))
-        with_lanes = (bucket.seqs > 1 and bucket.max_seqlen > bucket.max_drafts + 1) if bucket is not None \
-            else (b > 1 and lanes > 0)   # a mixed bucket (static), or an eager step that has a chunk for them
+        self._chunk_lanes(plan, cu, h["chunk_lanes"].reshape(CHUNK_LANES, 4))
+        with_lanes = bucket is not None and bucket.seqs > 1 and bucket.max_seqlen > bucket.max_drafts + 1  # mixed
         self._copy_to_device(self.offsets["block_tables"] + bp * width)
         d = self.device_views
         block_tables = d["block_tables"][: bp * width].view(bp, width)
@@ -193,18 +192,17 @@ class BatchStaging:
             cu_seqlens_host=cu.copy() if bucket is None else None, seq_of_token=d["seq_of_token"][:tp],
             chunk_lanes=d["chunk_lanes"].view(CHUNK_LANES, 4) if with_lanes else None)
 
-    def _chunk_lanes(self, plan: StepPlan, cu: np.ndarray, lanes: np.ndarray) -> int:
+    def _chunk_lanes(self, plan: StepPlan, cu: np.ndarray, lanes: np.ndarray) -> None:
         """Fill `lanes` [CHUNK_LANES, 4] with the step's longest prompt chunks that may run chunked
-        (forward_batch.py); returns how many there are."""
+        (forward_batch.py)."""
         eligible = ((plan.seq_lens >= CHUNK_LANE_MIN_TOKENS) & (plan.num_drafts == 0)
                     & (plan.gdn_read_offsets == 0))
         chosen = np.flatnonzero(eligible)
         chosen = chosen[np.argsort(-plan.seq_lens[chosen], kind="stable")][:CHUNK_LANES]
-        n = chosen.shape[0]
-        lanes[:n, 0], lanes[:n, 1], lanes[:n, 2], lanes[:n, 3] = chosen, cu[chosen], cu[chosen + 1], \
-            plan.gdn_slots[chosen]
-        lanes[n:] = (-1, 0, 0, self.scratch_gdn_slot)
-        return n
+        num_lanes = chosen.shape[0]
+        lanes[:num_lanes, 0], lanes[:num_lanes, 1], lanes[:num_lanes, 2], lanes[:num_lanes, 3] = \
+            chosen, cu[chosen], cu[chosen + 1], plan.gdn_slots[chosen]
+        lanes[num_lanes:] = (-1, 0, 0, self.scratch_gdn_slot)
 
     @property
     def step_inputs(self) -> torch.Tensor:

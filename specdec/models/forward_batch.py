@@ -13,12 +13,14 @@ import numpy as np
 import torch
 
 
-# A step that mixes prompt chunks with decoding sequences (a mixed bucket, or an eager step of several sequences)
-# names up to CHUNK_LANES of its prompt chunks, the longest first, in `chunk_lanes`: one row (sequence, first row,
-# end row, GDN slot) each; an unused lane is (-1, 0, 0, the scratch slot). GDN runs those through the chunked
-# kernel and every other sequence through the recurrent one, which walks a sequence's tokens one by one (a
-# 1024-token chunk beside 15 decoders made the whole step wait on that walk). A lane takes a chunk of at least
-# CHUNK_LANE_MIN_TOKENS tokens with no drafts and nothing to replay: its state is state[slot] as it stands.
+# A step that mixes prompt chunks with decoding sequences in a mixed bucket's CUDA graph names up to CHUNK_LANES of
+# its prompt chunks, the longest first, in `chunk_lanes`: one row (sequence, first row, end row, GDN slot) each; an
+# unused lane is (-1, 0, 0, the scratch slot). GDN runs those through the chunked kernel and every other sequence
+# through the recurrent one, which walks a sequence's tokens one by one (a 1024-token chunk beside 15 decoders made
+# the whole step wait on that walk). A lane takes a chunk of at least CHUNK_LANE_MIN_TOKENS tokens with no drafts
+# and nothing to replay: its state is state[slot] as it stands. The graph runs the lane's call whether a chunk
+# qualifies or not (its shape is static). Eager steps have none: fla-core's call costs milliseconds of host time
+# a layer there, and a step past the buckets with long chunks and no drafts runs them all chunked anyway.
 CHUNK_LANES = 1
 CHUNK_LANE_MIN_TOKENS = 64
 

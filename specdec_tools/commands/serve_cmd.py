@@ -75,9 +75,13 @@ def stack_config(args: argparse.Namespace, port: int, log_dir: str | None = None
         raise ValueError("--draft-vocab goes with the mtp drafter")
     in_process = args.in_process_drafter
     if in_process is None:   # the default: `generate` passes in_process_default
-        in_process = getattr(args, "in_process_default", False) and device == "cpu" and drafter in IN_PROCESS_KINDS
+        in_process = (getattr(args, "in_process_default", False) and device == "cpu" and drafter in IN_PROCESS_KINDS
+                      and args.tensor_parallel_size == 1)
     if in_process and drafter not in IN_PROCESS_KINDS + ("none",):
         raise ValueError(f"--in-process-drafter runs {' or '.join(IN_PROCESS_KINDS)}, not --drafter {drafter}")
+    if in_process and drafter == "mtp" and args.tensor_parallel_size != 1:
+        raise ValueError("--in-process-drafter mtp cannot run beside tensor-parallel ranks: drop it (the drafter "
+                         "then runs as a service)")
     drafter_args = ("--draft-model", args.draft_model) if args.draft_model else ()
     drafter_args += ("--draft-vocab", args.draft_vocab) if args.draft_vocab else ()
     drafter_args += ("--enforce-eager",) if args.enforce_eager and not in_process else ()
