@@ -20,15 +20,24 @@ import numpy as np
 
 from .id_pool import PoolExhausted
 
-ROOT_HASH = 0   # the parent of block 0
+ROOT_HASH = 0   # the parent of block 0 (without a cache salt)
 
 
-def chain_hashes(token_ids: list[int], block_size: int, num_blocks: int, known: list[int] | None = None
-                 ) -> list[int]:
+def root_hash(cache_salt: str | None) -> int:
+    """The parent of block 0 for a request's cache salt: requests share cached prefixes only under the same one."""
+    if not cache_salt:
+        return ROOT_HASH
+    digest = hashlib.blake2b(b"cache_salt\0" + cache_salt.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def chain_hashes(token_ids: list[int], block_size: int, num_blocks: int, known: list[int] | None = None,
+                 root: int = ROOT_HASH) -> list[int]:
     """Hashes of (at least) the first `num_blocks` blocks: h_j = H(h_{j-1}, tokens[j B : (j + 1) B]) (63-bit ints,
-    so they fit any int64 field). `known`: hashes already computed for the first blocks (kept, and extended)."""
+    so they fit any int64 field), h_{-1} = `root` (`root_hash` of the request's cache salt). `known`: hashes already
+    computed for the first blocks (kept, and extended)."""
     hashes = list(known or [])
-    parent = hashes[-1] if hashes else ROOT_HASH
+    parent = hashes[-1] if hashes else root
     for j in range(len(hashes), num_blocks):
         block = np.asarray(token_ids[j * block_size:(j + 1) * block_size], np.int64)
         digest = hashlib.blake2b(parent.to_bytes(8, "little") + block.tobytes(), digest_size=8).digest()

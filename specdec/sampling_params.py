@@ -29,6 +29,7 @@ TOP_K_LIMIT = 2 ** 31 - 1             # the wire's int32; any larger value would
 PENALTY_LIMIT = 2.0                   # presence / frequency penalties in [-2, 2], as the OpenAI API
 GRAMMAR_KINDS = ("json_object", "json_schema", "regex", "ebnf", "structural_tag")
 MAX_GRAMMAR_CHARS = 1 << 20
+MAX_CACHE_SALT_CHARS = 256
 
 
 class SamplingError(ValueError):
@@ -69,6 +70,7 @@ class SamplingParams:
     ignore_eos: bool = False
     speculation: bool = True          # False: this request verifies no drafts (others in its batch still do)
     grammar: GrammarSpec | None = None  # None: unconstrained
+    cache_salt: str | None = None     # prefix-cache namespace: prefixes are shared only under the same salt
     extra: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -132,6 +134,10 @@ class SamplingParams:
             if not isinstance(getattr(self, name), bool):
                 raise SamplingError(f"{name} must be a boolean, got {getattr(self, name)!r}")
         self._validate_stops(vocab_size)
+        if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt
+                                            or len(self.cache_salt) > MAX_CACHE_SALT_CHARS):
+            raise SamplingError(f"cache_salt must be a non-empty string of at most {MAX_CACHE_SALT_CHARS} "
+                                f"characters, got {self.cache_salt!r:.60}")
         if self.grammar is not None:
             if not isinstance(self.grammar, GrammarSpec):
                 raise SamplingError(f"grammar must be a GrammarSpec, got {type(self.grammar).__name__}")

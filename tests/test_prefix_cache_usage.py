@@ -71,9 +71,10 @@ def test_the_verifiers_stats_report_the_prefix_cache_counts():
 
 @pytest.fixture(scope="module")
 def gateway():
-    """(gRPC address, HTTP base URL, metrics port) of a gateway in front of a CachingVerifier."""
+    """(gRPC address, HTTP base URL, metrics port, the CachingVerifier) of a gateway in front of a CachingVerifier."""
     loop = Loop()
-    server, port = loop.run(serve(CachingVerifier()))
+    verifier = CachingVerifier()
+    server, port = loop.run(serve(verifier))
     tokenizer = TextTokenizer.from_folder(demo_model_dir())
     template = ChatTemplate.from_folder(demo_model_dir(), tokenizer.special_tokens_map)
     config = GatewayConfig(str(demo_model_dir()), f"127.0.0.1:{port}", port=0, http=HttpConfig(0), metrics_port=0)
@@ -83,7 +84,7 @@ def gateway():
     while _status(url + "/health") != 200:
         assert time.monotonic() < deadline, "the gateway did not turn SERVING"
         time.sleep(0.05)
-    yield f"127.0.0.1:{running.grpc_server.port}", url + "/v1", running.metrics_port
+    yield f"127.0.0.1:{running.grpc_server.port}", url + "/v1", running.metrics_port, verifier
     loop.run(running.stop())
     loop.run(server.stop(0))
     loop.close()
@@ -105,7 +106,7 @@ def cached_counter(port: int) -> float:
 
 
 def test_cached_tokens_reach_both_apis_and_the_gateways_counter(gateway):
-    address, base_url, metrics_port = gateway
+    address, base_url, metrics_port, _ = gateway
     before = cached_counter(metrics_port)
     client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=30)
     chat = dict(model="fake", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
@@ -123,3 +124,22 @@ def test_cached_tokens_reach_both_apis_and_the_gateways_counter(gateway):
             prompt="import os", sampling=gateway_pb2.SamplingParams(max_tokens=4)), timeout=30))
     assert replies[-1].usage.cached_tokens == CACHED
     assert cached_counter(metrics_port) - before == 5 * CACHED
+
+
+def test_a_cache_salt_reaches_the_verifier_from_both_apis(gateway):
+    """vLLM's `cache_salt` (HTTP body, chat and completions) and SamplingParams.cache_salt (gRPC) reach the
+    verifier's request; a request without one sends none; a bad one is refused naming the field."""
+    address, base_url, _, verifier = gateway
+    client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=30)
+    sent = len(verifier.requests)
+    client.completions.create(model="fake", prompt="import os", max_tokens=2, extra_body={"cache_salt": "tenant-a"})
+    client.chat.completions.create(model="fake", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                                   extra_body={"cache_salt": "tenant-b"})
+    client.completions.create(model="fake", prompt="import os", max_tokens=2)
+    with grpc.insecure_channel(address) as channel:
+        list(gateway_pb2_grpc.GatewayStub(channel).Generate(gateway_pb2.GenerateRequest(
+            prompt="import os", sampling=gateway_pb2.SamplingParams(max_tokens=2, cache_salt="tenant-c")), timeout=30))
+    got = [r.sampling.cache_salt if r.sampling.HasField("cache_salt") else None for r in verifier.requests[sent:]]
+    assert got == ["tenant-a", "tenant-b", None, "tenant-c"]
+    with pytest.raises(openai.BadRequestError, match="cache_salt"):
+        client.completions.create(model="fake", prompt="import os", max_tokens=2, extra_body={"cache_salt": ""})

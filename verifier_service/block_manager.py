@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specdec.id_pool import IdPool
-from specdec.prefix_cache import BlockPool, Checkpoints, PrefixStats, chain_hashes, next_checkpoint
+from specdec.prefix_cache import BlockPool, Checkpoints, PrefixStats, chain_hashes, next_checkpoint, root_hash
 
 from .sequence import Sequence
 
@@ -102,7 +102,8 @@ class BlockManager:
         if not self.prefix.enabled or self.paused or not len(self.checkpoints):
             return None
         num_blocks = len(seq.token_ids) // self.block_size
-        seq.hashed(chain_hashes(seq.token_ids, self.block_size, num_blocks, seq.block_hashes))
+        seq.hashed(chain_hashes(seq.token_ids, self.block_size, num_blocks, seq.block_hashes,
+                                root_hash(seq.params.cache_salt)))
         hashes = seq.block_hashes
         complete = self.kv_blocks.matched(hashes[:num_blocks])
         for m in range(min(complete + 1, num_blocks), 0, -1):   # blocks 0 .. m - 2 complete, m - 1 the checkpoint's
@@ -136,7 +137,7 @@ class BlockManager:
         """`seq`'s launched chunk ends at checkpoint `position`: its complete blocks are registered and its state is
         saved (after the step) with the checkpoint's last block, unless that checkpoint is kept already."""
         m = (position + 1) // self.block_size
-        seq.hashed(chain_hashes(seq.token_ids, self.block_size, m, seq.block_hashes))
+        seq.hashed(chain_hashes(seq.token_ids, self.block_size, m, seq.block_hashes, root_hash(seq.params.cache_salt)))
         for block, h in zip(seq.block_table[:m - 1], seq.block_hashes[:m - 1]):
             self.kv_blocks.register(block, h)
         row = self.checkpoints.add(seq.block_hashes[m - 1], seq.block_table[m - 1])

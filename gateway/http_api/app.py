@@ -103,7 +103,7 @@ def build_app(generator: Generator) -> FastAPI:
 COMMON_NAMES = {n: n for n in ("model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop",
                                "stop_token_ids", "ignore_eos", "speculation", "presence_penalty", "frequency_penalty",
                                "repetition_penalty", "stream", "stream_options", "n", "logit_bias", "sampling",
-                               "response_format", "structured_outputs")}
+                               "response_format", "structured_outputs", "cache_salt")}
 COMPLETION_NAMES = COMMON_NAMES | {"prompt": "prompt", "prompt_token_ids": "prompt", "logprobs": "logprobs",
                                    "echo": "echo", "suffix": "suffix", "best_of": "best_of"}
 CHAT_NAMES = COMMON_NAMES | {"messages": "messages", "logprobs": "top_logprobs", "top_logprobs": "top_logprobs",

@@ -6,8 +6,8 @@ the OpenAI API's many optional fields come and go; fields we know but cannot hon
 ``logit_bias``, ``tools`` ...) are refused by name in ``unsupported``. Beyond OpenAI's fields, vLLM's sampling
 extras are accepted: ``top_k``, ``min_p``, ``repetition_penalty``, ``stop_token_ids``, ``ignore_eos``,
 ``structured_outputs`` (one of ``json`` (a schema), ``json_object``, ``regex``, ``grammar`` (EBNF),
-``structural_tag``) and (chat) ``chat_template_kwargs``; and ours, ``speculation`` (false: this request verifies
-no drafts). ``response_format`` (``text``, ``json_object``, ``json_schema``) works on both endpoints.
+``structural_tag``), ``cache_salt`` (a prefix cache namespace) and (chat) ``chat_template_kwargs``; and ours,
+``speculation`` (false: this request verifies no drafts). ``response_format`` (``text``, ``json_object``, ``json_schema``) works on both endpoints.
 """
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ class _Sampling(_Body):
     stop_token_ids: list[int] | None = None
     ignore_eos: bool | None = None
     speculation: bool | None = None       # ours: false = no drafts verified for this request
+    cache_salt: str | None = None         # vLLM's: prefixes are shared only between requests of the same salt
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
@@ -52,7 +53,7 @@ class _Sampling(_Body):
         """SamplingParams fields that were set (max_tokens and logprobs are the endpoints' business); ValueError
         (starting with the field's name) for a response format we cannot read."""
         names = ("temperature", "top_p", "top_k", "min_p", "seed", "stop_token_ids", "ignore_eos", "speculation",
-                 "presence_penalty", "frequency_penalty", "repetition_penalty")
+                 "presence_penalty", "frequency_penalty", "repetition_penalty", "cache_salt")
         values = {name: getattr(self, name) for name in names}
         values["stop"] = [self.stop] if isinstance(self.stop, str) else self.stop
         values["grammar"] = self.grammar()

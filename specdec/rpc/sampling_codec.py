@@ -9,7 +9,7 @@ from specdec.rpc.v1 import gateway_pb2
 from specdec.sampling_params import GrammarSpec, SamplingError, SamplingParams
 
 OPTIONAL = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-            "frequency_penalty", "seed", "logprobs", "speculation")
+            "frequency_penalty", "seed", "logprobs", "speculation", "cache_salt")
 
 
 def params_from_proto(message: gateway_pb2.SamplingParams) -> SamplingParams:
