@@ -1,12 +1,15 @@
 """Helpers of the reliability / security / load tests: real processes on 127.0.0.1, real gRPC clients."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -137,3 +140,16 @@ class Serve:
         for pid in kids:
             if state(pid) not in (None, "Z"):
                 os.kill(pid, signal.SIGKILL)
+
+
+def http_status(url: str, payload: dict | None = None) -> int | None:
+    """The HTTP status of a GET (or, with `payload`, a JSON POST) to `url`; None when nothing answers."""
+    data = json.dumps(payload).encode() if payload is not None else None
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data, {"Content-Type": "application/json"}),
+                                    timeout=10) as answer:
+            return answer.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return None

@@ -4,18 +4,16 @@ interval (or a timeout) later. Now a real verifier process killed with SIGKILL t
 within 1 s, requests meanwhile get UNAVAILABLE (HTTP 503), the restarted verifier makes it SERVING again, and a
 verifier that hangs with its connection open still turns it NOT_SERVING. A live verifier turning NOT_SERVING just
 after it answered a health check (the worst moment for a poller) is followed within 1 s too."""
-import json
 import os
 import signal
 import time
-import urllib.error
-import urllib.request
 
 import grpc
 import pytest
 from fake_verifier import FakeVerifier, Loop, serve
 from grpc_health.v1 import _async as health_aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from reliability_stack import http_status
 
 from gateway.server import GatewayConfig, start
 from specdec_tools.local_stack import LocalStack, StackConfig
@@ -49,18 +47,6 @@ class Gateway:
             return self.health.Check(health_pb2.HealthCheckRequest(), timeout=0.5).status
         except grpc.RpcError:
             return None
-
-
-def http_status(url: str, payload: dict | None = None) -> int | None:
-    data = json.dumps(payload).encode() if payload is not None else None
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, data, {"Content-Type": "application/json"}),
-                                    timeout=10) as answer:
-            return answer.status
-    except urllib.error.HTTPError as e:
-        return e.code
-    except OSError:
-        return None
 
 
 def test_health_turns_not_serving_within_1s_of_a_verifier_kill_and_back(tiny_dir, tmp_path):

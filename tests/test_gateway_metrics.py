@@ -9,7 +9,7 @@ import grpc
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from reliability_stack import spawn_gateway, stop, wait_for
+from reliability_stack import http_status, spawn_gateway, stop, wait_for
 
 from specdec.demo import DEMO_DIR
 from specdec_tools.local_stack import LocalStack, StackConfig, free_port
@@ -31,19 +31,11 @@ def gateway(tmp_path_factory):
     proc = spawn_gateway(f"127.0.0.1:{stack.ports['verifier']}", ports["grpc"], logs / "gateway.log",
                          "--http-port", str(ports["http"]), "--metrics-port", str(ports["metrics"]))
     try:
-        wait_for(lambda: _get(f"http://127.0.0.1:{ports['http']}/health") == 200, 60, "the gateway serving")
+        wait_for(lambda: http_status(f"http://127.0.0.1:{ports['http']}/health") == 200, 60, "the gateway serving")
         yield ports
     finally:
         stop(proc)
         stack.stop()
-
-
-def _get(url: str) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as answer:
-            return answer.status
-    except OSError as e:
-        return getattr(e, "code", None)
 
 
 def scrape(port: int) -> dict[tuple, float]:

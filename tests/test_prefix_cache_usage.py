@@ -13,6 +13,7 @@ import openai
 import pytest
 from fake_verifier import FakeVerifier, Loop, serve
 from prometheus_client.parser import text_string_to_metric_families
+from reliability_stack import http_status
 
 from gateway.chat_template import ChatTemplate
 from gateway.http_api.config import HttpConfig
@@ -81,21 +82,13 @@ def gateway():
     running = loop.run(start(config, tokenizer, template))
     url = f"http://127.0.0.1:{running.http.port}"
     deadline = time.monotonic() + 30
-    while _status(url + "/health") != 200:
+    while http_status(url + "/health") != 200:
         assert time.monotonic() < deadline, "the gateway did not turn SERVING"
         time.sleep(0.05)
     yield f"127.0.0.1:{running.grpc_server.port}", url + "/v1", running.metrics_port, verifier
     loop.run(running.stop())
     loop.run(server.stop(0))
     loop.close()
-
-
-def _status(url: str) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as answer:
-            return answer.status
-    except OSError as e:
-        return getattr(e, "code", None)
 
 
 def cached_counter(port: int) -> float:

@@ -97,14 +97,19 @@ class BlockManager:
             return None
         return next_checkpoint(start, len(seq.token_ids), self.block_size, self.prefix.checkpoint_interval)
 
+    def _hash(self, seq: Sequence, num_blocks: int) -> list[int]:
+        """`seq`'s block hashes, extended to (at least) its first `num_blocks` blocks, from its cache salt's root."""
+        if len(seq.block_hashes) < num_blocks:
+            seq.hashed(chain_hashes(seq.token_ids, self.block_size, num_blocks, seq.block_hashes,
+                                    root_hash(seq.params.cache_salt)))
+        return seq.block_hashes
+
     def match(self, seq: Sequence) -> PrefixHit | None:
         """The longest cached prefix of `seq`'s tokens it can resume from (it must still run >= 1 token)."""
         if not self.prefix.enabled or self.paused or not len(self.checkpoints):
             return None
         num_blocks = len(seq.token_ids) // self.block_size
-        seq.hashed(chain_hashes(seq.token_ids, self.block_size, num_blocks, seq.block_hashes,
-                                root_hash(seq.params.cache_salt)))
-        hashes = seq.block_hashes
+        hashes = self._hash(seq, num_blocks)
         complete = self.kv_blocks.matched(hashes[:num_blocks])
         for m in range(min(complete + 1, num_blocks), 0, -1):   # blocks 0 .. m - 2 complete, m - 1 the checkpoint's
             entry = self.checkpoints.get(hashes[m - 1])
@@ -137,7 +142,7 @@ class BlockManager:
         """`seq`'s launched chunk ends at checkpoint `position`: its complete blocks are registered and its state is
         saved (after the step) with the checkpoint's last block, unless that checkpoint is kept already."""
         m = (position + 1) // self.block_size
-        seq.hashed(chain_hashes(seq.token_ids, self.block_size, m, seq.block_hashes, root_hash(seq.params.cache_salt)))
+        self._hash(seq, m)
         for block, h in zip(seq.block_table[:m - 1], seq.block_hashes[:m - 1]):
             self.kv_blocks.register(block, h)
         row = self.checkpoints.add(seq.block_hashes[m - 1], seq.block_table[m - 1])

@@ -173,8 +173,9 @@ class BatchStaging:
         tables[:b, :plan.block_tables.shape[1]], tables[b:] = plan.block_tables, self.scratch_block
         for name, pad in (("gdn_slots", self.scratch_gdn_slot), ("gdn_read_offsets", 0), ("num_drafts", 0)):
             h[name][:b], h[name][b:bp] = getattr(plan, name), pad
-        self._chunk_lanes(plan, cu, h["chunk_lanes"].reshape(CHUNK_LANES, 4))
         with_lanes = bucket is not None and bucket.seqs > 1 and bucket.max_seqlen > bucket.max_drafts + 1  # mixed
+        if with_lanes:
+            self._chunk_lanes(plan, cu, h["chunk_lanes"].reshape(CHUNK_LANES, 4))
         self._copy_to_device(self.offsets["block_tables"] + bp * width)
         d = self.device_views
         block_tables = d["block_tables"][: bp * width].view(bp, width)

@@ -49,7 +49,7 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
                    help="a prompt chunk of N or more tokens runs alone, in steps that take turns with the other "
                         "running sequences (default 0: chunks share steps with them). On a GPU with fla-core "
                         "installed a chunk alone of 512 tokens or more replays its prefill graph with the chunked "
-                        "gated-delta kernel, which a mixed step does not use")
+                        "gated-delta kernel; a mixed step's graph runs only its longest chunk with it")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="FRACTION",
                    help="the share of the GPU's memory this process may hold (default 0.9): weights, activations, "
                         "CUDA graphs, and a shared pool of KV blocks sized from what is left; the start-up log says "
