@@ -11,7 +11,8 @@ from test_overlapped_steps import run
 
 from specdec.sampling_params import SamplingParams
 from verifier_service.acceptance_stats import AcceptanceStats
-from verifier_service.draft_policy import EXPLORE_EVERY, EXPLORE_STEPS, DraftPolicy, StepCosts, expected_tokens
+from verifier_service.draft_policy import (EXPLORE_EVERY, EXPLORE_STEPS, MIN_OBSERVATIONS, DraftChoice, DraftPolicy,
+                                           StepCosts, expected_tokens)
 from verifier_service.warm_up import measure_step_costs
 
 pytestmark = pytest.mark.timeout(300)
@@ -52,14 +53,14 @@ def test_adaptive_picks_the_k_of_most_tokens_per_second():
     flat = costs([1.0, 1.0, 1.0, 1.0])                     # drafts cost nothing: the longest pays
     steep = costs([1.0, 1.6, 2.2, 2.8])                     # each draft costs 60% of a step
     good, bad = stats_with(300, 10), stats_with(0, 100)     # rates ~0.97 and 0
-    assert DraftPolicy(K, True, flat).choose([good], engine) == 3
-    assert DraftPolicy(K, True, steep).choose([bad], engine) == 0
-    assert DraftPolicy(K, True, steep).choose([good], engine) == 3   # 4 tokens / 2.8 beats 1 / 1.0
+    assert DraftPolicy(K, True, flat).choose([good], engine).k == 3
+    assert DraftPolicy(K, True, steep).choose([bad], engine).k == 0
+    assert DraftPolicy(K, True, steep).choose([good], engine).k == 3   # 4 tokens / 2.8 beats 1 / 1.0
     middle = stats_with(90, 100)                             # rate 0.47: E = 1, 1.47, 1.69, 1.80
-    assert DraftPolicy(K, True, costs([1.0, 1.2, 1.5, 1.8])).choose([middle], engine) == 1
+    assert DraftPolicy(K, True, costs([1.0, 1.2, 1.5, 1.8])).choose([middle], engine).k == 1
     # the fixed policy, and an adaptive one before its costs are measured, give k
-    assert DraftPolicy(K, False, steep).choose([bad], engine) == 3
-    assert DraftPolicy(K, True, None).choose([bad], engine) == 3
+    assert DraftPolicy(K, False, steep).choose([bad], engine).k == 3
+    assert DraftPolicy(K, True, None).choose([bad], engine).k == 3
 
 
 def test_a_near_tie_keeps_k():
@@ -70,15 +71,15 @@ def test_a_near_tie_keeps_k():
 
     def table(gain):                                              # tokens per second 0.5, 0.5, gain, 1
         return costs([e[0] / 0.5, e[1] / 0.5, e[2] / gain, e[3] / 1.0])
-    assert DraftPolicy(K, True, table(1.01)).choose(seqs, AcceptanceStats()) == 3
-    assert DraftPolicy(K, True, table(1.2)).choose(seqs, AcceptanceStats()) == 2
+    assert DraftPolicy(K, True, table(1.01)).choose(seqs, AcceptanceStats()).k == 3
+    assert DraftPolicy(K, True, table(1.2)).choose(seqs, AcceptanceStats()).k == 2
 
 
 def test_a_table_measured_with_fewer_drafts_than_the_policy_allows_is_used_up_to_its_k():
     """A drafter with k = 2 behind a verifier configured for 3: the table has columns 0..2, and the rule picks
     among them (it raised on the mismatched shapes before)."""
     table = costs([1.0, 1.05, 1.1])
-    assert DraftPolicy(K, True, table).choose([stats_with(300, 10)], AcceptanceStats()) == 2
+    assert DraftPolicy(K, True, table).choose([stats_with(300, 10)], AcceptanceStats()).k == 2
 
 
 def test_cost_table_interpolates_between_batches_and_scales_beyond():
@@ -92,8 +93,8 @@ def test_the_batch_size_decides_between_two_costs_of_the_same_acceptance():
     table = StepCosts((1, 64), np.array([[1.0, 1.02, 1.04, 1.06], [1.0, 1.9, 2.8, 3.7]]))
     seqs = [stats_with(60, 40)] * 64                          # rate 0.6
     policy = DraftPolicy(K, True, table)
-    assert policy.choose(seqs[:1], AcceptanceStats()) == 3
-    assert policy.choose(seqs, AcceptanceStats()) == 0
+    assert policy.choose(seqs[:1], AcceptanceStats()).k == 3
+    assert policy.choose(seqs, AcceptanceStats()).k == 0
     assert policy.chosen == [1, 0, 0, 1]
 
 
@@ -101,17 +102,17 @@ def test_a_new_sequence_takes_the_engine_rate_and_opted_out_ones_count_as_one_to
     table = costs([1.0, 1.3, 1.6, 1.9])
     engine_good, engine_bad = stats_with(300, 10), stats_with(0, 100)
     new = AcceptanceStats()
-    assert DraftPolicy(K, True, table).choose([new], engine_good) == 3
-    assert DraftPolicy(K, True, table).choose([new], engine_bad) == 0
+    assert DraftPolicy(K, True, table).choose([new], engine_good).k == 3
+    assert DraftPolicy(K, True, table).choose([new], engine_bad).k == 0
     # one speculating sequence of rate ~0.97 beside 30 that opted out: the 30 gain nothing from drafts
     wide = StepCosts((1, 32), np.array([[1.0, 1.3, 1.6, 1.9], [1.0, 1.3, 1.6, 1.9]]))
-    assert DraftPolicy(K, True, wide).choose([engine_good], engine_good, opted_out=30) == 0
-    assert DraftPolicy(K, True, wide).choose([engine_good], engine_good, opted_out=0) == 3
+    assert DraftPolicy(K, True, wide).choose([engine_good], engine_good, opted_out=30).k == 0
+    assert DraftPolicy(K, True, wide).choose([engine_good], engine_good, opted_out=0).k == 3
 
 
 def test_k_zero_explores_one_draft_now_and_then():
     policy = DraftPolicy(K, True, costs([1.0, 5.0, 9.0, 13.0]))
-    chosen = [policy.choose([AcceptanceStats()], AcceptanceStats()) for _ in range(2 * EXPLORE_EVERY)]
+    chosen = [policy.choose([AcceptanceStats()], AcceptanceStats()).k for _ in range(2 * EXPLORE_EVERY)]
     assert chosen[EXPLORE_EVERY - 1:EXPLORE_EVERY - 1 + EXPLORE_STEPS] == [1] * EXPLORE_STEPS
     assert chosen.count(1) == EXPLORE_STEPS and set(chosen) == {0, 1}
 
@@ -135,7 +136,7 @@ def test_any_k_per_step_gives_the_plain_output(demo, kind, temperature):
     plain = run(make_engine(demo, overlap=False), requests(prompts, temperature))
     engine = make_engine(demo, make_drafter(kind, demo, K), k=K)
     cycle = itertools.cycle([3, 0, 2, 1, 1, 3, 0])
-    engine.policy.choose = lambda *args, **kwargs: next(cycle)
+    engine.policy.choose = lambda *args, **kwargs: DraftChoice(next(cycle))
     assert run(engine, requests(prompts, temperature)) == plain
     assert 0 < engine.stats.drafted < K * engine.stats.verify_steps   # fewer drafts than k = 3 throughout
 
@@ -197,7 +198,7 @@ def test_gpu_any_k_per_step_gives_the_plain_output_with_graphs(tmp_path, cuda):
     engine.policy.adaptive = True
     assert measure_step_costs(engine) is not None
     cycle = itertools.cycle([0, 3, 0, 0, 2, 1, 3])
-    engine.policy.choose = lambda *args, **kwargs: next(cycle)
+    engine.policy.choose = lambda *args, **kwargs: DraftChoice(next(cycle))
     assert run(engine, reqs) == expected
     assert engine.overlapped_draft_steps > 0 and 0 < engine.stats.drafted < K * engine.stats.verify_steps
 
@@ -214,7 +215,7 @@ def test_a_host_token_drafter_is_skipped_at_k_zero_and_sent_what_it_missed(demo)
     engine = make_engine(demo, make_drafter("all-accept", demo, K, references), k=K)
     synchronous = synchronous_launches(engine)
     schedule = itertools.chain([3, 3], itertools.repeat(0, 8), itertools.repeat(3))
-    engine.policy.choose = lambda *args, **kwargs: next(schedule)
+    engine.policy.choose = lambda *args, **kwargs: DraftChoice(next(schedule))
     assert run(engine, reqs) == plain
     assert engine.stats.drafted > 0 and engine.stats.accepted == engine.stats.drafted
     assert len(synchronous) < engine.step_count - 5     # the k = 0 stretch ran overlapped
@@ -225,7 +226,7 @@ def test_a_drafter_away_after_a_step_of_k_zero_still_counts_its_fallback_steps(d
     the drafter (the metric an operator watches), not silently overlapped as if the policy had chosen 0."""
     drafter = make_drafter("ngram", demo, K)
     engine = make_engine(demo, drafter, k=K)
-    engine.policy.choose = lambda *args, **kwargs: 0
+    engine.policy.choose = lambda *args, **kwargs: DraftChoice(0)
     engine.add_request("a", random_prompts([9], demo.config.vocab_size, seed=2)[0],
                        SamplingParams(max_tokens=30, ignore_eos=True))
     for _ in range(6):

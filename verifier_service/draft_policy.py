@@ -1,7 +1,7 @@
 """How many drafts each step verifies: a fixed k, or the k that maximises expected tokens per second.
 
-Adaptive rule, per step, for the B sequences that decode (those that opted out with `speculation: false` verify
-none and count as one token):
+Adaptive rule, per step, for the B sequences that decode (those out of the drafter, opted out with
+`speculation: false` or given up on as below, verify none and count as one token):
 
     k* = argmax over k in 0..K of   sum_i E(a_i, k) / T(B, k),    E(a, k) = 1 + a + ... + a^k
 
@@ -16,11 +16,26 @@ early rejection does not read as a = 0:
     p   = (recent engine successes + M p0) / (recent engine observations + M)      p0 = PRIOR_RATE
     a_i = (successes_i + M p) / (observations_i + M)                              M = PRIOR_WEIGHT
 
+When the costs hold a plain column P(B) (below), a step with d of its B sequences in the drafter is priced
+between the two, P(B) + (d / B) (T(B, k) - P(B)): the drafter's rows and the drafts grow with the sequences in it.
+
 "recent": each step weighs the engine's counts RECENT_DECAY times the step before. A run of EXPLORE_EVERY steps
 chosen k = 0 is followed by EXPLORE_STEPS steps of one draft (a drafter drafts for the step after the one that
 asks, and a drafter of host tokens skipped at k = 0 is asked again only after a synchronous step: one step would
 verify nothing), so that estimates that fell too low can recover. The choice changes only how many drafts are
 verified, never which tokens are emitted: speculation stays lossless.
+
+Giving up (when the costs hold a plain column, P(B): a step of B sequences none of which is in the drafter): a
+sequence leaves the drafter for good when, by its estimate, a batch of B sequences like it would decode faster
+without the drafter than with it at any k,
+
+    max over k of E(a_i, k) / T(B, k)  <  (1 + LEAVE_MARGIN) / P(B),
+
+once it has MIN_OBSERVATIONS of its own, or at once when this step verifies no drafts (staying then costs the
+drafter's catch-up, more than P(B), and teaches nothing). A sequence out of the drafter costs it nothing: no rows to
+catch up on, no drafts; a step none of whose sequences is in the drafter runs as plain decoding does. It does not
+come back (a drafter that takes hidden states would have to see its whole context again); requests admitted later
+start in the drafter, their prior taken from the engine's recent rate.
 """
 from __future__ import annotations
 
@@ -40,35 +55,56 @@ EXPLORE_EVERY = 128         # steps chosen k = 0 in a row before drafts are trie
 EXPLORE_STEPS = 3           # steps of one draft each then
 MARGIN = 0.03               # k* replaces K only when its expected tokens per second are this much higher
 RECENT_DECAY = 0.95         # the engine-wide rate forgets old steps (about the last 20 count)
+MIN_OBSERVATIONS = 16       # a sequence's own observations before it may leave the drafter (about 10 steps of 3)
+LEAVE_MARGIN = 0.02         # it leaves unless the drafter beats plain decoding by this much (a near tie: plain)
 
 
 @dataclass(frozen=True)
 class StepCosts:
-    """Measured seconds per step: seconds[i, k] for batch_sizes[i] decoding sequences verifying k drafts each."""
+    """Measured seconds per step: seconds[i, k] for batch_sizes[i] decoding sequences verifying k drafts each, and
+    plain[i] for as many sequences out of the drafter."""
     batch_sizes: tuple[int, ...]          # increasing
     seconds: np.ndarray                   # [len(batch_sizes), K + 1]
     drafts: np.ndarray | None = None      # [len(batch_sizes), K + 1] drafts a verify step really had while timed
+    plain: np.ndarray | None = None       # [len(batch_sizes)] no sequence in the drafter (None: not measured)
 
     def at(self, batch: int) -> np.ndarray:
         """[K + 1] seconds per step for `batch` sequences: linear between measured sizes, beyond the largest
         scaled with the batch (a step that large is throughput-bound)."""
+        return self._interpolated(self.seconds, batch)
+
+    def plain_at(self, batch: int) -> float | None:
+        """Seconds per step of `batch` sequences none of which is in the drafter (None: not measured)."""
+        return None if self.plain is None else float(self._interpolated(self.plain, batch))
+
+    def _interpolated(self, values: np.ndarray, batch: int) -> np.ndarray:
         sizes = self.batch_sizes
         if batch <= sizes[0]:
-            return self.seconds[0]
+            return values[0]
         if batch >= sizes[-1]:
-            return self.seconds[-1] * (batch / sizes[-1])
+            return values[-1] * (batch / sizes[-1])
         hi = bisect.bisect_left(sizes, batch)
         lo = hi - 1
         w = (batch - sizes[lo]) / (sizes[hi] - sizes[lo])
-        return self.seconds[lo] * (1 - w) + self.seconds[hi] * w
+        return values[lo] * (1 - w) + values[hi] * w
 
     def table(self) -> str:
         """The table as the start-up log prints it: ms per step (and the drafts a verify step had, when known)."""
-        head = "batch " + " ".join(f"k={k:<5d}" for k in range(self.seconds.shape[1]))
+        head = "batch " + " ".join(f"k={k:<5d}" for k in range(self.seconds.shape[1])) + " plain"
         drafts = self.drafts if self.drafts is not None else np.full_like(self.seconds, np.nan)
-        rows = [f"{b:5d} " + " ".join(f"{t * 1e3:7.2f}" for t in row) + "   drafts " + " ".join(f"{d:.2f}" for d in dr)
-                for b, row, dr in zip(self.batch_sizes, self.seconds, drafts)]
+        plain = self.plain if self.plain is not None else np.full(len(self.batch_sizes), np.nan)
+        rows = [f"{b:5d} " + " ".join(f"{t * 1e3:7.2f}" for t in row) + f" {p * 1e3:7.2f}   drafts "
+                + " ".join(f"{d:.2f}" for d in dr)
+                for b, row, p, dr in zip(self.batch_sizes, self.seconds, plain, drafts)]
         return "\n".join([head] + rows)
+
+
+@dataclass(frozen=True)
+class DraftChoice:
+    """A step's choice: the drafts each sequence in the drafter verifies, and the sequences (places in the list
+    given to `choose`) that leave the drafter now."""
+    k: int
+    leaving: tuple[int, ...] = ()
 
 
 def acceptance_rate(stats: AcceptanceStats) -> tuple[float, float]:
@@ -83,28 +119,52 @@ def expected_tokens(rates: np.ndarray, max_drafts: int) -> np.ndarray:
 
 
 class DraftPolicy:
-    """`choose` gives the k of a step: `max_drafts` when fixed (or before costs are measured), else the adaptive
-    rule. `chosen` counts steps by the k they were given (the metrics' and the bench's view)."""
+    """`choose` gives a step's DraftChoice: k = `max_drafts` when fixed (or before costs are measured), else the
+    adaptive rule and the sequences it gives up on. `chosen` counts steps by the k they were given and `num_left`
+    the sequences given up on (the metrics' and the bench's view)."""
 
     def __init__(self, max_drafts: int, adaptive: bool, costs: StepCosts | None = None):
         self.max_drafts, self.adaptive, self.costs = max_drafts, adaptive, costs
         self.chosen = [0] * (max_drafts + 1)
+        self.num_left = 0                 # sequences that left the drafter
         self._zeros = 0                   # steps chosen k = 0 in a row
         self._exploring = 0               # exploring steps left
         self._recent = np.zeros(2)        # the engine's decayed (successes, observations)
         self._counted = np.zeros(2)       # the engine's totals at the last step
 
-    def choose(self, seq_stats: list[AcceptanceStats], engine_stats: AcceptanceStats, opted_out: int = 0) -> int:
-        """k for a step of len(seq_stats) sequences that speculate and `opted_out` that do not."""
-        k = self._choose(seq_stats, engine_stats, opted_out)
-        self.chosen[k] += 1
-        return k
+    def choose(self, seq_stats: list[AcceptanceStats], engine_stats: AcceptanceStats, opted_out: int = 0
+               ) -> DraftChoice:
+        """The choice for a step of len(seq_stats) decoding sequences in the drafter and `opted_out` out of it."""
+        choice = self._choose(seq_stats, engine_stats, opted_out)
+        self.chosen[choice.k] += 1
+        self.num_left += len(choice.leaving)
+        return choice
 
-    def _choose(self, seq_stats: list[AcceptanceStats], engine_stats: AcceptanceStats, opted_out: int) -> int:
+    def _choose(self, seq_stats: list[AcceptanceStats], engine_stats: AcceptanceStats, opted_out: int
+                ) -> DraftChoice:
         if not self.adaptive or self.costs is None or self.max_drafts == 0:
-            return self.max_drafts
+            return DraftChoice(self.max_drafts)
         if not seq_stats:
-            return 0
+            return DraftChoice(0)
+        rates, seen = self._rates(seq_stats, engine_stats)                               # [B], [B]
+        top = min(self.max_drafts, self.costs.seconds.shape[1] - 1)   # the table's K (a drafter's k may be lower)
+        batch = len(seq_stats) + opted_out
+        seconds = self.costs.at(batch)[:top + 1]                                         # [K + 1]
+        expected = expected_tokens(rates, top)                                           # [B, K + 1]
+        plain = self.costs.plain_at(batch)
+        k = _best_k(expected, opted_out, seconds, plain)
+        leaving = self._leaving(expected, seen, seconds, plain, k)
+        if leaving.size == len(rates):
+            return DraftChoice(0, tuple(leaving.tolist()))
+        if leaving.size:
+            stay = np.ones(len(rates), dtype=bool)
+            stay[leaving] = False
+            k = _best_k(expected[stay], opted_out + leaving.size, seconds, plain)
+        return DraftChoice(self._explored(k), tuple(leaving.tolist()))
+
+    def _rates(self, seq_stats: list[AcceptanceStats], engine_stats: AcceptanceStats
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """Each sequence's shrunk acceptance estimate a_i and its own observations (the module docstring)."""
         total = np.array(acceptance_rate(engine_stats))
         if (total < self._counted).any():   # the engine's counters started afresh (after the warm-up)
             self._counted = np.zeros(2)
@@ -112,14 +172,25 @@ class DraftPolicy:
         self._counted = total
         hits, seen = self._recent
         prior = (hits + PRIOR_WEIGHT * PRIOR_RATE) / (seen + PRIOR_WEIGHT)
-        own = np.array([acceptance_rate(s) for s in seq_stats])                          # [B, 2]
-        rates = np.clip((own[:, 0] + PRIOR_WEIGHT * prior) / (own[:, 1] + PRIOR_WEIGHT), 0.0, 0.999)
-        top = min(self.max_drafts, self.costs.seconds.shape[1] - 1)   # the table's K (a drafter's k may be lower)
-        tokens = expected_tokens(rates, top).sum(axis=0) + opted_out                     # [K + 1]
-        rate = tokens / self.costs.at(len(seq_stats) + opted_out)                      # [K + 1] tokens per second
-        k = int(np.argmax(rate))
-        if rate[k] < rate[-1] * (1 + MARGIN):
-            k = top
+        n = len(seq_stats)
+        accepted = np.fromiter((s.accepted for s in seq_stats), np.float64, count=n)                  # [B]
+        observed = accepted + np.fromiter((s.rejected_steps for s in seq_stats), np.float64, count=n)  # [B]
+        rates = np.clip((accepted + PRIOR_WEIGHT * prior) / (observed + PRIOR_WEIGHT), 0.0, 0.999)
+        return rates, observed
+
+    @staticmethod
+    def _leaving(expected: np.ndarray, seen: np.ndarray, seconds: np.ndarray, plain: float | None, k: int
+                 ) -> np.ndarray:
+        """Places of the sequences that leave the drafter (the module docstring's rule); none without a plain
+        cost."""
+        if plain is None:
+            return np.zeros(0, dtype=np.int64)
+        best = (expected / seconds[None, :]).max(axis=1)                                 # [B] tokens per second
+        loses = best * plain < 1 + LEAVE_MARGIN
+        return np.flatnonzero(loses & (seen >= MIN_OBSERVATIONS) if k > 0 else loses)
+
+    def _explored(self, k: int) -> int:
+        """k, or one draft while exploring after a long run of k = 0."""
         if self._exploring:
             self._exploring -= 1
             return max(k, 1)
@@ -131,5 +202,15 @@ class DraftPolicy:
 
     def forget(self) -> None:
         """Start afresh (after the warm-up): no steps counted, no engine-wide rate."""
-        self.chosen = [0] * (self.max_drafts + 1)
+        self.chosen, self.num_left = [0] * (self.max_drafts + 1), 0
         self._zeros, self._exploring, self._recent, self._counted = 0, 0, np.zeros(2), np.zeros(2)
+
+
+def _best_k(expected: np.ndarray, num_plain: int, seconds: np.ndarray, plain: float | None) -> int:
+    """argmax over k of (sum_i E(a_i, k) + num_plain) / T(B, k), T priced for the sequences in the drafter when
+    the plain cost is known; K unless another k beats it by MARGIN."""
+    if plain is not None:
+        seconds = plain + len(expected) / (len(expected) + num_plain) * (seconds - plain)
+    rate = (expected.sum(axis=0) + num_plain) / seconds                                  # [K + 1] tokens per second
+    k = int(np.argmax(rate))
+    return k if rate[k] >= rate[-1] * (1 + MARGIN) else len(rate) - 1

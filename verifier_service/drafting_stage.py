@@ -12,6 +12,8 @@ Two ways to ask, chosen per step by the engine:
 A step given no drafts (the draft policy's k = 0) does not ask a drafter of host tokens at all (the engine overlaps
 it instead); the drafter is sent every token it has not seen (`sent`) when it is asked again. A drafter that
 takes hidden rows, or drafts on the device, is asked every step (an MTP head then only catches up).
+Only the sequences in the drafter (`Sequence.in_drafter`: not opted out, not given up on by the draft policy) are
+sent; a step with none of them leaves the drafter alone.
 A drafter that lacks a sequence's earlier context (it reconnected, or is a new process after a swap) says so; the
 sequence is re-sent whole to a token-only drafter, or recomputed (the sequences `ask_after_read` returns) for one
 that needs hidden states, so that the drafter sees every hidden state again as the prefill runs.
@@ -57,8 +59,8 @@ class DeviceDraftsAnswer:
     stage: "DraftingStage"
     answer: Callable[[], DeviceDrafts]  # DraftsOnDeviceLater's answer, or draft_on_device to call
     step: DeviceDraftStep
-    rows: list[int]               # the plan places of the sampled entries
-    sampled: torch.Tensor         # [S] the same, on the device
+    rows: list[int]               # [S] each sampled entry's place in the drafter's step (-1: out of the drafter)
+    sampled: torch.Tensor         # [S] the same on the device (0 for those out: their count is 0)
 
     def settle(self) -> tuple[torch.Tensor | None, list[int]]:
         return self.stage.checked_device_drafts(self)
@@ -117,6 +119,8 @@ class DraftingStage:
         if self.staging is not None:
             self.staging.staged = False
         if self.drafter is None or self.k == 0 or not self.drafter.needs_hidden:
+            return None
+        if not all(p.seq.in_drafter for p in entries):   # (some rows stay out: gathered after the sync)
             return None
         rows = hidden.shape[0]
         if self.staging is None or self.staging.max_rows < rows or self.staging.buffer.dtype != hidden.dtype:
@@ -202,9 +206,12 @@ class DraftingStage:
         answers later: its host work runs while the engine reads the last step and delivers its tokens."""
         if self.drafter is None or self.k == 0 or not self.drafts_on_device:   # (skipped: skips_drafter)
             return None
+        if not any(p.seq.in_drafter for p in entries):
+            return None
         start = time.perf_counter()
-        device_step, sampled = chained_draft_step(step_number, entries, batch, hidden, emitted, accepted,
-                                                  min(self.k, self.step_drafts), self.upload_rows, self.block_size)
+        device_step, places, sampled = chained_draft_step(step_number, entries, batch, hidden, emitted, accepted,
+                                                          min(self.k, self.step_drafts), self.upload_rows,
+                                                          self.block_size)
         drafter = self.drafter
         try:
             if isinstance(drafter, DraftsOnDeviceLater):
@@ -214,7 +221,7 @@ class DraftingStage:
         except Exception as e:  # a drafter's bug must not take the verifier down
             answer = self._device_raised(e, len(entries))
         self.seconds += time.perf_counter() - start
-        return DeviceDraftsAnswer(self, answer, device_step, [i for i, p in enumerate(entries) if p.samples], sampled)
+        return DeviceDraftsAnswer(self, answer, device_step, places, sampled)
 
     def checked_device_drafts(self, a: DeviceDraftsAnswer) -> tuple[torch.Tensor | None, list[int]]:
         """The drafter's answer checked, and its rows of the sampled entries."""
@@ -231,7 +238,7 @@ class DraftingStage:
         self.context_lost.update(out.missing)   # (pruned to the running ones; the next step recomputes them)
         # ids outside the vocabulary cannot be checked on the host without a sync: clamped on the device (the
         # target verifies every draft, so a wrong id costs acceptance, never correctness)
-        return out.tokens[a.sampled].clamp_(0, self.vocab_size - 1), [out.counts[i] for i in a.rows]
+        return out.tokens[a.sampled].clamp_(0, self.vocab_size - 1), [out.counts[i] if i >= 0 else 0 for i in a.rows]
 
     # ---- failures -------------------------------------------------------------------------------
     def failed(self, reason: str) -> None:
@@ -269,11 +276,13 @@ class DraftingStage:
     def _draft_input(self, seq: Sequence, old: int, k: int) -> DraftInput | None:
         """What the drafter gets for `seq` this step: the tokens committed since `old` (since it was last sent
         some, for a drafter of host tokens; the whole context if the drafter lost it and can take tokens alone), or
-        None (no drafter, or a recompute is needed first)."""
+        None (no drafter, the sequence is out of it, or a recompute is needed first)."""
         if self.drafter is None or k == 0:
             return None
-        speculates = seq.is_decoding and seq.params.speculation
-        want = max(0, min(k, self.step_drafts, seq.remaining - 1)) if speculates else 0
+        if not seq.in_drafter:
+            self.context_lost.discard(seq.seq_id)
+            return None
+        want = max(0, min(k, self.step_drafts, seq.remaining - 1)) if seq.is_decoding else 0
         if seq.seq_id in self.context_lost and old > 0:
             if self.drafter.needs_hidden:
                 return None
@@ -307,28 +316,43 @@ def _answered(out):
 
 def chained_draft_step(step: int, plan: list[ScheduledSeq], batch: ForwardBatch, hidden: torch.Tensor,
                        emitted: torch.Tensor | None, accepted: torch.Tensor | None, max_drafts: int,
-                       upload: PinnedUpload, block_size: int = 16) -> tuple[DeviceDraftStep, torch.Tensor]:
-    """What an on-device drafter gets for this step: every sequence's committed rows (its chunk less the drafts
-    it did not accept) and the token after them (`emitted` [S] by the verdict, or the next prompt token); it is
-    asked for `max_drafts` drafts for each sampled sequence that speculates (none for the others). Also
-    returns the sampled entries' places in the plan, [S] on the device."""
+                       upload: PinnedUpload, block_size: int = 16
+                       ) -> tuple[DeviceDraftStep, list[int], torch.Tensor]:
+    """What an on-device drafter gets for this step: the committed rows of every entry whose sequence is in the
+    drafter (its chunk less the drafts it did not accept; gathered when some entries stay out) and the token after
+    them (`emitted` [S] by the verdict, or the next prompt token); it is asked for `max_drafts` drafts for each
+    sampled one. Also returns each sampled entry's place in that step (-1: out of the drafter), on the host and,
+    [S], on the device (0 there for those out). At least one entry must be in the drafter."""
     b = len(plan)
     sampled = np.fromiter((i for i, p in enumerate(plan) if p.samples), np.int64)
+    members = np.fromiter((i for i, p in enumerate(plan) if p.seq.in_drafter), np.int64)
     chunk_lens = np.fromiter((len(p.chunk) for p in plan), np.int64, count=b)
     base = chunk_lens - np.fromiter((p.num_drafts for p in plan), np.int64, count=b)   # committed before drafts
     following = np.fromiter((_next_prompt_token(p) for p in plan), np.int64, count=b)
-    flat = upload(np.concatenate([base, following, sampled]))
-    base_dev, next_dev, sampled_dev = flat[:b], flat[b:2 * b], flat[2 * b:]
+    place = np.full(b, -1, np.int64)
+    place[members] = np.arange(members.size)
+    places = place[sampled]                                                            # [S]
+    subset = members.size < b
+    rows = concat_ranges((np.cumsum(chunk_lens) - chunk_lens)[members], chunk_lens[members]) if subset else None
+    parts = [base, following, sampled, np.maximum(places, 0)] + ([members, rows] if subset else [])
+    base_dev, next_dev, sampled_dev, places_dev, *picked = torch.tensor_split(
+        upload(np.concatenate(parts)), np.cumsum([len(a) for a in parts[:-1]]).tolist())
     committed = base_dev if accepted is None else base_dev.index_add(0, sampled_dev, accepted)
     next_token = next_dev if emitted is None else next_dev.index_copy(0, sampled_dev, emitted)
-    wanted = np.array([max_drafts if p.samples and p.seq.params.speculation else 0 for p in plan], np.int64)
+    input_ids, positions = batch.input_ids, batch.positions
+    if subset:   # only the drafter's sequences: their rows, committed counts and next tokens
+        members_dev, rows_dev = picked
+        input_ids, positions, hidden = input_ids[rows_dev], positions[rows_dev], hidden[rows_dev]
+        committed, next_token = committed[members_dev], next_token[members_dev]
+    kept = [plan[i] for i in members]
+    wanted = np.array([max_drafts if p.samples else 0 for p in kept], np.int64)
     return DeviceDraftStep(
-        step=step, seq_ids=[p.seq.seq_id for p in plan],
-        start_pos=np.fromiter((p.seq.num_cached for p in plan), np.int64, count=b),
-        max_shift=np.fromiter((p.seq.unread_accepts for p in plan), np.int64, count=b),
-        chunk_lens=chunk_lens, num_drafts=wanted, input_ids=batch.input_ids, positions=batch.positions,
+        step=step, seq_ids=[p.seq.seq_id for p in kept],
+        start_pos=np.fromiter((p.seq.num_cached for p in kept), np.int64, count=len(kept)),
+        max_shift=np.fromiter((p.seq.unread_accepts for p in kept), np.int64, count=len(kept)),
+        chunk_lens=chunk_lens[members], num_drafts=wanted, input_ids=input_ids, positions=positions,
         hidden=hidden, committed=committed, next_token=next_token,
-        prefixes=[blocks for p in plan for blocks in prefix_blocks(p, block_size)]), sampled_dev
+        prefixes=[blocks for p in kept for blocks in prefix_blocks(p, block_size)]), places.tolist(), places_dev
 
 
 def _next_prompt_token(p: ScheduledSeq) -> int:

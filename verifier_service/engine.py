@@ -235,14 +235,19 @@ class SpecEngine:
 
     def _choose_drafts(self) -> int:
         """This step's k (draft_policy.py), from the decoding sequences: what they verify now and what the drafter
-        is asked for, for the next step."""
+        is asked for, for the next step. Sequences the policy gives up on leave the drafter here."""
         k = self.drafting.k
         if k == 0:   # no drafter, or it is away (asked as before, so that its fallback steps are counted)
             return 0
         decoding = [s for s in self.scheduler.running if s.is_decoding]
         if decoding:
-            speculating = [s.stats for s in decoding if s.params.speculation]
-            k = min(k, self.policy.choose(speculating, self.stats, len(decoding) - len(speculating)))
+            in_drafter = [s for s in decoding if s.in_drafter]
+            choice = self.policy.choose([s.stats for s in in_drafter], self.stats, len(decoding) - len(in_drafter))
+            leaving = [in_drafter[i] for i in choice.leaving]
+            for seq in leaving:
+                seq.left_drafter()
+            self.drafting.forget(leaving)
+            k = min(k, choice.k)
         self.drafting.step_drafts = k
         return k
 

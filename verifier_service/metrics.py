@@ -31,6 +31,8 @@ class VerifierMetrics:
                                    "its hidden states", registry=r)
         self.draft_length = Counter("specdec_steps_by_draft_length", "Decode steps by the drafts per sequence the "
                                     "draft policy gave them (fixed: always k)", ["k"], registry=r)
+        self.left_drafter = Counter("specdec_sequences_left_drafter", "Sequences the adaptive draft policy gave "
+                                    "up on: they decode without the drafter from then on", registry=r)
         self.prefix_queries = Counter("specdec_prefix_cache_queries", "Prompt tokens looked up in the prefix cache "
                                       "at admissions", registry=r)
         self.prefix_hits = Counter("specdec_prefix_cache_hits", "Prompt tokens looked up in the prefix cache and "
@@ -39,6 +41,7 @@ class VerifierMetrics:
         self._preempted = 0
         self._prefix = (0, 0)                  # (queried, hit) tokens at the last observe
         self._chosen: list[int] = []
+        self._left = 0
 
     def serve(self, port: int) -> None:
         start_http_server(port, registry=self.registry)
@@ -62,6 +65,8 @@ class VerifierMetrics:
             if now > seen:
                 self.draft_length.labels(k=str(k)).inc(now - seen)
         self._chosen = list(chosen)
+        self.left_drafter.inc(max(0, engine.policy.num_left - self._left))
+        self._left = engine.policy.num_left
         for phase, t in engine.last_step_seconds.items():
             self.step_time.labels(phase=phase).observe(t)
         blocks = engine.executor.blocks

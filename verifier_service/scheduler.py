@@ -83,7 +83,7 @@ class Scheduler:
                ) -> tuple[list[int], int]:
         """The tokens `seq` runs this step and how many of them are drafts (a prompt chunk from `start`, default
         num_cached, ends at the next checkpoint if it reaches one)."""
-        limit = min(max_drafts if seq.params.speculation else 0, budget - 1, seq.remaining - 1)
+        limit = min(max_drafts if seq.in_drafter else 0, budget - 1, seq.remaining - 1)
         if seq.is_decoding and seq.unread_steps:  # its token and drafts are on the device: the engine fills them in
             drafts = max(0, min(seq.device_drafts, limit))
             return [UNREAD_TOKEN] * (1 + drafts), drafts
@@ -144,8 +144,8 @@ class Scheduler:
         return seq.remaining > 0 and (not seq.unread_steps or seq.is_decoding)
 
     def schedule(self, max_drafts: int) -> Schedule:
-        """This step's entries; a decoding sequence verifies at most `max_drafts` of its drafts (none if it opted
-        out of speculation)."""
+        """This step's entries; a decoding sequence verifies at most `max_drafts` of its drafts (none if it is out
+        of the drafter)."""
         plan: list[ScheduledSeq] = []
         preempted: list[Sequence] = []
         budget = self.config.max_batched_tokens

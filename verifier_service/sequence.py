@@ -2,8 +2,8 @@
 
 Every change of a sequence's state is one of the methods below, called by the one component that owns that
 moment: the block manager (`took_slot`, `took_blocks`, `caches_released`), the scheduler (`admitted`,
-`preempted`), the engine (`launched`, `drafted_on_device`, `read`, `emitted`, `verified`, `finished`) and the
-drafting stage (`proposed`). A step's life for one sequence:
+`preempted`), the engine (`launched`, `drafted_on_device`, `read`, `emitted`, `verified`, `left_drafter`,
+`finished`) and the drafting stage (`proposed`). A step's life for one sequence:
 
     launched(chunk)   the forward of [cached tokens..., chunk] is queued: the committed part of the chunk is
                       cached; when the chunk samples, a verdict is unread (unread_steps += 1) whose accepted drafts
@@ -53,6 +53,8 @@ class Sequence:
     device_drafts: int = 0               # drafts the newest unread step left on the device for the next one
     verify_launches: int = 0             # verify steps launched (forced acceptance's key)
     cache_epoch: int = 0                 # bumped when its caches are released (a late read must not move them)
+    in_drafter: bool = True              # the drafter sees its tokens (and hidden rows) and drafts for it; False
+                                         # when it opted out (speculation: false) or the draft policy gave up on it
     drafts: list[int] = field(default_factory=list)  # proposals to verify in the next step
     draft_probs: torch.Tensor | None = None  # [len(drafts), V] the drafter's q, None: argmax (one-hot)
     stats: AcceptanceStats = field(default_factory=AcceptanceStats)
@@ -61,6 +63,9 @@ class Sequence:
     grammar: TokenMatcher | None = None  # its grammar's state after the committed output (None: unconstrained)
     arrived_at: float = field(default_factory=time.monotonic)  # when the engine took the request
     queue_seconds: float | None = None   # from arrival to its first admission into the running batch
+
+    def __post_init__(self):
+        self.in_drafter = self.in_drafter and self.params.speculation
 
     # ---- cache placement (the block manager) -------------------------------------------------
     def took_slot(self, slot: int) -> None:
@@ -143,6 +148,10 @@ class Sequence:
     def proposed(self, drafts: list[int], probs: torch.Tensor | None) -> None:
         """A drafter's proposals for the next step (q: [len(drafts), V], or None for argmax drafters)."""
         self.drafts, self.draft_probs = drafts, probs
+
+    def left_drafter(self) -> None:
+        """The draft policy gave up on it: it decodes without drafts from now on (its pending ones are dropped)."""
+        self.in_drafter, self.drafts, self.draft_probs = False, [], None
 
     def finished(self, reason: str) -> None:
         self.finish_reason = reason

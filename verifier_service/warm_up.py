@@ -18,7 +18,8 @@ What runs (every sequence is gone afterwards, the counters start afresh):
 
 `measure_step_costs` (the adaptive draft policy's costs, draft_policy.py) runs after the warm-up, once the drafter
 is connected: for each batch bucket B and k in 0..K, B sequences decode verifying k drafts each, through the
-engine and the drafter as they serve, and the wall time of a few steps is kept per (B, k).
+engine and the drafter as they serve, and the wall time of a few steps is kept per (B, k); then B sequences out of
+the drafter (`speculation: false`: plain decoding beside an idle drafter), the plain column.
 """
 from __future__ import annotations
 
@@ -101,7 +102,7 @@ def measure_step_costs(engine: SpecEngine) -> StepCosts | None:
     """The adaptive policy's step costs (see the module docstring), given to engine.policy and returned; None
     when no drafter drafts now (k = 0) or no batch fits the token budget and the KV cache."""
     num_drafts = engine.drafting.k
-    config, vocab = engine.scheduler.config, engine.executor.config.vocab_size
+    config = engine.scheduler.config
     max_tokens = (COST_SETTLE + COST_STEPS + 3) * (num_drafts + 1)
     length = 4 + max_tokens + num_drafts + 1
     capacity = engine.executor.blocks.kv_blocks.size * engine.executor.block_size
@@ -113,44 +114,51 @@ def measure_step_costs(engine: SpecEngine) -> StepCosts | None:
                     "no drafter is connected" if num_drafts == 0 else "no batch fits the step costs' measurement",
                     engine.config.num_drafts)
         return None
-    start, policy, rows, drafts = time.perf_counter(), engine.policy, [], []
-    device = engine.executor.device
+    start, policy, rows, drafts, plain = time.perf_counter(), engine.policy, [], [], []
     try:
         for b in tqdm(sizes, desc="measuring step costs", unit="batch", leave=False):
-            rows.append([])
-            drafts.append([])
-            for k in range(num_drafts + 1):
-                engine.policy = DraftPolicy(k, adaptive=False)
-                ids = [f"step-cost-{b}-{k}-{i}" for i in range(b)]
-                for i, rid in enumerate(ids):
-                    engine.add_request(rid, [(13 * i + j + 1) % vocab for j in range(4)],
-                                       SamplingParams(max_tokens=max_tokens, ignore_eos=True))
-                for _ in range(1 + COST_SETTLE):   # the prefill, then decoding until drafts are verified
-                    engine.step()
-                _sync(device)
-                t0, before = time.perf_counter(), (engine.stats.drafted, engine.stats.verify_steps)
-                for _ in range(COST_STEPS):
-                    engine.step()
-                _sync(device)
-                rows[-1].append((time.perf_counter() - t0) / COST_STEPS)
-                verified = engine.stats.verify_steps - before[1]
-                drafts[-1].append((engine.stats.drafted - before[0]) / verified if verified else 0.0)
-                for rid in ids:
-                    engine.abort(rid)
-                while engine.has_work:
-                    engine.step()
+            timed = [_timed_steps(engine, b, k, max_tokens, speculation=True) for k in range(num_drafts + 1)]
+            rows.append([seconds for seconds, _ in timed])
+            drafts.append([drafted for _, drafted in timed])
+            plain.append(_timed_steps(engine, b, 0, max_tokens, speculation=False)[0])
     finally:
         engine.policy = policy
         reset_counters(engine)
-    policy.costs = StepCosts(tuple(sizes), np.array(rows), np.array(drafts))
+    policy.costs = StepCosts(tuple(sizes), np.array(rows), np.array(drafts), np.array(plain))
     log.info("adaptive draft length: step costs measured in %.1f s (ms per step, B sequences verifying k drafts "
-             "each, drafter included; then the drafts a verify step had):\n%s", time.perf_counter() - start,
+             "each, drafter included, and none in the drafter; then the drafts a verify step had):\n%s", time.perf_counter() - start,
              policy.costs.table())
     short = [k for k in range(1, num_drafts + 1) if policy.costs.drafts[:, k].min() < 0.8 * k]
     if short:   # a drafter that proposes fewer than asked (n-gram on the measurement's made-up prompts)
         log.warning("adaptive draft length: the drafter proposed fewer drafts than asked while k = %s was timed: "
                     "those costs are low, which favours larger k", ", ".join(map(str, short)))
     return policy.costs
+
+
+def _timed_steps(engine: SpecEngine, batch: int, k: int, max_tokens: int, speculation: bool) -> tuple[float, float]:
+    """Seconds per step of `batch` sequences decoding with k drafts each (out of the drafter when not
+    `speculation`), and the drafts a verify step had; they are aborted after."""
+    engine.policy = DraftPolicy(k, adaptive=False)
+    vocab, device = engine.executor.config.vocab_size, engine.executor.device
+    ids = [f"step-cost-{batch}-{k}-{speculation}-{i}" for i in range(batch)]
+    for i, rid in enumerate(ids):
+        engine.add_request(rid, [(13 * i + j + 1) % vocab for j in range(4)],
+                           SamplingParams(max_tokens=max_tokens, ignore_eos=True, speculation=speculation))
+    for _ in range(1 + COST_SETTLE):   # the prefill, then decoding until drafts are verified
+        engine.step()
+    _sync(device)
+    t0, before = time.perf_counter(), (engine.stats.drafted, engine.stats.verify_steps)
+    for _ in range(COST_STEPS):
+        engine.step()
+    _sync(device)
+    seconds = (time.perf_counter() - t0) / COST_STEPS
+    verified = engine.stats.verify_steps - before[1]
+    drafted = (engine.stats.drafted - before[0]) / verified if verified else 0.0
+    for rid in ids:
+        engine.abort(rid)
+    while engine.has_work:
+        engine.step()
+    return seconds, drafted
 
 
 def _sync(device: torch.device) -> None:

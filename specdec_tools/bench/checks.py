@@ -18,7 +18,7 @@ import math
 from specdec_tools.bench.latency import SECONDS_DIGITS
 
 ZERO_OK = {"draft_tokens", "accepted_tokens", "preemptions", "decode_steps", "mean_drafts", "cached_tokens", "hit_rate",
-           "prefix_cache_queried_tokens", "prefix_cache_hit_tokens"}
+           "prefix_cache_queried_tokens", "prefix_cache_hit_tokens", "left_drafter"}
 ZERO_OK_UNDER = "steps_by_k"   # steps per chosen k: a fixed policy never chooses most k
 
 

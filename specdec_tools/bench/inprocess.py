@@ -131,13 +131,14 @@ class InprocBench:
             engine.drafter.propose = drafter_clock.wrap(engine.drafter.propose)
             if hasattr(engine.drafter, "draft_on_device"):   # overlapped steps draft through this one
                 engine.drafter.draft_on_device = drafter_clock.wrap(engine.drafter.draft_on_device)
-        before, chosen_before = _counts(engine), list(engine.policy.chosen)
+        before, chosen_before, left_before = _counts(engine), list(engine.policy.chosen), engine.policy.num_left
         traces, steps, truncated = self._drive(engine, w, prompts, guard_s, (target_clock, drafter_clock))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         verify, drafted, accepted, emitted, preemptions = (
             None if a is None else a - b for a, b in zip(_counts(engine), before))
         chosen = [a - b for a, b in zip(engine.policy.chosen, chosen_before)]
+        left_drafter = engine.policy.num_left - left_before
         costs = engine.policy.costs
         summary = summarize(list(traces.values()))
         first_all = max((t.times[0] for t in traces.values() if t.times), default=0.0)
@@ -154,9 +155,12 @@ class InprocBench:
                 "draft_tokens": drafted, "accepted_tokens": accepted, "emitted_by_verify": emitted,
                 "mean_acceptance_length": round(emitted / verify, 4) if verify else None,
                 "mean_drafts": round(drafted / verify, 4) if verify else None, "steps_by_k": chosen,
+                "left_drafter": left_drafter,
                 "step_costs_ms": None if costs is None else {"batch_sizes": list(costs.batch_sizes),
                                                              "ms": (costs.seconds * 1e3).round(3).tolist(),
-                                                             "drafts": costs.drafts.round(3).tolist()},
+                                                             "drafts": costs.drafts.round(3).tolist(),
+                                                             "plain_ms": None if costs.plain is None else
+                                                             (costs.plain * 1e3).round(3).tolist()},
                 "engine_steps": len(steps), "preemptions": preemptions, "step_ms": split, "memory": memory,
                 "warmup_s": warmup_s}
 

@@ -1,0 +1,215 @@
+"""Sequences out of the drafter (issue 41): a request with `speculation: false` and a sequence the adaptive policy
+gives up on cost the drafter nothing: it never sees their rows, a step with none of them in it leaves the drafter
+alone, and outputs stay those of plain decoding. The policy gives up on a sequence when, by its acceptance, plain
+decoding beats every k at the step's batch size (draft_policy.py)."""
+import itertools
+
+import numpy as np
+import pytest
+from engine_factory import make_drafter, make_engine, random_prompts, synchronous_launches
+from test_overlapped_steps import run
+
+from specdec.sampling_params import SamplingParams
+from verifier_service.acceptance_stats import AcceptanceStats
+from verifier_service.draft_policy import LEAVE_MARGIN, MIN_OBSERVATIONS, DraftChoice, DraftPolicy, StepCosts
+
+pytestmark = pytest.mark.timeout(300)
+K = 3
+
+
+def stats_of(rate: float, observations: int) -> AcceptanceStats:
+    """A sequence whose own record is `observations` per-token outcomes at acceptance `rate` (k = 3 steps)."""
+    s = AcceptanceStats()
+    hits = round(rate * observations)
+    s.accepted, s.rejected_steps, s.verify_steps = hits, observations - hits, observations
+    return s
+
+
+def table(plain: float | None) -> StepCosts:
+    """One batch size: k = 0 (the drafter catching up) 1.0, each draft +0.3; plain decoding `plain`."""
+    return StepCosts((1,), np.array([[1.0, 1.3, 1.6, 1.9]]), plain=None if plain is None else np.array([plain]))
+
+
+def test_a_sequence_leaves_when_plain_decoding_beats_every_k():
+    """rate 0.2: E = 1, 1.2, 1.24, 1.25 tokens in 1.0 .. 1.9: at best 1.0 token per unit, against 1 / 0.8 plain;
+    rate 0.95 keeps drafting (3.71 / 1.9 = 1.95)."""
+    policy = DraftPolicy(K, True, table(0.8))
+    good, bad = stats_of(0.95, 40), stats_of(0.2, 40)
+    choice = policy.choose([good, bad, good], AcceptanceStats())
+    assert choice.leaving == (1,) and choice.k == 3 and policy.num_left == 1
+    assert DraftPolicy(K, True, table(0.8)).choose([good], AcceptanceStats()).leaving == ()
+    # a plain step that costs as much as the drafter's k = 0 one: drafting pays again
+    assert DraftPolicy(K, True, table(1.0 * (1 + LEAVE_MARGIN) + 0.05)).choose([bad], AcceptanceStats()).leaving == ()
+
+
+def test_a_near_tie_goes_to_plain_decoding():
+    """Drafting 1% faster than plain decoding (within LEAVE_MARGIN): the sequence leaves."""
+    bad = stats_of(0.2, 40)
+    assert DraftPolicy(K, True, table(1.0 / 1.01)).choose([bad], AcceptanceStats()).leaving == (0,)
+
+
+def test_a_sequence_stays_until_it_has_observations_of_its_own_unless_the_step_drafts_nothing():
+    policy = DraftPolicy(K, True, table(0.8))
+    good, young = stats_of(0.95, 40), stats_of(0.0, MIN_OBSERVATIONS - 1)
+    assert policy.choose([good, young], AcceptanceStats()).leaving == ()                 # k = 3: it learns more
+    assert policy.choose([good, stats_of(0.0, MIN_OBSERVATIONS)], AcceptanceStats()).leaving == (1,)
+    # alone, k = 0 is chosen (the drafter only catches up): staying costs and teaches nothing
+    assert DraftPolicy(K, True, table(0.8)).choose([young], AcceptanceStats()) == DraftChoice(0, (0,))
+
+
+def test_a_step_is_priced_for_the_sequences_in_the_drafter():
+    """One sequence in the drafter beside 63 out of it: its drafts cost 1/64 of the table's extra step time, so
+    it drafts (k = 3) where a whole batch of it would take one draft; without a plain column the whole step's cost
+    counts."""
+    costs = StepCosts((64,), np.array([[8.2, 10.0, 12.0, 14.0]]), plain=np.array([7.4]))
+    engine = stats_of(0.35, 100)                     # a new sequence's estimate: the engine's rate, about 0.36
+    newcomer = AcceptanceStats()
+    assert DraftPolicy(K, True, costs).choose([newcomer], engine, opted_out=63) == DraftChoice(3)
+    assert DraftPolicy(K, True, costs).choose([newcomer] * 64, engine).k == 1     # 1.36 tokens in 10 beats 1 in 8.2
+    unpriced = StepCosts((64,), costs.seconds)
+    assert DraftPolicy(K, True, unpriced).choose([newcomer], engine, opted_out=63) == DraftChoice(0)
+
+
+def test_without_a_plain_cost_or_with_the_fixed_policy_nobody_leaves():
+    bad = stats_of(0.0, 100)
+    assert DraftPolicy(K, True, table(None)).choose([bad], AcceptanceStats()).leaving == ()
+    assert DraftPolicy(K, False, table(0.5)).choose([bad], AcceptanceStats()) == DraftChoice(K)
+
+
+def test_the_batch_size_decides_who_leaves():
+    """The same acceptance drafts at batch 1 (drafts ride along) and leaves at batch 64 (they cost a step's
+    worth of rows)."""
+    costs = StepCosts((1, 64), np.array([[1.0, 1.02, 1.04, 1.06], [1.2, 1.9, 2.8, 3.7]]), plain=np.array([0.98, 1.0]))
+    seqs = [stats_of(0.4, 40)] * 64
+    assert DraftPolicy(K, True, costs).choose(seqs[:1], AcceptanceStats()) == DraftChoice(3)
+    assert DraftPolicy(K, True, costs).choose(seqs, AcceptanceStats()) == DraftChoice(0, tuple(range(64)))
+
+
+@pytest.fixture(scope="module")
+def demo():
+    from specdec.demo import demo_model_dir
+    from specdec.models.loader import load_model
+    return load_model(demo_model_dir())
+
+
+class DrafterSpy:
+    """Records, per call, the sequence ids a drafter is sent (host batches and device steps) and the ids it is
+    told to release."""
+
+    def __init__(self, engine):
+        self.engine, self.calls, self.released = engine, [], []
+        drafter = engine.drafter
+        for name, ids in (("propose", lambda b: [s.seq_id for s in b.seqs]),
+                          ("draft_on_device", lambda step: list(step.seq_ids))):
+            if hasattr(drafter, name):
+                setattr(drafter, name, self._wrap(getattr(drafter, name), ids))
+        release = drafter.release
+        drafter.release = lambda seq_ids: (self.released.extend(seq_ids), release(seq_ids))[1]
+
+    def _wrap(self, call, ids):
+        def spy(arg):
+            self.calls.append((self.engine.step_count, ids(arg)))
+            return call(arg)
+        return spy
+
+    def steps_with(self, seq_id: int) -> list[int]:
+        return [step for step, ids in self.calls if seq_id in ids]
+
+
+def with_ids(engine):
+    """Wrap add_request so that each request's Sequence is kept (it leaves by_request when it ends)."""
+    seqs, add = {}, engine.add_request
+
+    def spy(rid, prompt_ids, params):
+        add(rid, prompt_ids, params)
+        seqs[rid] = engine.by_request[rid]
+    engine.add_request = spy
+    return seqs
+
+
+@pytest.mark.parametrize("kind", ["mtp", "ngram"])    # drafts on the device (overlapped) and on the host
+def test_a_request_without_speculation_is_never_sent_to_the_drafter(demo, kind):
+    prompts = random_prompts([6, 11, 8], demo.config.vocab_size, seed=5)
+    reqs = {f"r{i}": (p, SamplingParams(max_tokens=12 + 20 * (i == 1), ignore_eos=True, speculation=i != 1))
+            for i, p in enumerate(prompts)}
+    plain = run(make_engine(demo, overlap=False), reqs)
+    engine = make_engine(demo, make_drafter(kind, demo, K), k=K)
+    spy, seqs = DrafterSpy(engine), with_ids(engine)
+    assert run(engine, reqs) == plain
+    assert spy.steps_with(seqs["r1"].seq_id) == [] and spy.steps_with(seqs["r0"].seq_id)
+    assert seqs["r1"].stats.drafted == 0 and seqs["r0"].stats.drafted > 0
+    # r1 decodes alone for its last 20 tokens: the drafter is left alone for those steps
+    assert max(step for step, _ in spy.calls) < engine.step_count - 10
+
+
+@pytest.mark.parametrize("kind", ["mtp", "ngram"])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_sequence_given_up_on_leaves_the_drafter_for_good(demo, kind, temperature):
+    """The policy gives up on one sequence after 4 steps and on another after 9 (scripted): both are released by
+    the drafter, never sent to it again, verify at most the drafts of the step already in flight, and every output
+    equals plain decoding; the others keep drafting."""
+    prompts = random_prompts([5, 9, 14, 7], demo.config.vocab_size, seed=3)
+    reqs = {f"r{i}": (p, SamplingParams(max_tokens=30, temperature=temperature, top_p=0.9, seed=i,
+                                        ignore_eos=True)) for i, p in enumerate(prompts)}
+    plain = run(make_engine(demo, overlap=False), reqs)
+    engine = make_engine(demo, make_drafter(kind, demo, K), k=K)
+    spy, seqs = DrafterSpy(engine), with_ids(engine)
+    left: dict[int, tuple[int, int]] = {}     # seq id -> (step count, drafted) when it left
+    calls = itertools.count()
+
+    def scripted(seq_stats, engine_stats, opted_out=0):
+        n = next(calls)
+        leaving = (0,) if n in (4, 9) and seq_stats else ()
+        for i in leaving:
+            seq = next(s for s in seqs.values() if s.stats is seq_stats[i])
+            left[seq.seq_id] = (engine.step_count, seq.stats.drafted)
+        return DraftChoice(K, leaving)
+    engine.policy.choose = scripted
+    assert run(engine, reqs) == plain
+    assert len(left) == 2 and set(left) <= set(spy.released)
+    for seq_id, (step, drafted) in left.items():
+        assert all(s <= step for s in spy.steps_with(seq_id))
+        seq = next(s for s in seqs.values() if s.seq_id == seq_id)
+        assert not seq.in_drafter and seq.stats.drafted <= drafted + K
+    staying = [s for s in seqs.values() if s.seq_id not in left]
+    assert all(s.in_drafter and s.stats.drafted > 0 for s in staying)
+
+
+def test_the_adaptive_policy_gives_up_on_a_drafter_that_never_hits(demo):
+    """A drafter whose drafts are always rejected, and step costs where plain decoding is cheaper than any
+    drafting step: the step's k soon drops to 0 and every sequence leaves after a few rejections, the steps after run overlapped like
+    plain decoding, and the outputs are plain decoding's."""
+    prompts = random_prompts([6, 11, 8], demo.config.vocab_size, seed=7)
+    reqs = {f"r{i}": (p, SamplingParams(max_tokens=40, ignore_eos=True)) for i, p in enumerate(prompts)}
+    plain = run(make_engine(demo, overlap=False), reqs)
+    references = [p + plain[f"r{i}"][0] for i, p in enumerate(prompts)]
+    engine = make_engine(demo, make_drafter("all-reject", demo, K, references), k=K)
+    engine.policy.adaptive = True
+    engine.policy.costs = StepCosts((1, 4), np.array([[1.0, 1.1, 1.2, 1.3], [1.2, 1.4, 1.6, 1.8]]),
+                                    plain=np.array([0.9, 1.0]))
+    synchronous, seqs = synchronous_launches(engine), with_ids(engine)
+    assert run(engine, reqs) == plain
+    assert engine.policy.num_left == 3 and not any(s.in_drafter for s in seqs.values())
+    assert all(0 < s.stats.rejected_steps < 12 for s in seqs.values())
+    assert len(synchronous) < engine.step_count - 10      # after they left, the steps overlap
+
+
+@pytest.mark.gpu
+def test_gpu_sequences_leaving_the_drafter_keep_plain_outputs_with_graphs(tmp_path, cuda):
+    """CUDA graphs and the MTP drafter on overlapped steps: sequences leave the drafter at different steps (the
+    drafter's step then gathers the rows of the others) and one never joins; outputs equal plain decoding (fp32)."""
+    import torch
+
+    from specdec.models.loader import load_model
+    from specdec_tools.tiny import make_tiny
+    loaded = load_model(make_tiny(tmp_path, seed=0, progress=False), dtype=torch.float32, device=cuda)
+    prompts = random_prompts([3, 7, 12, 20, 5, 9, 30, 1], loaded.config.vocab_size, seed=6)
+    reqs = {f"r{i}": (p, SamplingParams(max_tokens=10 + 3 * i, ignore_eos=True, speculation=i != 5))
+            for i, p in enumerate(prompts)}
+    expected = run(make_engine(loaded, overlap=False, max_running=8), reqs)
+    engine = make_engine(loaded, make_drafter("mtp", loaded, K), K, max_running=8)
+    calls = itertools.count()
+    engine.policy.choose = lambda seq_stats, *args, **kwargs: DraftChoice(
+        K, (0,) if next(calls) % 5 == 4 and seq_stats else ())
+    assert run(engine, reqs) == expected
+    assert engine.overlapped_draft_steps > 0
