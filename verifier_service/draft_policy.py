@@ -31,8 +31,9 @@ without the drafter than with it at any k,
 
     max over k of E(a_i, k) / T(B, k)  <  (1 + LEAVE_MARGIN) / P(B),
 
-once it has MIN_OBSERVATIONS of its own, or at once when this step verifies no drafts (staying then costs the
-drafter's catch-up, more than P(B), and teaches nothing). A sequence out of the drafter costs it nothing: no rows to
+once it has MIN_OBSERVATIONS of its own. Until then it probes: a step with such a sequence in the drafter
+verifies at least one draft (k = 0 would teach it nothing while the drafter still catches up on it), so that a
+new request is judged on its own drafts, never locked out by the engine's rate. A sequence out of the drafter costs it nothing: no rows to
 catch up on, no drafts; a step none of whose sequences is in the drafter runs as plain decoding does. It does not
 come back (a drafter that takes hidden states would have to see its whole context again); requests admitted later
 start in the drafter, their prior taken from the engine's recent rate.
@@ -55,7 +56,7 @@ EXPLORE_EVERY = 128         # steps chosen k = 0 in a row before drafts are trie
 EXPLORE_STEPS = 3           # steps of one draft each then
 MARGIN = 0.03               # k* replaces K only when its expected tokens per second are this much higher
 RECENT_DECAY = 0.95         # the engine-wide rate forgets old steps (about the last 20 count)
-MIN_OBSERVATIONS = 16       # a sequence's own observations before it may leave the drafter (about 10 steps of 3)
+MIN_OBSERVATIONS = 8        # a sequence's own observations before it may leave the drafter (5 to 8 steps)
 LEAVE_MARGIN = 0.02         # it leaves unless the drafter beats plain decoding by this much (a near tie: plain)
 
 
@@ -153,13 +154,15 @@ class DraftPolicy:
         expected = expected_tokens(rates, top)                                           # [B, K + 1]
         plain = self.costs.plain_at(batch)
         k = _best_k(expected, opted_out, seconds, plain)
-        leaving = self._leaving(expected, seen, seconds, plain, k)
+        leaving = self._leaving(expected, seen, seconds, plain)
         if leaving.size == len(rates):
             return DraftChoice(0, tuple(leaving.tolist()))
+        stay = np.ones(len(rates), dtype=bool)
+        stay[leaving] = False
         if leaving.size:
-            stay = np.ones(len(rates), dtype=bool)
-            stay[leaving] = False
             k = _best_k(expected[stay], opted_out + leaving.size, seconds, plain)
+        if k == 0 and plain is not None and (seen[stay] < MIN_OBSERVATIONS).any():
+            k = 1                                         # a young sequence probes (the module docstring)
         return DraftChoice(self._explored(k), tuple(leaving.tolist()))
 
     def _rates(self, seq_stats: list[AcceptanceStats], engine_stats: AcceptanceStats
@@ -179,15 +182,13 @@ class DraftPolicy:
         return rates, observed
 
     @staticmethod
-    def _leaving(expected: np.ndarray, seen: np.ndarray, seconds: np.ndarray, plain: float | None, k: int
-                 ) -> np.ndarray:
+    def _leaving(expected: np.ndarray, seen: np.ndarray, seconds: np.ndarray, plain: float | None) -> np.ndarray:
         """Places of the sequences that leave the drafter (the module docstring's rule); none without a plain
         cost."""
         if plain is None:
             return np.zeros(0, dtype=np.int64)
         best = (expected / seconds[None, :]).max(axis=1)                                 # [B] tokens per second
-        loses = best * plain < 1 + LEAVE_MARGIN
-        return np.flatnonzero(loses & (seen >= MIN_OBSERVATIONS) if k > 0 else loses)
+        return np.flatnonzero((best * plain < 1 + LEAVE_MARGIN) & (seen >= MIN_OBSERVATIONS))
 
     def _explored(self, k: int) -> int:
         """k, or one draft while exploring after a long run of k = 0."""
