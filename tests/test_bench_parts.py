@@ -112,6 +112,18 @@ def test_rate_of_a_short_run_agrees_with_its_rounded_seconds(inproc_result, end)
     assert any("output_tokens_per_s" in p for p in checks.check_result(bad))
 
 
+def test_an_adaptive_runs_cost_table_may_hold_zero_drafts_and_nobody_left(inproc_result):
+    """The k = 0 column of step_costs_ms.drafts is 0 by definition, and a run where no sequence left the drafter
+    has left_drafter 0: neither is a problem (a GPU run once listed 52 of them); a zero step cost still is."""
+    ok = copy.deepcopy(inproc_result)
+    ok["metrics"]["step_costs_ms"] = {"batch_sizes": [1, 2], "ms": [[3.4, 3.8], [4.3, 5.9]],
+                                      "drafts": [[0.0, 1.0], [0.0, 0.98]], "plain_ms": [3.4, 4.3]}
+    ok["metrics"]["left_drafter"] = 0
+    assert checks.check_result(ok) == []
+    ok["metrics"]["step_costs_ms"]["ms"][1][0] = 0.0
+    assert any("step_costs_ms.ms.1.0" in p for p in checks.check_result(ok))
+
+
 def test_checks_catch_a_split_that_does_not_add_up(inproc_result):
     bad = copy.deepcopy(inproc_result)
     bad["metrics"]["step_ms"]["host"] += bad["metrics"]["step_ms"]["total"]
