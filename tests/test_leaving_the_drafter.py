@@ -12,6 +12,7 @@ from test_overlapped_steps import run
 from specdec.sampling_params import SamplingParams
 from verifier_service.acceptance_stats import AcceptanceStats
 from verifier_service.draft_policy import LEAVE_MARGIN, MIN_OBSERVATIONS, DraftChoice, DraftPolicy, StepCosts
+from verifier_service.metrics import VerifierMetrics
 
 pytestmark = pytest.mark.timeout(300)
 K = 3
@@ -58,7 +59,8 @@ def test_a_sequence_is_judged_on_its_own_drafts():
     engine_bad = stats_of(0.0, 1000)
     assert DraftPolicy(K, True, table(0.8)).choose([AcceptanceStats()], engine_bad) == DraftChoice(1)
     assert DraftPolicy(K, True, table(0.8)).choose([young], engine_bad) == DraftChoice(1)
-    assert DraftPolicy(K, True, table(0.8)).choose([stats_of(0.0, MIN_OBSERVATIONS)], engine_bad) == DraftChoice(0, (0,))
+    seasoned = stats_of(0.0, MIN_OBSERVATIONS)
+    assert DraftPolicy(K, True, table(0.8)).choose([seasoned], engine_bad) == DraftChoice(0, (0,))
     # without a plain column nobody leaves, and k = 0 stays k = 0
     assert DraftPolicy(K, True, table(None)).choose([young], engine_bad) == DraftChoice(0)
 
@@ -183,8 +185,8 @@ def test_a_sequence_given_up_on_leaves_the_drafter_for_good(demo, kind, temperat
 
 def test_the_adaptive_policy_gives_up_on_a_drafter_that_never_hits(demo):
     """A drafter whose drafts are always rejected, and step costs where plain decoding is cheaper than any
-    drafting step: every sequence leaves after MIN_OBSERVATIONS rejections (one per step), the steps after run overlapped like
-    plain decoding, and the outputs are plain decoding's."""
+    drafting step: every sequence leaves after MIN_OBSERVATIONS rejections (one per step), the steps after run
+    overlapped like plain decoding, the outputs are plain decoding's, and the verifier's metrics count them."""
     prompts = random_prompts([6, 11, 8], demo.config.vocab_size, seed=7)
     reqs = {f"r{i}": (p, SamplingParams(max_tokens=40, ignore_eos=True)) for i, p in enumerate(prompts)}
     plain = run(make_engine(demo, overlap=False), reqs)
@@ -194,8 +196,12 @@ def test_the_adaptive_policy_gives_up_on_a_drafter_that_never_hits(demo):
     engine.policy.costs = StepCosts((1, 4), np.array([[1.0, 1.1, 1.2, 1.3], [1.2, 1.4, 1.6, 1.8]]),
                                     plain=np.array([0.9, 1.0]))
     synchronous, seqs = synchronous_launches(engine), with_ids(engine)
+    metrics = VerifierMetrics()
+    metrics.observe(engine, [], 0.0)
     assert run(engine, reqs) == plain
     assert engine.policy.num_left == 3 and not any(s.in_drafter for s in seqs.values())
+    metrics.observe(engine, [], 0.0)
+    assert metrics.registry.get_sample_value("specdec_sequences_left_drafter_total") == 3
     assert all(MIN_OBSERVATIONS <= s.stats.rejected_steps <= MIN_OBSERVATIONS + 2 for s in seqs.values())
     assert len(synchronous) < engine.step_count - 10      # after they left, the steps overlap
 

@@ -219,7 +219,7 @@ class DraftingStage:
             else:   # in process: queued now, read (no sync) when settled
                 answer = _answered(drafter.draft_on_device(device_step))
         except Exception as e:  # a drafter's bug must not take the verifier down
-            answer = self._device_raised(e, len(entries))
+            answer = self._device_raised(e, len(device_step.seq_ids))
         self.seconds += time.perf_counter() - start
         return DeviceDraftsAnswer(self, answer, device_step, places, sampled)
 

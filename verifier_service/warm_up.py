@@ -126,8 +126,8 @@ def measure_step_costs(engine: SpecEngine) -> StepCosts | None:
         reset_counters(engine)
     policy.costs = StepCosts(tuple(sizes), np.array(rows), np.array(drafts), np.array(plain))
     log.info("adaptive draft length: step costs measured in %.1f s (ms per step, B sequences verifying k drafts "
-             "each, drafter included, and none in the drafter; then the drafts a verify step had):\n%s", time.perf_counter() - start,
-             policy.costs.table())
+             "each, drafter included, then none in the drafter; then the drafts a verify step had):\n%s",
+             time.perf_counter() - start, policy.costs.table())
     short = [k for k in range(1, num_drafts + 1) if policy.costs.drafts[:, k].min() < 0.8 * k]
     if short:   # a drafter that proposes fewer than asked (n-gram on the measurement's made-up prompts)
         log.warning("adaptive draft length: the drafter proposed fewer drafts than asked while k = %s was timed: "
