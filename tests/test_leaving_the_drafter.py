@@ -61,6 +61,11 @@ def test_a_sequence_is_judged_on_its_own_drafts():
     assert DraftPolicy(K, True, table(0.8)).choose([young], engine_bad) == DraftChoice(1)
     seasoned = stats_of(0.0, MIN_OBSERVATIONS)
     assert DraftPolicy(K, True, table(0.8)).choose([seasoned], engine_bad) == DraftChoice(0, (0,))
+    # a drafter that proposed nothing in 2 MIN_OBSERVATIONS verify steps: judged on the engine's rate, no probing
+    dry = AcceptanceStats(verify_steps=2 * MIN_OBSERVATIONS - 1)
+    assert DraftPolicy(K, True, table(0.8)).choose([dry], engine_bad) == DraftChoice(1)
+    dry.verify_steps += 1
+    assert DraftPolicy(K, True, table(0.8)).choose([dry], engine_bad) == DraftChoice(0, (0,))
     # without a plain column nobody leaves, and k = 0 stays k = 0
     assert DraftPolicy(K, True, table(None)).choose([young], engine_bad) == DraftChoice(0)
 

@@ -31,9 +31,10 @@ without the drafter than with it at any k,
 
     max over k of E(a_i, k) / T(B, k)  <  (1 + LEAVE_MARGIN) / P(B),
 
-once it has MIN_OBSERVATIONS of its own. Until then it probes: a step with such a sequence in the drafter
-verifies at least one draft (k = 0 would teach it nothing while the drafter still catches up on it), so that a
-new request is judged on its own drafts, never locked out by the engine's rate. A sequence out of the drafter
+once it has MIN_OBSERVATIONS of its own (or 2 MIN_OBSERVATIONS verify steps: a drafter that proposes nothing for
+it, an n-gram one without a match, teaches nothing). Until then it probes: a step with such a sequence in the
+drafter verifies at least one draft (k = 0 would teach it nothing while the drafter still catches up on it), so
+that a new request is judged on its own drafts, never locked out by the engine's rate. A sequence out of the drafter
 costs it nothing: no rows to catch up on, no drafts; a step none of whose sequences is in the drafter runs as
 plain decoding does. It does not come back (a drafter that takes hidden states would have to see its whole
 context again); requests admitted later start in the drafter, their prior taken from the engine's recent rate.
@@ -147,27 +148,28 @@ class DraftPolicy:
             return DraftChoice(self.max_drafts)
         if not seq_stats:
             return DraftChoice(0)
-        rates, seen = self._rates(seq_stats, engine_stats)                               # [B], [B]
+        rates, judged = self._rates(seq_stats, engine_stats)                             # [B], [B]
         top = min(self.max_drafts, self.costs.seconds.shape[1] - 1)   # the table's K (a drafter's k may be lower)
         batch = len(seq_stats) + opted_out
         seconds = self.costs.at(batch)[:top + 1]                                         # [K + 1]
         expected = expected_tokens(rates, top)                                           # [B, K + 1]
         plain = self.costs.plain_at(batch)
         k = _best_k(expected, opted_out, seconds, plain)
-        leaving = self._leaving(expected, seen, seconds, plain)
+        leaving = self._leaving(expected, judged, seconds, plain)
         if leaving.size == len(rates):
             return DraftChoice(0, tuple(leaving.tolist()))
         stay = np.ones(len(rates), dtype=bool)
         stay[leaving] = False
         if leaving.size:
             k = _best_k(expected[stay], opted_out + leaving.size, seconds, plain)
-        if k == 0 and plain is not None and (seen[stay] < MIN_OBSERVATIONS).any():
+        if k == 0 and plain is not None and not judged[stay].all():
             k = 1                                         # a young sequence probes (the module docstring)
         return DraftChoice(self._explored(k), tuple(leaving.tolist()))
 
     def _rates(self, seq_stats: list[AcceptanceStats], engine_stats: AcceptanceStats
                ) -> tuple[np.ndarray, np.ndarray]:
-        """Each sequence's shrunk acceptance estimate a_i and its own observations (the module docstring)."""
+        """Each sequence's shrunk acceptance estimate a_i, and whether it has seen enough to be judged on it (the
+        module docstring)."""
         total = np.array(acceptance_rate(engine_stats))
         if (total < self._counted).any():   # the engine's counters started afresh (after the warm-up)
             self._counted = np.zeros(2)
@@ -179,16 +181,17 @@ class DraftPolicy:
         accepted = np.fromiter((s.accepted for s in seq_stats), np.float64, count=n)                  # [B]
         observed = accepted + np.fromiter((s.rejected_steps for s in seq_stats), np.float64, count=n)  # [B]
         rates = np.clip((accepted + PRIOR_WEIGHT * prior) / (observed + PRIOR_WEIGHT), 0.0, 0.999)
-        return rates, observed
+        steps = np.fromiter((s.verify_steps for s in seq_stats), np.float64, count=n)                   # [B]
+        return rates, (observed >= MIN_OBSERVATIONS) | (steps >= 2 * MIN_OBSERVATIONS)
 
     @staticmethod
-    def _leaving(expected: np.ndarray, seen: np.ndarray, seconds: np.ndarray, plain: float | None) -> np.ndarray:
+    def _leaving(expected: np.ndarray, judged: np.ndarray, seconds: np.ndarray, plain: float | None) -> np.ndarray:
         """Places of the sequences that leave the drafter (the module docstring's rule); none without a plain
         cost."""
         if plain is None:
             return np.zeros(0, dtype=np.int64)
         best = (expected / seconds[None, :]).max(axis=1)                                 # [B] tokens per second
-        return np.flatnonzero((best * plain < 1 + LEAVE_MARGIN) & (seen >= MIN_OBSERVATIONS))
+        return np.flatnonzero((best * plain < 1 + LEAVE_MARGIN) & judged)
 
     def _explored(self, k: int) -> int:
         """k, or one draft while exploring after a long run of k = 0."""
