@@ -72,8 +72,8 @@ def test_a_sequence_is_judged_on_its_own_drafts():
 
 def test_a_step_is_priced_for_the_sequences_in_the_drafter():
     """One sequence in the drafter beside 63 out of it: its drafts cost 1/64 of the table's extra step time, so
-    it drafts (k = 3) where a whole batch of it would take one draft; without a plain column the whole step's cost
-    counts."""
+    it drafts (k = 3) where a whole batch of it would take one draft; without a plain column, or with a drafter
+    of host tokens (not proportional), the whole step's cost counts (k = 0; one draft while it is unjudged)."""
     costs = StepCosts((64,), np.array([[8.2, 10.0, 12.0, 14.0]]), plain=np.array([7.4]))
     engine = stats_of(0.35, 100)                     # a new sequence's estimate: the engine's rate, about 0.36
     newcomer = AcceptanceStats()
@@ -81,6 +81,8 @@ def test_a_step_is_priced_for_the_sequences_in_the_drafter():
     assert DraftPolicy(K, True, costs).choose([newcomer] * 64, engine).k == 1     # 1.36 tokens in 10 beats 1 in 8.2
     unpriced = StepCosts((64,), costs.seconds)
     assert DraftPolicy(K, True, unpriced).choose([newcomer], engine, opted_out=63) == DraftChoice(0)
+    # a drafter of host tokens: one sequence in it makes the whole step synchronous, priced as such
+    assert DraftPolicy(K, True, costs).choose([newcomer], engine, opted_out=63, proportional=False) == DraftChoice(1)
 
 
 def test_without_a_plain_cost_or_with_the_fixed_policy_nobody_leaves():
@@ -150,6 +152,7 @@ def test_a_request_without_speculation_is_never_sent_to_the_drafter(demo, kind):
     spy, seqs = DrafterSpy(engine), with_ids(engine)
     assert run(engine, reqs) == plain
     assert spy.steps_with(seqs["r1"].seq_id) == [] and spy.steps_with(seqs["r0"].seq_id)
+    assert seqs["r1"].seq_id not in spy.released and seqs["r0"].seq_id in spy.released   # nothing to free of r1
     assert seqs["r1"].stats.drafted == 0 and seqs["r0"].stats.drafted > 0
     # r1 decodes alone for its last 20 tokens: the drafter is left alone for those steps
     assert max(step for step, _ in spy.calls) < engine.step_count - 10
@@ -170,7 +173,7 @@ def test_a_sequence_given_up_on_leaves_the_drafter_for_good(demo, kind, temperat
     left: dict[int, tuple[int, int]] = {}     # seq id -> (step count, drafted) when it left
     calls = itertools.count()
 
-    def scripted(seq_stats, engine_stats, opted_out=0):
+    def scripted(seq_stats, engine_stats, opted_out=0, proportional=True):
         n = next(calls)
         leaving = (0,) if n in (4, 9) and seq_stats else ()
         for i in leaving:
@@ -230,3 +233,33 @@ def test_gpu_sequences_leaving_the_drafter_keep_plain_outputs_with_graphs(tmp_pa
         K, (0,) if next(calls) % 5 == 4 and seq_stats else ())
     assert run(engine, reqs) == expected
     assert engine.overlapped_draft_steps > 0
+
+
+def test_a_prefix_cached_by_a_request_out_of_the_drafter_serves_a_speculating_one_without_a_recompute(demo):
+    """A `speculation: false` request prefills a prompt and leaves checkpoints the drafter never saw. A speculating
+    request with the same prompt must not resume there (the MTP drafter lacks that context: a recompute from
+    position 0); it computes the prefix once more, inside the drafter, and the next one resumes from it."""
+    from engine_factory import BLOCK
+
+    from verifier_service.block_manager import PrefixCaching
+    prompt = random_prompts([70], demo.config.vocab_size, seed=9)[0]
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    expected = make_engine(demo, overlap=False).generate([prompt], params)[0]
+    engine = make_engine(demo, make_drafter("mtp", demo, K), k=K, chunk=16,
+                         prefix=PrefixCaching(checkpoint_interval=4 * BLOCK, num_checkpoints=16))
+    out_of_drafter = SamplingParams(max_tokens=8, ignore_eos=True, speculation=False)
+    assert engine.generate([prompt], out_of_drafter)[0] == expected
+    cached, admissions = [], []
+    for _ in range(2):
+        queried = engine.scheduler.prefix_stats.queried_tokens
+        engine.add_request(f"again-{len(cached)}", prompt, params)
+        tokens = []
+        while engine.has_work:
+            for o in engine.step():
+                tokens += o.new_token_ids
+                last = o.cached_tokens
+        assert tokens == expected
+        cached.append(last)
+        admissions.append((engine.scheduler.prefix_stats.queried_tokens - queried) // len(prompt))
+    assert admissions == [1, 1]                      # (a recompute for the drafter is a second admission)
+    assert cached[0] == 0 and cached[1] > 0

@@ -43,7 +43,7 @@ def fake_engine(queried: int, hit: int) -> SimpleNamespace:
     """What VerifierMetrics.observe and VerifierServicer.Stats read of a SpecEngine, with these prefix counts."""
     pool = SimpleNamespace(size=8, num_free=8, num_registered=0)
     return SimpleNamespace(
-        stats=AcceptanceStats(), policy=SimpleNamespace(chosen=[]), last_step_seconds={}, fallback_steps=0,
+        stats=AcceptanceStats(), policy=SimpleNamespace(chosen=[], num_left=0), last_step_seconds={}, fallback_steps=0,
         drafter=None, executor=SimpleNamespace(blocks=SimpleNamespace(kv_blocks=pool, gdn_slots=pool, checkpoints=[])),
         scheduler=SimpleNamespace(waiting=[], running=[], num_preemptions=0,
                                   prefix_stats=SimpleNamespace(queried_tokens=queried, hit_tokens=hit)))

@@ -4,7 +4,12 @@ state slot per running sequence, and with prefix caching the checkpoints that ou
 a row of its own). The scheduler reserves, resumes and releases through it; the executor registers checkpoints
 at launch and reads the tables it keeps (block_rows: one host row per slot, updated as blocks are added, so a
 step's tables are one fancy-indexing read) into each StepPlan, and has the model runner apply the step's
-`CacheOps` (states reset or restored, blocks copied before the forward, states saved after it)."""
+`CacheOps` (states reset or restored, blocks copied before the forward, states saved after it).
+
+A drafter that keeps its own part of each checkpoint (the MTP head's KV) sees only the sequences in it: a
+checkpoint saved by a sequence out of the drafter is "target-only", and a sequence in the drafter does not resume
+from it (the drafter would report the context missing and the sequence would prefill again from position 0); it
+computes that prefix once more, and its checkpoint there is then the drafter's too."""
 from __future__ import annotations
 
 import math
@@ -62,6 +67,7 @@ class BlockManager:
         self.checkpoints = Checkpoints(self.kv_blocks, self.prefix.num_checkpoints if self.prefix.enabled else 0,
                                        first_row=max_seqs)
         self.stats = PrefixStats()
+        self._target_only: set[int] = set()   # checkpoint hashes saved by sequences out of the drafter only
         self.paused = False      # no lookups, no checkpoints (the warm-up: its made-up prompts share prefixes)
         self.block_rows = np.zeros((max_seqs + 1, max_blocks_per_seq), np.int32)   # [slot, W] (last: scratch)
         self._ops = CacheOps()   # since the last step
@@ -112,6 +118,8 @@ class BlockManager:
         hashes = self._hash(seq, num_blocks)
         complete = self.kv_blocks.matched(hashes[:num_blocks])
         for m in range(min(complete + 1, num_blocks), 0, -1):   # blocks 0 .. m - 2 complete, m - 1 the checkpoint's
+            if seq.in_drafter and hashes[m - 1] in self._target_only:
+                continue
             entry = self.checkpoints.get(hashes[m - 1])
             if entry is not None:
                 shared = [self.kv_blocks.lookup(h) for h in hashes[:m - 1]]
@@ -145,9 +153,16 @@ class BlockManager:
         self._hash(seq, m)
         for block, h in zip(seq.block_table[:m - 1], seq.block_hashes[:m - 1]):
             self.kv_blocks.register(block, h)
-        row = self.checkpoints.add(seq.block_hashes[m - 1], seq.block_table[m - 1])
+        key = seq.block_hashes[m - 1]
+        row = self.checkpoints.add(key, seq.block_table[m - 1])
         if row is not None:
             self._ops.saves.append((seq.gdn_slot, row))
+        if seq.in_drafter:
+            self._target_only.discard(key)
+        elif row is not None:
+            if len(self._target_only) >= 2 * self.checkpoints.capacity:   # forget the dropped ones
+                self._target_only = {h for h in self._target_only if h in self.checkpoints}
+            self._target_only.add(key)
 
     def forget(self, checkpoint_hash: int) -> None:
         """Drop a checkpoint a drafter could not resume from: the next prompt that needs it computes it again (and

@@ -17,7 +17,9 @@ early rejection does not read as a = 0:
     a_i = (successes_i + M p) / (observations_i + M)                              M = PRIOR_WEIGHT
 
 When the costs hold a plain column P(B) (below), a step with d of its B sequences in the drafter is priced
-between the two, P(B) + (d / B) (T(B, k) - P(B)): the drafter's rows and the drafts grow with the sequences in it.
+between the two, P(B) + (d / B) (T(B, k) - P(B)), when its cost is proportional: the drafter's rows and the drafts
+grow with the sequences in it (a drafter that drafts on the device). A drafter of host tokens makes a step that asks
+it synchronous for the whole batch: such a step costs T(B, k) whatever d is.
 
 "recent": each step weighs the engine's counts RECENT_DECAY times the step before. A run of EXPLORE_EVERY steps
 chosen k = 0 is followed by EXPLORE_STEPS steps of one draft (a drafter drafts for the step after the one that
@@ -134,16 +136,17 @@ class DraftPolicy:
         self._recent = np.zeros(2)        # the engine's decayed (successes, observations)
         self._counted = np.zeros(2)       # the engine's totals at the last step
 
-    def choose(self, seq_stats: list[AcceptanceStats], engine_stats: AcceptanceStats, opted_out: int = 0
-               ) -> DraftChoice:
-        """The choice for a step of len(seq_stats) decoding sequences in the drafter and `opted_out` out of it."""
-        choice = self._choose(seq_stats, engine_stats, opted_out)
+    def choose(self, seq_stats: list[AcceptanceStats], engine_stats: AcceptanceStats, opted_out: int = 0,
+               proportional: bool = True) -> DraftChoice:
+        """The choice for a step of len(seq_stats) decoding sequences in the drafter and `opted_out` out of it;
+        `proportional`: its cost grows with the sequences in the drafter (the module docstring)."""
+        choice = self._choose(seq_stats, engine_stats, opted_out, proportional)
         self.chosen[choice.k] += 1
         self.num_left += len(choice.leaving)
         return choice
 
-    def _choose(self, seq_stats: list[AcceptanceStats], engine_stats: AcceptanceStats, opted_out: int
-                ) -> DraftChoice:
+    def _choose(self, seq_stats: list[AcceptanceStats], engine_stats: AcceptanceStats, opted_out: int,
+                proportional: bool) -> DraftChoice:
         if not self.adaptive or self.costs is None or self.max_drafts == 0:
             return DraftChoice(self.max_drafts)
         if not seq_stats:
@@ -154,14 +157,15 @@ class DraftPolicy:
         seconds = self.costs.at(batch)[:top + 1]                                         # [K + 1]
         expected = expected_tokens(rates, top)                                           # [B, K + 1]
         plain = self.costs.plain_at(batch)
-        k = _best_k(expected, opted_out, seconds, plain)
+        blend = plain if proportional else None
+        k = _best_k(expected, opted_out, seconds, blend)
         leaving = self._leaving(expected, judged, seconds, plain)
         if leaving.size == len(rates):
             return DraftChoice(0, tuple(leaving.tolist()))
         stay = np.ones(len(rates), dtype=bool)
         stay[leaving] = False
         if leaving.size:
-            k = _best_k(expected[stay], opted_out + leaving.size, seconds, plain)
+            k = _best_k(expected[stay], opted_out + leaving.size, seconds, blend)
         if k == 0 and plain is not None and not judged[stay].all():
             k = 1                                         # a young sequence probes (the module docstring)
         return DraftChoice(self._explored(k), tuple(leaving.tolist()))

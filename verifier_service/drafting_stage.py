@@ -106,11 +106,13 @@ class DraftingStage:
                 and not self.drafts_on_device)
 
     def forget(self, seqs: list[Sequence]) -> None:
-        """These sequences' context is gone (preempted, finished, aborted): the drafter may free it."""
+        """These sequences' context is gone (preempted, finished, aborted), or they leave the drafter: it may free
+        theirs (only the drafter's sequences are named: the others it never saw)."""
         for s in seqs:
             self.sent.pop(s.seq_id, None)
-        if self.drafter is not None and seqs:
-            self.drafter.release([s.seq_id for s in seqs])
+        known = [s.seq_id for s in seqs if s.in_drafter]
+        if self.drafter is not None and known:
+            self.drafter.release(known)
 
     # ---- after a step is read -------------------------------------------------------------------
     def layout_hidden(self, entries: list[ScheduledSeq], hidden: torch.Tensor) -> HiddenStaging | None:

@@ -145,7 +145,8 @@ class SpecEngine:
             raise OverflowError(f"prompt ({len(prompt_ids)}) + max_tokens ({params.max_tokens}) exceeds the "
                                 f"maximum context of {self.max_len} tokens")
         seed = params.seed if params.seed is not None else self._seeds.getrandbits(62)
-        seq = Sequence(next(self._ids), list(prompt_ids), len(prompt_ids), params, seed, request_id)
+        seq = Sequence(next(self._ids), list(prompt_ids), len(prompt_ids), params, seed, request_id,
+                       in_drafter=self.config.num_drafts > 0)
         if params.grammar is not None:
             seq.grammar = self.grammars.matcher(params.grammar)
         self.by_request[request_id] = seq
@@ -242,11 +243,12 @@ class SpecEngine:
         decoding = [s for s in self.scheduler.running if s.is_decoding]
         if decoding:
             in_drafter = [s for s in decoding if s.in_drafter]
-            choice = self.policy.choose([s.stats for s in in_drafter], self.stats, len(decoding) - len(in_drafter))
+            choice = self.policy.choose([s.stats for s in in_drafter], self.stats, len(decoding) - len(in_drafter),
+                                        proportional=self.drafting.drafts_on_device)
             leaving = [in_drafter[i] for i in choice.leaving]
+            self.drafting.forget(leaving)
             for seq in leaving:
                 seq.left_drafter()
-            self.drafting.forget(leaving)
             k = min(k, choice.k)
         self.drafting.step_drafts = k
         return k
