@@ -158,6 +158,19 @@ def test_a_request_without_speculation_is_never_sent_to_the_drafter(demo, kind):
     assert max(step for step, _ in spy.calls) < engine.step_count - 10
 
 
+def test_with_nobody_in_the_drafter_a_fixed_k_engine_overlaps_its_steps(demo):
+    """Only `speculation: false` requests on a fixed-k engine with a drafter of host tokens: steps verify nothing
+    and overlap as plain decoding does (they were synchronous, the drafter asked for k every step)."""
+    prompts = random_prompts([6, 11], demo.config.vocab_size, seed=2)
+    reqs = {f"r{i}": (p, SamplingParams(max_tokens=24, ignore_eos=True, speculation=False))
+            for i, p in enumerate(prompts)}
+    plain = run(make_engine(demo, overlap=False), reqs)
+    engine = make_engine(demo, make_drafter("ngram", demo, K), k=K)
+    spy, synchronous = DrafterSpy(engine), synchronous_launches(engine)
+    assert run(engine, reqs) == plain
+    assert spy.calls == [] and len(synchronous) <= 2
+
+
 @pytest.mark.parametrize("kind", ["mtp", "ngram"])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_a_sequence_given_up_on_leaves_the_drafter_for_good(demo, kind, temperature):

@@ -36,9 +36,9 @@ without the drafter than with it at any k,
 once it has MIN_OBSERVATIONS of its own (or 2 MIN_OBSERVATIONS verify steps: a drafter that proposes nothing for
 it, an n-gram one without a match, teaches nothing). Until then it probes: a step with such a sequence in the
 drafter verifies at least one draft (k = 0 would teach it nothing while the drafter still catches up on it), so
-that a new request is judged on its own drafts, never locked out by the engine's rate. A sequence out of the drafter
-costs it nothing: no rows to catch up on, no drafts; a step none of whose sequences is in the drafter runs as
-plain decoding does. It does not come back (a drafter that takes hidden states would have to see its whole
+that a new request is judged on its own drafts, never locked out by the engine's rate. A sequence out of the
+drafter costs it nothing: no rows to catch up on, no drafts; while no sequence is in the drafter, steps verify
+none (engine.py) and do not call it. It does not come back (a drafter that takes hidden states would have to see its whole
 context again); requests admitted later start in the drafter, their prior taken from the engine's recent rate.
 """
 from __future__ import annotations

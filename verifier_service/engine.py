@@ -250,6 +250,8 @@ class SpecEngine:
             for seq in leaving:
                 seq.left_drafter()
             k = min(k, choice.k)
+        if not any(s.in_drafter for s in chain(self.scheduler.running, self.scheduler.waiting)):
+            k = 0    # nobody to draft for (a drafter of host tokens is then skipped: the steps overlap)
         self.drafting.step_drafts = k
         return k
 
