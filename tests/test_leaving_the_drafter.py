@@ -169,6 +169,7 @@ def test_with_nobody_in_the_drafter_a_fixed_k_engine_overlaps_its_steps(demo):
     spy, synchronous = DrafterSpy(engine), synchronous_launches(engine)
     assert run(engine, reqs) == plain
     assert spy.calls == [] and len(synchronous) <= 2
+    assert sum(engine.policy.chosen) == 0      # no step was the policy's to decide (the metric counts none)
 
 
 @pytest.mark.parametrize("kind", ["mtp", "ngram"])
@@ -248,17 +249,19 @@ def test_gpu_sequences_leaving_the_drafter_keep_plain_outputs_with_graphs(tmp_pa
     assert engine.overlapped_draft_steps > 0
 
 
-def test_a_prefix_cached_by_a_request_out_of_the_drafter_serves_a_speculating_one_without_a_recompute(demo):
+@pytest.mark.parametrize("kind", ["mtp", "ngram"])
+def test_a_prefix_cached_by_a_request_out_of_the_drafter_serves_a_speculating_one_without_a_recompute(demo, kind):
     """A `speculation: false` request prefills a prompt and leaves checkpoints the drafter never saw. A speculating
-    request with the same prompt must not resume there (the MTP drafter lacks that context: a recompute from
-    position 0); it computes the prefix once more, inside the drafter, and the next one resumes from it."""
+    request with the same prompt must not resume there when the drafter keeps its own part of checkpoints (the MTP
+    head: it would lack that context, a recompute from position 0): it computes the prefix once more, inside the
+    drafter, and the next one resumes from it. A drafter of tokens is sent the tokens whole: it resumes at once."""
     from engine_factory import BLOCK
 
     from verifier_service.block_manager import PrefixCaching
     prompt = random_prompts([70], demo.config.vocab_size, seed=9)[0]
     params = SamplingParams(max_tokens=8, ignore_eos=True)
     expected = make_engine(demo, overlap=False).generate([prompt], params)[0]
-    engine = make_engine(demo, make_drafter("mtp", demo, K), k=K, chunk=16,
+    engine = make_engine(demo, make_drafter(kind, demo, K), k=K, chunk=16,
                          prefix=PrefixCaching(checkpoint_interval=4 * BLOCK, num_checkpoints=16))
     out_of_drafter = SamplingParams(max_tokens=8, ignore_eos=True, speculation=False)
     assert engine.generate([prompt], out_of_drafter)[0] == expected
@@ -275,4 +278,4 @@ def test_a_prefix_cached_by_a_request_out_of_the_drafter_serves_a_speculating_on
         cached.append(last)
         admissions.append((engine.scheduler.prefix_stats.queried_tokens - queried) // len(prompt))
     assert admissions == [1, 1]                      # (a recompute for the drafter is a second admission)
-    assert cached[0] == 0 and cached[1] > 0
+    assert (cached[0] == 0) == (kind == "mtp") and cached[1] > 0

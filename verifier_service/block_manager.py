@@ -6,10 +6,11 @@ at launch and reads the tables it keeps (block_rows: one host row per slot, upda
 step's tables are one fancy-indexing read) into each StepPlan, and has the model runner apply the step's
 `CacheOps` (states reset or restored, blocks copied before the forward, states saved after it).
 
-A drafter that keeps its own part of each checkpoint (the MTP head's KV) sees only the sequences in it: a
-checkpoint saved by a sequence out of the drafter is "target-only", and a sequence in the drafter does not resume
-from it (the drafter would report the context missing and the sequence would prefill again from position 0); it
-computes that prefix once more, and its checkpoint there is then the drafter's too."""
+A drafter that keeps its own part of each checkpoint (one that takes hidden states: the MTP head's KV) sees only
+the sequences in it: a checkpoint saved by a sequence out of the drafter is "target-only", and a sequence in such a
+drafter does not resume from it (the drafter would report the context missing and the sequence would prefill
+again from position 0); it computes that prefix once more, and its checkpoint there is then the drafter's too. A
+drafter of tokens is sent a resumed sequence's tokens whole, so it resumes anywhere."""
 from __future__ import annotations
 
 import math
@@ -68,6 +69,7 @@ class BlockManager:
                                        first_row=max_seqs)
         self.stats = PrefixStats()
         self._target_only: set[int] = set()   # checkpoint hashes saved by sequences out of the drafter only
+        self.drafter_keeps_prefixes = False    # the drafter keeps its own part of checkpoints (set by the engine)
         self.paused = False      # no lookups, no checkpoints (the warm-up: its made-up prompts share prefixes)
         self.block_rows = np.zeros((max_seqs + 1, max_blocks_per_seq), np.int32)   # [slot, W] (last: scratch)
         self._ops = CacheOps()   # since the last step
@@ -118,7 +120,7 @@ class BlockManager:
         hashes = self._hash(seq, num_blocks)
         complete = self.kv_blocks.matched(hashes[:num_blocks])
         for m in range(min(complete + 1, num_blocks), 0, -1):   # blocks 0 .. m - 2 complete, m - 1 the checkpoint's
-            if seq.in_drafter and hashes[m - 1] in self._target_only:
+            if seq.in_drafter and self.drafter_keeps_prefixes and hashes[m - 1] in self._target_only:
                 continue
             entry = self.checkpoints.get(hashes[m - 1])
             if entry is not None:

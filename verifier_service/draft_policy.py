@@ -38,8 +38,9 @@ it, an n-gram one without a match, teaches nothing). Until then it probes: a ste
 drafter verifies at least one draft (k = 0 would teach it nothing while the drafter still catches up on it), so
 that a new request is judged on its own drafts, never locked out by the engine's rate. A sequence out of the
 drafter costs it nothing: no rows to catch up on, no drafts; while no sequence is in the drafter, steps verify
-none (engine.py) and do not call it. It does not come back (a drafter that takes hidden states would have to see its whole
-context again); requests admitted later start in the drafter, their prior taken from the engine's recent rate.
+none (engine.py) and do not call it. It does not come back (a drafter that takes hidden states would have to see
+its whole context again); requests admitted later start in the drafter, their prior taken from the engine's
+recent rate.
 """
 from __future__ import annotations
 

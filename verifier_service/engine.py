@@ -237,21 +237,23 @@ class SpecEngine:
     def _choose_drafts(self) -> int:
         """This step's k (draft_policy.py), from the decoding sequences: what they verify now and what the drafter
         is asked for, for the next step. Sequences the policy gives up on leave the drafter here."""
-        k = self.drafting.k
+        k, drafter, sched = self.drafting.k, self.drafter, self.scheduler
+        # (a drafter that takes hidden states keeps its own part of prefix checkpoints: block_manager.py)
+        self.executor.blocks.drafter_keeps_prefixes = drafter is not None and drafter.needs_hidden
         if k == 0:   # no drafter, or it is away (asked as before, so that its fallback steps are counted)
             return 0
-        decoding = [s for s in self.scheduler.running if s.is_decoding]
-        if decoding:
+        if not any(s.in_drafter for s in chain(sched.running, sched.waiting)):
+            k = 0    # nobody to draft for (a drafter of host tokens is then skipped: the steps overlap)
+        elif decoding := [s for s in sched.running if s.is_decoding]:
             in_drafter = [s for s in decoding if s.in_drafter]
+            # a step asking a drafter of host tokens is synchronous whoever is in it: priced whole
             choice = self.policy.choose([s.stats for s in in_drafter], self.stats, len(decoding) - len(in_drafter),
-                                        proportional=self.drafting.drafts_on_device)
+                                        proportional=self.drafting.drafts_on_device or drafter.needs_hidden)
             leaving = [in_drafter[i] for i in choice.leaving]
             self.drafting.forget(leaving)
             for seq in leaving:
                 seq.left_drafter()
             k = min(k, choice.k)
-        if not any(s.in_drafter for s in chain(self.scheduler.running, self.scheduler.waiting)):
-            k = 0    # nobody to draft for (a drafter of host tokens is then skipped: the steps overlap)
         self.drafting.step_drafts = k
         return k
 

@@ -30,7 +30,8 @@ class VerifierMetrics:
                                    "they prefill prompt + output again): KV blocks ran out, or the drafter lost "
                                    "its hidden states", registry=r)
         self.draft_length = Counter("specdec_steps_by_draft_length", "Decode steps by the drafts per sequence the "
-                                    "draft policy gave them (fixed: always k)", ["k"], registry=r)
+                                    "draft policy gave them (fixed: always k; steps with no sequence in the "
+                                    "drafter are not counted)", ["k"], registry=r)
         self.left_drafter = Counter("specdec_sequences_left_drafter", "Sequences the adaptive draft policy gave "
                                     "up on: they decode without the drafter from then on", registry=r)
         self.prefix_queries = Counter("specdec_prefix_cache_queries", "Prompt tokens looked up in the prefix cache "
