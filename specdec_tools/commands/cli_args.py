@@ -89,8 +89,9 @@ def add_draft_policy_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-policy", default="auto", choices=["auto", "fixed", "adaptive"],
                    help="how many drafts a step verifies: fixed = always k; adaptive = the k in 0..k that maximises "
                         "expected tokens per second, from the batch size, each sequence's running acceptance and "
-                        "step costs measured at start-up (lossless either way: only speed changes); auto (default) "
-                        "= adaptive on a GPU, fixed on the CPU")
+                        "step costs measured at start-up, and a sequence whose acceptance makes plain decoding "
+                        "faster leaves the drafter for good (lossless either way: only speed changes); auto "
+                        "(default) = adaptive on a GPU, fixed on the CPU")
 
 
 def add_no_overlap_arg(p: argparse.ArgumentParser) -> None:
