@@ -189,6 +189,9 @@ def main() -> int:
     p.add_argument("--smoke", action="store_true", help="tiny shapes: checks the script, not the speed")
     p.add_argument("--attention-prefill", metavar="CHUNK:CONTEXT", nargs="+", default=None,
                    help="only sweep the paged-attention tunings for one prompt chunk at this context (e.g. 1024:7168)")
+    p.add_argument("--fp8-linear", metavar="ROWS", type=int, nargs="+", default=None,
+                   help="only the FP8 linear against bf16 at these row counts (e.g. 1 2 4 16 64 256 1024 4096)")
+    p.add_argument("--sweep", action="store_true", help="with --fp8-linear: time every candidate tiling too")
     args = p.parse_args()
     device = torch.device(args.device)
     shape = SHAPE_SMOKE if args.smoke else SHAPE_4B
@@ -206,6 +209,11 @@ def main() -> int:
             chunk, context = (int(x) for x in spec.split(":"))
             guarded(rows, "attention-prefill", lambda: attention_prefill_rows(
                 LAYER_SMOKE if args.smoke else LAYER_4B, chunk, context, device))
+        print(table(rows))
+        return 0
+    if args.fp8_linear:
+        from fp8_kernels import fp8_linear_rows
+        guarded(rows, "fp8-linear", lambda: fp8_linear_rows(args.fp8_linear, device, copy_bw, args.sweep, args.smoke))
         print(table(rows))
         return 0
     gdn_conv = not (args.skip_kernels or args.only_sampling)

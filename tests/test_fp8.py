@@ -134,3 +134,120 @@ def test_a_drafter_service_reads_the_fp8_mtp_head_dequantized(checkpoints):
     plain = load_drafter_weights(bf16_dir)[1]
     assert any(not torch.equal(mtp[k], plain[k]) for k in mtp)                 # its linears were FP8
     assert all(t.dtype == torch.float32 for t in [*mtp.values(), *shared.values()])
+
+
+# FP8 weights kept in FP8 (what a GPU loads; here through the kernels' torch reference)
+
+def test_fp8_linears_keep_the_checkpoints_bytes_and_give_the_dequantized_logits(checkpoints):
+    from specdec.models.fp8_linear import Fp8Linear
+    fp8_dir, _ = checkpoints
+    kept, dequantized = load_model(fp8_dir, fp8_weights=True), load_model(fp8_dir)
+    linears = {name: m for name, m in kept.model.named_modules() if isinstance(m, Fp8Linear)}
+    assert linears and all(m.weight.dtype == torch.float8_e4m3fn for m in linears.values())
+    assert not isinstance(kept.model.lm_head, Fp8Linear) and kept.model.lm_head.weight.dtype == torch.float32
+    with safe_open(str(fp8_dir / "model.safetensors"), framework="pt") as reader:
+        from specdec.models.checkpoint_keys import strip_prefix
+        names = {strip_prefix(k): k for k in reader.keys()}
+        for name, module in linears.items():
+            key = names[name + ".weight"]
+            assert torch.equal(module.weight.view(torch.uint8), reader.get_tensor(key).view(torch.uint8)), name
+            assert torch.equal(module.weight_scale_inv, reader.get_tensor(key + "_scale_inv"))
+    prompt = PROMPTS[1] + PROMPTS[0]                          # 13 rows: weight-only FP8, as a decode step runs
+    assert torch.allclose(_logits(kept, prompt), _logits(dequantized, prompt), atol=1e-5, rtol=1e-5)
+
+
+def test_load_time_fp8_linears_quantize_the_bf16_weights(checkpoints):
+    from specdec.models.fp8_linear import Fp8Linear
+    _, bf16_dir = checkpoints
+    kept = load_model(bf16_dir, quantization="fp8", fp8_weights=True)
+    plain = dict(load_model(bf16_dir).model.named_modules())
+    rounded = load_model(bf16_dir, quantization="fp8")
+    for name, module in kept.model.named_modules():
+        if isinstance(module, Fp8Linear):
+            q, s = quantize_blocks(plain[name].weight, (128, 128))
+            assert torch.equal(module.weight.float(), q.float()) and torch.equal(module.weight_scale_inv, s), name
+    prompt = PROMPTS[0] + PROMPTS[2]
+    assert torch.allclose(_logits(kept, prompt), _logits(rounded, prompt), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["mtp", "ngram"])
+def test_speculation_with_fp8_linears_is_lossless(checkpoints, kind):
+    fp8_dir, _ = checkpoints
+
+    def engine(drafter):
+        config = VerifierConfig(model_dir=str(fp8_dir), num_drafts=3 if drafter else 0, in_process_drafter=drafter,
+                                max_context=128, max_running=4, max_batched_tokens=64, prefill_chunk=16,
+                                warm_up=False)
+        return build_engine(config, in_process_drafter(drafter) if drafter else None,
+                            load_model(fp8_dir, fp8_weights=True))
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    spec = engine(kind)
+    assert spec.generate(PROMPTS, params) == engine(None).generate(PROMPTS, params)
+    assert spec.stats.drafted > 0
+
+
+def _logits(loaded, prompt: list[int]) -> torch.Tensor:
+    """Every position's logits of one prompt, prefilled in one step."""
+    from verifier_service.executor import Executor
+    from verifier_service.model_runner import ModelRunner
+    from verifier_service.sequence import Sequence
+    executor = Executor(ModelRunner(loaded, num_blocks=16, block_size=16, max_seqs=2, max_drafts=3))
+    return executor.forward([Sequence(0, list(prompt), len(prompt))], [prompt], logits="all")[1].clone()
+
+
+def test_fused_fp8_linears_start_each_part_on_a_scale_block():
+    """Parts of 40, 200 and 8 rows in 32-row blocks: the 40 is followed by 24 zero rows and the 200 by 24, so each
+    part's scales are its own; the outputs equal each linear alone. A group with an unconverted linear runs apart."""
+    from torch import nn
+
+    from specdec.models.fp8_linear import Fp8Linear
+    from specdec.models.fused_linear import FusedLinear
+    torch.manual_seed(0)
+    dense = [nn.Linear(64, n, bias=False) for n in (40, 200, 8)]
+    for linear, scale in zip(dense, (1.0, 30.0, 0.01)):
+        linear.weight.data *= scale                                   # scale blocks that must not mix
+    fp8 = [Fp8Linear(*quantize_blocks(linear.weight.detach(), (32, 32)), (32, 32)) for linear in dense]
+    x = torch.randn(5, 64)
+    alone = [linear(x) for linear in fp8]
+    fused = FusedLinear(*dense)
+    fused.replace_linears({id(d): f for d, f in zip(dense, fp8)})
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(fused(x), alone))
+    assert fused.offsets == [0, 64, 288] and fused.weight.shape == (296, 64) and fused.scale_inv.shape == (10, 2)
+    assert torch.allclose(fused.joined(x), torch.cat(alone, dim=-1), atol=1e-5)
+    assert fp8[1].weight.data_ptr() == fused.weight[64].data_ptr()   # the linears' rows are views of the fused rows
+    mixed = FusedLinear(fp8[0], dense[1])
+    assert torch.allclose(mixed.joined(x), torch.cat([alone[0], dense[1](x)], dim=-1)) and mixed.weight is None
+
+
+def test_bench_traffic_counts_fp8_linears_at_a_byte_a_weight(checkpoints):
+    """The roofline's bytes a step reads: each FP8 linear one byte a weight plus its fp32 scales, the rest as before."""
+    from specdec.models.fp8_linear import Fp8Linear
+    from specdec_tools.bench.traffic import ModelTraffic
+    fp8_dir, bf16_dir = checkpoints
+    plain = ModelTraffic.from_checkpoint(bf16_dir, "bfloat16")
+    quantized = ModelTraffic.from_checkpoint(bf16_dir, "bfloat16", "fp8")
+    kept = load_model(bf16_dir, quantization="fp8", fp8_weights=True).model
+    saved = sum(m.weight.numel() - m.weight_scale_inv.numel() * 4 for m in kept.modules() if isinstance(m, Fp8Linear))
+    assert saved > 0 and plain.weight_bytes - quantized.weight_bytes == saved
+    assert ModelTraffic.from_checkpoint(fp8_dir, "bfloat16").weight_bytes == quantized.weight_bytes
+    assert quantized.linear_shapes == plain.linear_shapes
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["mtp", "ngram"])
+def test_gpu_fp8_kernels_in_cuda_graphs_decode_as_plain(checkpoints, kind):
+    """On CUDA an FP8 checkpoint keeps its linears in FP8 (Triton kernels, captured in the step graphs); bf16
+    speculation gives plain decoding's greedy tokens."""
+    from specdec.models.fp8_linear import Fp8Linear
+    fp8_dir, _ = checkpoints
+    assert any(isinstance(m, Fp8Linear) for m in load_model(fp8_dir, "bfloat16", "cuda").model.modules())
+
+    def engine(drafter):
+        config = VerifierConfig(model_dir=str(fp8_dir), device="cuda", dtype="bfloat16",
+                                num_drafts=3 if drafter else 0, in_process_drafter=drafter, max_context=128,
+                                max_running=4, max_batched_tokens=64, prefill_chunk=16, warm_up=False)
+        return build_engine(config, in_process_drafter(drafter) if drafter else None)
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    spec = engine(kind)
+    assert spec.generate(PROMPTS, params) == engine(None).generate(PROMPTS, params)
+    assert spec.stats.drafted > 0

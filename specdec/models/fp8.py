@@ -89,7 +89,8 @@ def quantize_blocks(weight: torch.Tensor, block: tuple[int, int]) -> tuple[torch
     """weight [..., out, in] → (float8_e4m3fn weight, float32 scale_inv [..., ceil(out/b0), ceil(in/b1)])."""
     out_dim, in_dim = weight.shape[-2:]
     rows, cols = math.ceil(out_dim / block[0]), math.ceil(in_dim / block[1])
-    padded = torch.zeros(*weight.shape[:-2], rows * block[0], cols * block[1], dtype=torch.float32)
+    padded = torch.zeros(*weight.shape[:-2], rows * block[0], cols * block[1], dtype=torch.float32,
+                         device=weight.device)
     padded[..., :out_dim, :in_dim] = weight.float()
     blocks = padded.unflatten(-1, (cols, block[1])).unflatten(-3, (rows, block[0]))   # [..., R, b0, C, b1]
     amax = blocks.abs().amax(dim=(-3, -1))                                            # [..., R, C]
@@ -119,11 +120,13 @@ def dequantize_checkpoint(tensors: dict[str, torch.Tensor], fmt: Fp8Format,
     return out
 
 
-def round_through_fp8(tensors: dict[str, torch.Tensor], fmt: Fp8Format) -> dict[str, torch.Tensor]:
-    """`--quantization fp8` on a bf16 checkpoint: each weight FP8 would store, quantized and dequantized."""
+def round_through_fp8(tensors: dict[str, torch.Tensor], fmt: Fp8Format,
+                      skip: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
+    """`--quantization fp8` on a bf16 checkpoint: each weight FP8 would store, quantized and dequantized (but those
+    named in `skip`: the linears that will be quantized for FP8 kernels from their exact weights)."""
     out = {}
     for name, t in tensors.items():
-        if fmt.converts(name, tuple(t.shape)):
+        if name not in skip and fmt.converts(name, tuple(t.shape)):
             t = dequantize_blocks(*quantize_blocks(t, fmt.block), fmt.block, t.dtype)
         out[name] = t
     return out

@@ -2,9 +2,9 @@
 
 Reads `config.json` and `model.safetensors` or a sharded `model.safetensors.index.json`; renames and
 re-lays-out tensors (checkpoint_keys), checks every name and shape against the model before assigning,
-and keeps the `mtp.*` tensors apart for the MTP drafter. FP8 checkpoints (fp8.py) are dequantized into the
-model's dtype; `quantization="fp8"` rounds a bf16 checkpoint's weights through FP8. Problems raise one
-CheckpointError naming them.
+and keeps the `mtp.*` tensors apart for the MTP drafter. FP8 checkpoints (fp8.py) keep their linears in FP8 on a
+GPU (fp8_linear.py) and are dequantized into the model's dtype elsewhere; `quantization="fp8"` quantizes a bf16
+checkpoint's linears the same way at load time. Problems raise one CheckpointError naming them.
 """
 from __future__ import annotations
 
@@ -17,10 +17,12 @@ from typing import Callable
 
 import torch
 from safetensors import SafetensorError, safe_open
+from torch import nn
 from tqdm import tqdm
 
 from .checkpoint_keys import strip_prefix, to_canonical
 from .fp8 import QUANTIZATIONS, SCALE_SUFFIX, Fp8Format, dequantize_checkpoint, round_through_fp8
+from .fp8_linear import to_fp8_linears
 from .fused_linear import fuse_projections
 from .hybrid_model import HybridModel
 from .model_config import CheckpointError, ModelConfig
@@ -150,11 +152,13 @@ def check_against(expected: dict[str, torch.Size], given: dict[str, torch.Tensor
 
 def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu",
                progress: bool | None = None, tp: TensorParallel = TensorParallel(),
-               load_format: str = "safetensors", quantization: str = "none") -> LoadedModel:
+               load_format: str = "safetensors", quantization: str = "none",
+               fp8_weights: bool | None = None) -> LoadedModel:
     """The target in `folder`. Under tensor parallelism (`tp`) only this rank's shard is read, and the mtp.* tensors
     are left to the drafter service. load_format "dummy": random weights of the config's shapes, no files read.
     quantization "fp8": the weights an FP8 checkpoint would store are rounded through FP8 blocks (an FP8
-    checkpoint is read as it is either way)."""
+    checkpoint is read as it is either way). fp8_weights (default: on CUDA): those linears keep their FP8 weights
+    and run FP8 kernels (fp8_linear.py); else they are dequantized into `dtype` (the reference path)."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load format must be one of {', '.join(LOAD_FORMATS)}, not {load_format!r}")
     if quantization not in QUANTIZATIONS:
@@ -166,6 +170,9 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device:
         raise CheckpointError(f"{folder}: FP8 weights under tensor parallelism are not supported yet (their block "
                               f"scales are not sharded): serve on one GPU or from a bf16 checkpoint")
     torch_dtype = parse_dtype(dtype)
+    quantized = fp8 is not None or quantization == "fp8"
+    keep_fp8 = quantized and (torch.device(device).type == "cuda" if fp8_weights is None else fp8_weights)
+    stored: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}      # an FP8 checkpoint's own weights and scales
     with torch.device("meta"):
         model = HybridModel(config, tp)
     expected = {k: p.shape for k, p in model.state_dict().items()}
@@ -181,9 +188,13 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device:
         shard = (lambda name: shard_of(config, tp, name)) if tp.active else None  # noqa: E731
         tensors = read_tensors(checkpoint_files(folder), torch_dtype, device, progress, keep, shard)
         if fp8 is not None:
+            if keep_fp8:
+                stored = {name: (t, tensors[name + SCALE_SUFFIX]) for name, t in tensors.items()
+                          if name + SCALE_SUFFIX in tensors}
             tensors = dequantize_checkpoint(tensors, fp8, torch_dtype)
-        elif quantization == "fp8":
-            tensors = round_through_fp8(tensors, Fp8Format())
+        elif quantization == "fp8":   # linears kept in FP8 are quantized from their exact weights below
+            linears = frozenset(f"{name}.weight" for name, m in model.named_modules() if isinstance(m, nn.Linear))
+            tensors = round_through_fp8(tensors, Fp8Format(), linears if keep_fp8 else frozenset())
         canonical = to_canonical(model.config, tensors)
         mtp = {k[len("mtp."):]: v for k, v in canonical.items() if k.startswith("mtp.")}
         target = {k: v for k, v in canonical.items() if not k.startswith("mtp.")}
@@ -194,11 +205,14 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device:
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     model.requires_grad_(False).eval()
+    num_fp8 = to_fp8_linears(model, fp8 or Fp8Format(), stored) if keep_fp8 else 0
+    stored.clear()
     fuse_projections(model)
+    how = (f", {num_fp8} linears in FP8" if keep_fp8 else ", FP8 checkpoint dequantized" if fp8
+           else ", weights rounded through FP8" if quantized else "")
     log.info("loaded %s (%s, %d layers, %s%s) from %s; %d mtp tensors%s", config.model_type, config.family,
-             config.num_hidden_layers, torch_dtype,
-             ", FP8 checkpoint dequantized" if fp8 else ", weights rounded through FP8" if quantization == "fp8" else "",
-             folder, len(mtp), f"; tensor-parallel rank {tp.rank} of {tp.size}" if tp.active else "")
+             config.num_hidden_layers, torch_dtype, how, folder, len(mtp),
+             f"; tensor-parallel rank {tp.rank} of {tp.size}" if tp.active else "")
     return LoadedModel(config=config, model=model, mtp_weights=mtp)
 
 

@@ -53,6 +53,7 @@ class BenchConfig:
     command: str = ""
     tensor_parallel_size: int = 1        # gateway path: the verifier's ranks
     load_format: str = "safetensors"     # dummy: random weights, config.json only (gateway path)
+    quantization: str = "none"           # fp8: the target's linears in FP8 (not the peer path)
     grammar: tuple[str, str] | None = None  # gateway path: (kind, text) every request is constrained by
     draft_masks: str = "auto"            # gateway path: the mtp drafter service's --draft-masks
     prefill_chunk: int | None = None     # gateway path: the verifier's --prefill-chunk (token budget widened to fit)
@@ -75,8 +76,9 @@ class BenchRun:
     def inproc(self):
         if self._inproc is None:
             from .inprocess import InprocBench
-            self._inproc = InprocBench(load_model(self.config.model, self.config.dtype, self.device), self.device,
-                                       self.config.overlap)
+            c = self.config
+            self._inproc = InprocBench(load_model(c.model, c.dtype, self.device, quantization=c.quantization),
+                                       self.device, c.overlap)
         return self._inproc
 
     def peer(self):
@@ -93,7 +95,7 @@ class BenchRun:
             self._gateway = GatewayBench(c.model, c.device, c.dtype, trace_dir=c.trace_steps_dir,
                                          step_channel=c.step_channel, repeats=c.repeats, overlap=c.overlap,
                                          tensor_parallel_size=c.tensor_parallel_size, load_format=c.load_format,
-                                         grammar=c.grammar, draft_masks=c.draft_masks,
+                                         quantization=c.quantization, grammar=c.grammar, draft_masks=c.draft_masks,
                                          prefill_chunk=c.prefill_chunk, service_defaults=c.service_defaults,
                                          lone_prefill_chunk=c.lone_prefill_chunk)
         return self._gateway
@@ -102,7 +104,7 @@ class BenchRun:
     def run(self) -> dict:
         c = self.config
         made = ensure_checkpoint(c.model, c.make_tiny, c.layers, c.seed, weights=c.load_format != "dummy")
-        self.traffic = ModelTraffic.from_checkpoint(c.model, c.dtype)
+        self.traffic = ModelTraffic.from_checkpoint(c.model, c.dtype, c.quantization)
         info = device_info(self.device)
         self.tag = c.tag or device_tag(info)
         self.record = {"schema": SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": c.command,
@@ -114,6 +116,7 @@ class BenchRun:
                                     "seed": c.seed, "planned": len(c.workloads), "step_channel": c.step_channel,
                                     "repeats": c.repeats, "overlap": c.overlap,
                                     "tensor_parallel_size": c.tensor_parallel_size, "load_format": c.load_format,
+                                    "quantization": c.quantization,
                                     "grammar": c.grammar[0] if c.grammar else None,
                                     "draft_masks": c.draft_masks, "prefill_chunk": c.prefill_chunk,
                                     "service_defaults": c.service_defaults,

@@ -68,7 +68,7 @@ class GatewayBench:
 
     def __init__(self, model: str, device: str, dtype: str, startup_timeout_s: float = 300.0,
                  trace_dir: str | None = None, step_channel: str = "auto", repeats: int = 1, overlap: bool = True,
-                 tensor_parallel_size: int = 1, load_format: str = "safetensors",
+                 tensor_parallel_size: int = 1, load_format: str = "safetensors", quantization: str = "none",
                  grammar: tuple[str, str] | None = None, draft_masks: str = "auto",
                  prefill_chunk: int | None = None, service_defaults: bool = False,
                  lone_prefill_chunk: int | None = None):
@@ -80,6 +80,7 @@ class GatewayBench:
         self.lone_prefill_chunk = lone_prefill_chunk  # the verifier's --lone-prefill-chunk (None: its default)
         self.workloads_run = 0            # each workload's passes rotate its prompts by salts of their own
         self.tensor_parallel_size, self.load_format = tensor_parallel_size, load_format
+        self.quantization = quantization  # the verifier's --quantization
         self.step_channel = step_channel  # the verifier's --step-channel (a drafter service's steps)
         self.repeats = repeats            # timed passes per workload; the one of median tokens/s is reported
         self.overlap = overlap            # False: the verifier's --no-overlap
@@ -113,6 +114,7 @@ class GatewayBench:
         verifier = chunk + sizing + ["--metrics-port", str(self.metrics_port),
                                      "--step-channel", self.step_channel] + ([] if self.overlap else ["--no-overlap"])
         verifier += ["--tensor-parallel-size", str(self.tensor_parallel_size), "--load-format", self.load_format]
+        verifier += ["--quantization", self.quantization] if self.quantization != "none" else []
         drafter = ["--max-seqs", str(running), "--max-context", str(context)] \
             if w.drafter == "mtp" and not self.service_defaults else []
         drafter += ["--load-format", self.load_format] if w.drafter == "mtp" else []

@@ -7,7 +7,9 @@
                 + Σ_seq gdn_state · (1 read + w writes)       fp32 recurrent state, w = 1 + d for a verifier
                                                               that keeps one state per verify token, 1 otherwise
                 + Σ_seq conv columns read and written
-with d the drafts verified per sequence. Shapes come from the checkpoint's safetensors headers and config.json
+with d the drafts verified per sequence. FP8 linears (an FP8 checkpoint or --quantization fp8, on a GPU) count one
+byte per weight plus their fp32 block scales; the MoE routed experts are dequantized at load and count in --dtype.
+Shapes come from the checkpoint's safetensors headers and config.json
 (a folder with config.json only, for --load-format dummy: from the model's shapes), so nothing is loaded. An MoE
 model's routed experts count by the share a step's tokens reach: with top-k of E experts and n = batch · (1 + d)
 tokens routed uniformly, each layer reads 1 − (1 − k/E)^n of them. Under tensor parallelism each GPU moves 1/N of
@@ -22,7 +24,8 @@ from pathlib import Path
 from safetensors import safe_open
 
 from specdec.models.checkpoint_keys import strip_prefix
-from specdec.models.loader import checkpoint_files, parse_dtype
+from specdec.models.fp8 import SCALE_SUFFIX, Fp8Format
+from specdec.models.loader import checkpoint_files, fp8_format, parse_dtype
 from specdec.models.model_config import CheckpointError, ModelConfig
 
 EMBED, LM_HEAD = "embed_tokens.weight", "lm_head.weight"
@@ -44,10 +47,11 @@ class ModelTraffic:
     attention_width: int = 0                # sum over attention layers of heads x head_dim (the QK and PV widths)
 
     @classmethod
-    def from_checkpoint(cls, folder: str | Path, dtype: str) -> "ModelTraffic":
+    def from_checkpoint(cls, folder: str | Path, dtype: str, quantization: str = "none") -> "ModelTraffic":
         config = ModelConfig.from_folder(folder)
         elem = parse_dtype(dtype).itemsize
-        shapes = _shapes(Path(folder), config)
+        fmt = Fp8Format() if quantization == "fp8" else fp8_format(Path(folder))
+        shapes = {k: s for k, s in _shapes(Path(folder), config).items() if not k.endswith(SCALE_SUFFIX)}
         if EMBED not in shapes:
             raise ValueError(f"{folder}: no {EMBED} in the checkpoint")
         head = shapes.get(LM_HEAD, shapes[EMBED])        # tied: the embedding is the lm_head
@@ -57,8 +61,11 @@ class ModelTraffic:
                         if len(s) == 2 and k.endswith(".weight")) + ((head[0], head[1]),)
         attn, gdn = len(config.attention_layers), len(config.gdn_layers)
         experts = sum(math.prod(s) for k, s in body.items() if ".experts" in k) * elem
+        fp8 = [s for k, s in body.items() if fmt and len(s) == 2 and ".experts" not in k and fmt.converts(k, s)]
+        saved = sum(math.prod(s) * (elem - 1) - math.ceil(s[0] / fmt.block[0]) * math.ceil(s[1] / fmt.block[1]) * 4
+                    for s in fp8)
         return cls(
-            weight_bytes=numel * elem, linear_shapes=linears,
+            weight_bytes=numel * elem - saved, linear_shapes=linears,
             kv_bytes_per_token=2 * attn * config.num_key_value_heads * config.head_dim * elem,
             gdn_state_bytes=gdn * config.linear_num_value_heads * config.linear_key_head_dim
             * config.linear_value_head_dim * 4,

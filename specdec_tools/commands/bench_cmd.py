@@ -5,7 +5,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from .cli_args import add_load_format_arg, add_model_args, add_no_overlap_arg, add_tensor_parallel_arg, resolve
+from .cli_args import (add_load_format_arg, add_model_args, add_no_overlap_arg, add_quantization_arg,
+                       add_tensor_parallel_arg, resolve)
 
 PRESET_TIMEOUTS = {"full": 600.0, "baseline": 40.0, "quick": 60.0, "adaptive": 60.0, "long": 300.0,
                    "multiturn": 180.0}
@@ -50,6 +51,7 @@ def add_parser(sub) -> None:
     p.add_argument("--layers", type=int, default=None, help="with --make-tiny: decoder layers (shrinks the checkpoint)")
     add_tensor_parallel_arg(p)
     add_load_format_arg(p)
+    add_quantization_arg(p)
     p.add_argument("--paths", nargs="+", choices=["inproc", "gateway", "colocated", "peer"],
                    help="keep only these paths (colocated: through the gateway with the drafter inside the "
                         "verifier's process; against gateway, what the service split costs)")
@@ -149,6 +151,9 @@ def build_config(args: argparse.Namespace):
             raise ValueError(f"--tensor-parallel-size / --load-format dummy time the gateway path only (the "
                              f"verifier starts the ranks); drop --paths {' '.join(other)} or filter with "
                              f"--paths gateway")
+    if args.quantization != "none" and any(w.path == "peer" for w in chosen):
+        raise ValueError("--quantization times our stack only (the peer is transformers in its dtype): drop the "
+                         "peer path (--paths gateway inproc colocated)")
     grammar = parse_grammar(args.grammar) if args.grammar else None
     if grammar is not None:
         if {w.path for w in chosen} - {"gateway"}:
@@ -168,7 +173,7 @@ def build_config(args: argparse.Namespace):
         profile=args.profile, profile_steps=args.profile_steps, trace_steps_dir=args.trace_steps,
         step_channel=args.step_channel, repeats=args.repeats, overlap=args.overlap,
         plot=not args.no_plot, seed=args.seed, tensor_parallel_size=args.tensor_parallel_size,
-        load_format=args.load_format, grammar=grammar, draft_masks=args.draft_masks, prefill_chunk=args.prefill_chunk,
+        load_format=args.load_format, quantization=args.quantization, grammar=grammar, draft_masks=args.draft_masks, prefill_chunk=args.prefill_chunk,
         service_defaults=args.service_defaults, lone_prefill_chunk=args.lone_prefill_chunk,
         command="specdec " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
 
