@@ -19,14 +19,13 @@ PROJECTIONS_SMOKE = [("smoke", 192, 256)]
 
 
 def candidates(num_rows: int) -> list:
-    """W8A16 GEMV tilings for ACTIVATION_ROWS rows or fewer, W8A8 tilings above."""
-    from kernels.fp8_linear.reference import ACTIVATION_ROWS
+    """(weight_only, tiles): W8A16 GEMV splits up to 16 rows; W8A8 tiles and K splits above."""
     from kernels.fp8_linear.triton_fp8_linear import Fp8Tiles
-    if num_rows <= ACTIVATION_ROWS:
-        return [Fp8Tiles(16, n, k, u, w, 3) for n in (64, 128) for k in (1, 2, 4, 8) for u in (1, 2, 4)
-                for w in (4, 8)]
-    return [Fp8Tiles(m, n, 1, 8, w, s) for m in (64, 128) for n in (64, 128, 256) for w in (4, 8) for s in (3, 4)
-            if m <= max(64, num_rows) and not (m == 128 and n == 256 and w == 4)]
+    if num_rows <= 16:
+        return [(True, Fp8Tiles(16, n, k, 1, 4, 3)) for n in (64, 128) for k in (1, 2, 4, 8)]
+    block = Fp8Tiles(64, 64, 1, 8, 4, 3) if num_rows <= 256 else Fp8Tiles(128, 128, 1, 8, 8, 3)
+    return [(False, Fp8Tiles(block.block_m, block.block_n, k, 8, block.num_warps, 3)) for k in (1, 2, 4, 8)] + \
+        [(False, Fp8Tiles(64, 128, k, 8, 4, 3)) for k in (1, 2, 4)]
 
 
 def name_of(tiles) -> str:
@@ -51,8 +50,14 @@ def fp8_linear_rows(rows_list: list[int], device, copy_bw: float, sweep: bool, s
             ms, mode = time_ms(lambda: fp8_linear_triton(x, q, s, BLOCK), device)
             out.append(row("fp8-linear", case, f"fp8 ours {name_of(choose_tiles(m, n, k))}", ms, mode, fp8_bytes,
                            copy_bw))
-            for t in candidates(m) if sweep else []:
-                ms, mode = time_ms(lambda: fp8_linear_triton(x, q, s, BLOCK, tiles=t), device)
-                out.append(row("fp8-linear", case, f"fp8 {name_of(t)}", ms, mode, fp8_bytes, copy_bw))
+            for weight_only, t in candidates(m) if sweep else []:
+                label = f"fp8 {'w8a16' if weight_only else 'w8a8'} {name_of(t)}"
+                try:
+                    ms, mode = time_ms(lambda: fp8_linear_triton(x, q, s, BLOCK, tiles=t, weight_only=weight_only),
+                                       device)
+                except Exception as e:  # noqa: BLE001 - a tiling the compiler refuses: say so, time the rest
+                    out.append(row("fp8-linear", case, label, None, note=f"{type(e).__name__}: {str(e)[:80]}"))
+                    continue
+                out.append(row("fp8-linear", case, label, ms, mode, fp8_bytes, copy_bw))
             print(f"fp8-linear {case} done", flush=True)
     return out

@@ -57,7 +57,7 @@ def test_triton_matches_reference(case):
 W8A16_TILES = [triton_fp8.Fp8Tiles(16, 16, 1, 1, 4, 2), triton_fp8.Fp8Tiles(16, 32, 3, 1, 4, 2),
                triton_fp8.Fp8Tiles(16, 16, 2, 2, 4, 2), triton_fp8.Fp8Tiles(32, 64, 1, 4, 4, 2)]
 W8A8_TILES = [triton_fp8.Fp8Tiles(16, 16, 1, 1, 4, 2), triton_fp8.Fp8Tiles(32, 16, 1, 2, 4, 2),
-              triton_fp8.Fp8Tiles(16, 64, 1, 8, 4, 2)]
+              triton_fp8.Fp8Tiles(16, 64, 1, 8, 4, 2), triton_fp8.Fp8Tiles(16, 16, 3, 8, 4, 2)]
 
 
 @pytest.mark.parametrize("tiles", W8A16_TILES, ids=lambda t: f"m{t.block_m}n{t.block_n}k{t.split_k}u{t.unroll}")
@@ -68,12 +68,22 @@ def test_every_gemv_tiling_matches_reference(tiles):
     assert torch.allclose(got, fp8_linear_ref(x, q, s, (16, 32)), atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("tiles", W8A8_TILES, ids=lambda t: f"m{t.block_m}n{t.block_n}g{t.unroll}")
-def test_every_w8a8_tiling_matches_reference(tiles):
-    """Row tiles grouped for L2 reuse (groups of 1, 2 and more than there are), masked edges."""
-    x, q, s = make_case(70, 45, 96, (16, 32), seed=3)
+@pytest.mark.parametrize("tiles", W8A8_TILES, ids=lambda t: f"m{t.block_m}n{t.block_n}k{t.split_k}g{t.unroll}")
+@pytest.mark.parametrize("rows", [70, 300])
+def test_every_w8a8_tiling_matches_reference(tiles, rows):
+    """Row tiles grouped for L2 reuse (groups of 1, 2 and more than there are), split K, masked edges."""
+    x, q, s = make_case(rows, 45, 96, (16, 32), seed=3)
     got = triton_fp8.fp8_linear_triton(x, q, s, (16, 32), tiles=tiles)
     assert torch.allclose(got, fp8_linear_ref(x, q, s, (16, 32)), atol=1e-4, rtol=1e-4)
+
+
+def test_a_rows_result_does_not_depend_on_its_batch():
+    """W8A8: the same row alone, among 70 and among 300 rows (other tiles) gives the same output."""
+    x, q, s = make_case(300, 45, 96, (16, 32), seed=6)
+    full = triton_fp8.fp8_linear_triton(x, q, s, (16, 32), weight_only=False)
+    some = triton_fp8.fp8_linear_triton(x[:70], q, s, (16, 32), weight_only=False)
+    one = triton_fp8.fp8_linear_triton(x[:1], q, s, (16, 32), weight_only=False)
+    assert torch.allclose(some, full[:70], atol=1e-5, rtol=1e-5) and torch.allclose(one, full[:1], atol=1e-5)
 
 
 def test_activation_groups_quantize_as_the_reference():

@@ -46,10 +46,11 @@ MAX_SPLIT_K = 8
 MIN_STEPS_PER_SPLIT = 4
 
 
-def choose_tiles(num_rows: int, num_outputs: int, num_cols: int, block_cols: int = 128) -> Fp8Tiles:
+def choose_tiles(num_rows: int, num_outputs: int, num_cols: int, block_cols: int = 128,
+                 weight_only: bool | None = None) -> Fp8Tiles:
     """Tiles by rows (M) and columns (K); from bench/kernels.py --fp8-linear --sweep on an H100 (the 4B shape's
     projections): a GEMV splits K as far as 8 ways while each split keeps 4 or more scale blocks."""
-    if num_rows > ACTIVATION_ROWS:
+    if not (num_rows <= ACTIVATION_ROWS if weight_only is None else weight_only):
         return Fp8Tiles(64, 64, 1, 8, 4, 3) if num_rows <= 256 else Fp8Tiles(128, 128, 1, 8, 8, 3)
     steps = triton.cdiv(num_cols, block_cols)
     split = 1
@@ -118,19 +119,20 @@ def _quantize_groups_kernel(x_ptr, xq_ptr, sx_ptr, num_rows, num_cols, stride_x,
     k = g[:, None] * B1 + tl.arange(0, B1)[None, :]                                     # [GROUPS, B1]
     ok = k < num_cols
     x = tl.load(x_ptr + row * stride_x + k, mask=ok, other=0.0).to(tl.float32)
-    sx = tl.maximum(tl.max(tl.abs(x), axis=1) / E4M3, 1e-12)                       # [GROUPS]
+    sx = tl.maximum(tl.max(tl.abs(x), axis=1) / E4M3, 1e-12)                           # [GROUPS]
     xq = _round_to_e4m3(tl.clamp(x / sx[:, None], -E4M3, E4M3))
     tl.store(xq_ptr + row * num_cols + k, xq.to(xq_ptr.dtype.element_ty), mask=ok)
     tl.store(sx_ptr + row * stride_sx + g, sx, mask=g * B1 < num_cols)
 
 
 @triton.jit(do_not_specialize=["num_rows"])
-def _w8a8_kernel(xq_ptr, sx_ptr, w_ptr, s_ptr, out_ptr, num_rows, num_cols, num_outputs,
-                 stride_sx, stride_w, stride_s, stride_out,
+def _w8a8_kernel(xq_ptr, sx_ptr, w_ptr, s_ptr, out_ptr, num_rows, num_cols, num_outputs, steps_per_split,
+                 stride_sx, stride_w, stride_s, stride_out, stride_split,
                  B0: tl.constexpr, B1: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  GROUP_M: tl.constexpr):
-    # programs in groups of GROUP_M row tiles walk the same output tiles together: the weight stays in L2
+    # programs in groups of GROUP_M row tiles walk the same output tiles together, so the weight stays in L2
     pid = tl.program_id(0)
+    split = tl.program_id(1)
     tiles_m = tl.cdiv(num_rows, BLOCK_M)
     tiles_n = tl.cdiv(num_outputs, BLOCK_N)
     first_m = (pid // (GROUP_M * tiles_n)) * GROUP_M
@@ -143,18 +145,20 @@ def _w8a8_kernel(xq_ptr, sx_ptr, w_ptr, s_ptr, out_ptr, num_rows, num_cols, num_
     row_ok = rows < num_rows
     out_ok = outs < num_outputs
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for j in range(0, tl.cdiv(num_cols, B1)):
+    first = split * steps_per_split
+    last = tl.minimum(first + steps_per_split, tl.cdiv(num_cols, B1))
+    for j in range(first, last):
         k = j * B1 + cols
         k_ok = k < num_cols
         a = tl.load(xq_ptr + rows[:, None] * num_cols + k[None, :], mask=row_ok[:, None] & k_ok[None, :],
                     other=0.0)                                                           # [BLOCK_M, B1] e4m3
+        sa = tl.load(sx_ptr + rows * stride_sx + j, mask=row_ok, other=0.0)              # [BLOCK_M]
         b = tl.load(w_ptr + outs[None, :] * stride_w + k[:, None], mask=k_ok[:, None] & out_ok[None, :],
                     other=0.0)                                                           # [B1, BLOCK_N] e4m3
-        sa = tl.load(sx_ptr + rows * stride_sx + j, mask=row_ok, other=0.0)              # [BLOCK_M]
         sb = tl.load(s_ptr + (outs // B0) * stride_s + j, mask=out_ok, other=0.0)        # [BLOCK_N]
         acc += tl.dot(a, b) * sa[:, None] * sb[None, :]
-    tl.store(out_ptr + rows[:, None] * stride_out + outs[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=row_ok[:, None] & out_ok[None, :])
+    tl.store(out_ptr + split * stride_split + rows[:, None] * stride_out + outs[None, :],
+             acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & out_ok[None, :])
 
 
 def quantize_groups_triton(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -171,9 +175,9 @@ def quantize_groups_triton(x: torch.Tensor, group: int) -> tuple[torch.Tensor, t
 
 
 def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, int],
-                      tiles: Fp8Tiles | None = None) -> torch.Tensor:
+                      tiles: Fp8Tiles | None = None, weight_only: bool | None = None) -> torch.Tensor:
     """x [M, K] (rows may be strided), weight [N, K] float8_e4m3fn, scale_inv [ceil(N/B0), ceil(K/B1)] float32
-    → [M, N] in x's dtype."""
+    → [M, N] in x's dtype. weight_only (default: M <= ACTIVATION_ROWS, as the reference): W8A16, else W8A8."""
     num_rows, num_cols = x.shape
     num_outputs = weight.shape[0]
     if block[1] < 16 or block[1] & (block[1] - 1):
@@ -183,26 +187,27 @@ def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Te
     out = torch.empty((num_rows, num_outputs), dtype=x.dtype, device=x.device)
     if num_rows == 0:
         return out
-    t = tiles or choose_tiles(num_rows, num_outputs, num_cols, block[1])
-    if num_rows > ACTIVATION_ROWS:
-        xq, sx = quantize_groups_triton(x, block[1])
-        grid = (triton.cdiv(num_rows, t.block_m) * triton.cdiv(num_outputs, t.block_n),)
-        _w8a8_kernel[grid](xq, sx, weight, scale_inv, out, num_rows, num_cols, num_outputs, sx.stride(0),
-                           weight.stride(0), scale_inv.stride(0), out.stride(0), B0=block[0], B1=block[1],
-                           BLOCK_M=t.block_m, BLOCK_N=t.block_n, GROUP_M=t.unroll,
-                           num_warps=t.num_warps, num_stages=t.num_stages)
-        return out
+    weight_only = num_rows <= ACTIVATION_ROWS if weight_only is None else weight_only
+    t = tiles or choose_tiles(num_rows, num_outputs, num_cols, block[1], weight_only)
     steps = triton.cdiv(num_cols, block[1])
     per_split = triton.cdiv(steps, t.split_k)
     split_k = triton.cdiv(steps, per_split)
     dest = out if split_k == 1 else torch.empty((split_k, num_rows, num_outputs), dtype=torch.float32,
                                                 device=x.device)
-    grid = (triton.cdiv(num_outputs, t.block_n), triton.cdiv(num_rows, t.block_m), split_k)
-    _w8a16_kernel[grid](x, weight, scale_inv, dest, num_rows, num_cols, num_outputs, per_split,
-                        x.stride(0), weight.stride(0), scale_inv.stride(0), num_outputs,
-                        num_rows * num_outputs if split_k > 1 else 0,
-                        B0=block[0], B1=block[1], BLOCK_M=t.block_m, BLOCK_N=t.block_n, UNROLL=t.unroll,
-                        num_warps=t.num_warps, num_stages=t.num_stages)
+    stride_split = num_rows * num_outputs if split_k > 1 else 0
+    if not weight_only:
+        xq, sx = quantize_groups_triton(x, block[1])
+        grid = (triton.cdiv(num_rows, t.block_m) * triton.cdiv(num_outputs, t.block_n), split_k)
+        _w8a8_kernel[grid](xq, sx, weight, scale_inv, dest, num_rows, num_cols, num_outputs, per_split,
+                           sx.stride(0), weight.stride(0), scale_inv.stride(0), num_outputs, stride_split,
+                           B0=block[0], B1=block[1], BLOCK_M=t.block_m, BLOCK_N=t.block_n, GROUP_M=t.unroll,
+                           num_warps=t.num_warps, num_stages=t.num_stages)
+    else:
+        grid = (triton.cdiv(num_outputs, t.block_n), triton.cdiv(num_rows, t.block_m), split_k)
+        _w8a16_kernel[grid](x, weight, scale_inv, dest, num_rows, num_cols, num_outputs, per_split,
+                            x.stride(0), weight.stride(0), scale_inv.stride(0), num_outputs, stride_split,
+                            B0=block[0], B1=block[1], BLOCK_M=t.block_m, BLOCK_N=t.block_n, UNROLL=t.unroll,
+                            num_warps=t.num_warps, num_stages=t.num_stages)
     if split_k > 1:
         size = num_rows * num_outputs
         _sum_splits_kernel[(triton.cdiv(size, 1024),)](dest, out, size, SPLIT_K=split_k, BLOCK=1024, num_warps=4)
