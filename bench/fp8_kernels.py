@@ -2,7 +2,7 @@
 replaces, at the 4B shape's projections and a range of row counts (1-16: decode and verify, W8A16; more: W8A8).
 
 Rows per (projection, M): `bf16 cuBLAS` (F.linear on the bf16 weight), `fp8 ours` (the tiles choose_tiles picks)
-and with --sweep every candidate tiling (`fp8 mM nN kSPLIT uUNROLL wWARPS sSTAGES`; W8A8 rows include quantizing
+and with --sweep every candidate tiling (`fp8 w8a16|w8a8 mM nN kSPLIT gGROUP_M wWARPS sSTAGES`; W8A8 rows include quantizing
 the activations). Each is timed in a CUDA graph; bytes are the weight, its scales, the input and the output.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ def candidates(num_rows: int) -> list:
 
 
 def name_of(tiles) -> str:
-    return f"m{tiles.block_m}n{tiles.block_n}k{tiles.split_k}u{tiles.unroll}w{tiles.num_warps}s{tiles.num_stages}"
+    return f"m{tiles.block_m}n{tiles.block_n}k{tiles.split_k}g{tiles.group_m}w{tiles.num_warps}s{tiles.num_stages}"
 
 
 def fp8_linear_rows(rows_list: list[int], device, copy_bw: float, sweep: bool, smoke: bool) -> list[dict]:

@@ -55,20 +55,20 @@ def test_triton_matches_reference(case):
 
 
 W8A16_TILES = [triton_fp8.Fp8Tiles(16, 16, 1, 1, 4, 2), triton_fp8.Fp8Tiles(16, 32, 3, 1, 4, 2),
-               triton_fp8.Fp8Tiles(16, 16, 2, 2, 4, 2), triton_fp8.Fp8Tiles(32, 64, 1, 4, 4, 2)]
+               triton_fp8.Fp8Tiles(16, 16, 2, 1, 4, 2), triton_fp8.Fp8Tiles(32, 64, 1, 1, 4, 2)]
 W8A8_TILES = [triton_fp8.Fp8Tiles(16, 16, 1, 1, 4, 2), triton_fp8.Fp8Tiles(32, 16, 1, 2, 4, 2),
               triton_fp8.Fp8Tiles(16, 64, 1, 8, 4, 2), triton_fp8.Fp8Tiles(16, 16, 3, 8, 4, 2)]
 
 
-@pytest.mark.parametrize("tiles", W8A16_TILES, ids=lambda t: f"m{t.block_m}n{t.block_n}k{t.split_k}u{t.unroll}")
+@pytest.mark.parametrize("tiles", W8A16_TILES, ids=lambda t: f"m{t.block_m}n{t.block_n}k{t.split_k}")
 def test_every_gemv_tiling_matches_reference(tiles):
-    """Split K (3 splits over 3 column blocks, 2 over 3), unrolled steps past the split's end, masked edges."""
+    """Split K (3 splits over 3 column blocks, 2 over 3: the second shorter), masked edges."""
     x, q, s = make_case(7, 45, 96, (16, 32), seed=1)
     got = triton_fp8.fp8_linear_triton(x, q, s, (16, 32), tiles=tiles)
     assert torch.allclose(got, fp8_linear_ref(x, q, s, (16, 32)), atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("tiles", W8A8_TILES, ids=lambda t: f"m{t.block_m}n{t.block_n}k{t.split_k}g{t.unroll}")
+@pytest.mark.parametrize("tiles", W8A8_TILES, ids=lambda t: f"m{t.block_m}n{t.block_n}k{t.split_k}g{t.group_m}")
 @pytest.mark.parametrize("rows", [70, 300])
 def test_every_w8a8_tiling_matches_reference(tiles, rows):
     """Row tiles grouped for L2 reuse (groups of 1, 2 and more than there are), split K, masked edges."""
@@ -118,10 +118,12 @@ def test_tile_choice_covers_decode_verify_and_prefill():
             t = triton_fp8.choose_tiles(rows, outputs, cols)
             assert t.block_m >= 16 and math.log2(t.block_m).is_integer() and math.log2(t.block_n).is_integer()
             assert 1 <= t.split_k <= max(1, cols // 128 // 4), (rows, outputs, t)
-    # a decode GEMV splits K while each split keeps 4+ scale blocks; W8A8 does not split
+    # a decode GEMV splits K while each split keeps 4+ scale blocks; W8A8 only while few output tiles fill the GPU
     assert triton_fp8.choose_tiles(1, 2560, 9216).split_k == 8
     assert triton_fp8.choose_tiles(1, 18432, 2560).split_k == 4
-    assert triton_fp8.choose_tiles(64, 2560, 9216).split_k == 1
+    assert triton_fp8.choose_tiles(64, 2560, 9216).split_k == 4
+    assert triton_fp8.choose_tiles(64, 18432, 2560).split_k == 1
+    assert triton_fp8.choose_tiles(1024, 2560, 9216).split_k == 1
 
 
 @pytest.mark.gpu

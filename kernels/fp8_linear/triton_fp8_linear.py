@@ -36,34 +36,40 @@ E4M3: tl.constexpr = tl.constexpr(E4M3_MAX)
 class Fp8Tiles:
     block_m: int
     block_n: int
-    split_k: int          # W8A16: programs sharing one output tile's K range; W8A8: 1
-    unroll: int           # W8A16: scale blocks a loop step loads; W8A8: the launch's group of M tiles (L2 reuse)
+    split_k: int          # programs sharing one output tile's K range (their partial sums added in order)
+    group_m: int          # W8A8: row tiles launched together over the same output tiles (L2 reuse)
     num_warps: int
     num_stages: int
 
 
 MAX_SPLIT_K = 8
-MIN_STEPS_PER_SPLIT = 4
+MIN_STEPS_PER_SPLIT = 4       # scale blocks (K steps) each split keeps at least
+W8A8_PROGRAMS = 256           # W8A8 splits K while the launch has fewer programs than this (≈ 2 per H100 SM)
 
 
 def choose_tiles(num_rows: int, num_outputs: int, num_cols: int, block_cols: int = 128,
                  weight_only: bool | None = None) -> Fp8Tiles:
-    """Tiles by rows (M) and columns (K); from bench/kernels.py --fp8-linear --sweep on an H100 (the 4B shape's
-    projections): a GEMV splits K as far as 8 ways while each split keeps 4 or more scale blocks."""
-    if not (num_rows <= ACTIVATION_ROWS if weight_only is None else weight_only):
-        return Fp8Tiles(64, 64, 1, 8, 4, 3) if num_rows <= 256 else Fp8Tiles(128, 128, 1, 8, 8, 3)
+    """Tiles by rows (M), outputs (N) and columns (K); from bench/kernels.py --fp8-linear --sweep on an H100 (the
+    4B shape's projections). A GEMV splits K as far as 8 ways while each split keeps 4 or more scale blocks; W8A8
+    splits K only while its output tiles leave SMs idle (the 2560-wide projections at up to a few hundred rows)."""
     steps = triton.cdiv(num_cols, block_cols)
     split = 1
-    while split < MAX_SPLIT_K and steps >= 2 * split * MIN_STEPS_PER_SPLIT:
+    if num_rows <= ACTIVATION_ROWS if weight_only is None else weight_only:
+        while split < MAX_SPLIT_K and steps >= 2 * split * MIN_STEPS_PER_SPLIT:
+            split *= 2
+        return Fp8Tiles(16, 64, split, 1, 4, 3)
+    if num_rows > 256:
+        return Fp8Tiles(128, 128, 1, 8, 8, 3)
+    programs = triton.cdiv(num_rows, 64) * triton.cdiv(num_outputs, 64)
+    while split < MAX_SPLIT_K and steps >= 2 * split * MIN_STEPS_PER_SPLIT and programs * split * 2 <= W8A8_PROGRAMS:
         split *= 2
-    return Fp8Tiles(16, 64, split, 1, 4, 3)
+    return Fp8Tiles(64, 64, split, 8, 4, 3)
 
 
 @triton.jit(do_not_specialize=["num_rows"])
 def _w8a16_kernel(x_ptr, w_ptr, s_ptr, out_ptr, num_rows, num_cols, num_outputs, steps_per_split,
                   stride_x, stride_w, stride_s, stride_out, stride_split,
-                  B0: tl.constexpr, B1: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  UNROLL: tl.constexpr):
+                  B0: tl.constexpr, B1: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     split = tl.program_id(2)
@@ -78,15 +84,13 @@ def _w8a16_kernel(x_ptr, w_ptr, s_ptr, out_ptr, num_rows, num_cols, num_outputs,
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     first = split * steps_per_split
     last = tl.minimum(first + steps_per_split, tl.cdiv(num_cols, B1))
-    for j0 in range(first, last, UNROLL):
-        for u in tl.static_range(UNROLL):
-            j = j0 + u
-            k = j * B1 + cols
-            k_ok = (k < num_cols) & (j < last)
-            w = tl.load(w_base + k[None, :], mask=out_ok[:, None] & k_ok[None, :], other=0.0)  # [BLOCK_N, B1] e4m3
-            xt = tl.load(x_base + k[:, None], mask=k_ok[:, None] & row_ok[None, :], other=0.0)  # [B1, BLOCK_M]
-            scale = tl.load(s_base + j, mask=out_ok & (j < last), other=0.0)                     # [BLOCK_N]
-            acc += tl.dot(w.to(xt.dtype), xt) * scale[:, None]
+    for j in range(first, last):
+        k = j * B1 + cols
+        k_ok = k < num_cols
+        w = tl.load(w_base + k[None, :], mask=out_ok[:, None] & k_ok[None, :], other=0.0)     # [BLOCK_N, B1] e4m3
+        xt = tl.load(x_base + k[:, None], mask=k_ok[:, None] & row_ok[None, :], other=0.0)    # [B1, BLOCK_M]
+        scale = tl.load(s_base + j, mask=out_ok, other=0.0)                                    # [BLOCK_N]
+        acc += tl.dot(w.to(xt.dtype), xt) * scale[:, None]
     dest = out_ptr + split * stride_split + rows[None, :] * stride_out + outs[:, None]
     tl.store(dest, acc.to(out_ptr.dtype.element_ty), mask=out_ok[:, None] & row_ok[None, :])
 
@@ -200,13 +204,13 @@ def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Te
         grid = (triton.cdiv(num_rows, t.block_m) * triton.cdiv(num_outputs, t.block_n), split_k)
         _w8a8_kernel[grid](xq, sx, weight, scale_inv, dest, num_rows, num_cols, num_outputs, per_split,
                            sx.stride(0), weight.stride(0), scale_inv.stride(0), num_outputs, stride_split,
-                           B0=block[0], B1=block[1], BLOCK_M=t.block_m, BLOCK_N=t.block_n, GROUP_M=t.unroll,
+                           B0=block[0], B1=block[1], BLOCK_M=t.block_m, BLOCK_N=t.block_n, GROUP_M=t.group_m,
                            num_warps=t.num_warps, num_stages=t.num_stages)
     else:
         grid = (triton.cdiv(num_outputs, t.block_n), triton.cdiv(num_rows, t.block_m), split_k)
         _w8a16_kernel[grid](x, weight, scale_inv, dest, num_rows, num_cols, num_outputs, per_split,
                             x.stride(0), weight.stride(0), scale_inv.stride(0), num_outputs, stride_split,
-                            B0=block[0], B1=block[1], BLOCK_M=t.block_m, BLOCK_N=t.block_n, UNROLL=t.unroll,
+                            B0=block[0], B1=block[1], BLOCK_M=t.block_m, BLOCK_N=t.block_n,
                             num_warps=t.num_warps, num_stages=t.num_stages)
     if split_k > 1:
         size = num_rows * num_outputs
