@@ -6,6 +6,9 @@ greedy speculation on the FP8 model gives the FP8 model's plain output.
 
 The FP8 model is the same checkpoint loaded with `--quantization fp8` (its linears rounded through e4m3 with
 128 x 128 block scales, specdec/models/fp8.py); an FP8 checkpoint (`--fp8-model DIR`) can be compared instead.
+`--fp8-weights kept` keeps the linears in FP8 as a GPU does (specdec/models/fp8_linear.py: activations quantized
+per 128-column group in steps of more than 16 rows, so every window here), through the kernels' torch reference on
+a CPU; `dequantized` (the CPU's default) multiplies by the dequantized weights; `auto` does what the device does.
 Windows are `--window` tokens of the demo model's held-out files (Python standard library sources it was not
 trained on), every position scored: top-1 agreement = the FP8 argmax equals the reference argmax; KL = KL(p_ref ||
 p_fp8) in nats, mean over positions. The greedy check runs `--spec-prompts` prompts through the engine with the MTP
@@ -75,7 +78,7 @@ def compare(reference, fp8, prompts: list[list[int]], device: str, batch: int) -
 
 
 def greedy_spec_equals_plain(model_dir: str, quantization: str, prompts: list[list[int]], device: str,
-                             dtype: str, max_tokens: int) -> dict:
+                             dtype: str, max_tokens: int, fp8_weights: bool | None = None) -> dict:
     from specdec_tools.commands.in_process_drafter import in_process_drafter
     from verifier_service.builder import VerifierConfig, build_engine
     outputs, stats = {}, None
@@ -83,7 +86,8 @@ def greedy_spec_equals_plain(model_dir: str, quantization: str, prompts: list[li
         config = VerifierConfig(model_dir=model_dir, device=device, dtype=dtype, num_drafts=3 if drafter else 0,
                                 in_process_drafter=drafter, quantization=quantization, max_context=1024,
                                 max_running=8, max_batched_tokens=512, prefill_chunk=256, warm_up=False)
-        engine = build_engine(config, in_process_drafter(drafter) if drafter else None)
+        loaded = load_model(model_dir, dtype, device, quantization=quantization, fp8_weights=fp8_weights)
+        engine = build_engine(config, in_process_drafter(drafter) if drafter else None, loaded)
         outputs[drafter] = engine.generate(prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
         stats = stats or engine.stats
     same = sum(a == b for a, b in zip(outputs["mtp"], outputs[None]))
@@ -96,6 +100,8 @@ def main() -> int:
     p.add_argument("--fp8-model", default=None, help="an FP8 checkpoint to compare (default: --model with "
                                                      "--quantization fp8)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--fp8-weights", choices=["auto", "kept", "dequantized"], default="auto",
+                   help="kept: FP8 linears as a GPU runs them; dequantized: dequantized weights; auto: the device's")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--prompts", type=int, default=256)
     p.add_argument("--window", type=int, default=128, help="tokens per window")
@@ -110,13 +116,15 @@ def main() -> int:
     start = time.perf_counter()
     reference = load_model(args.model, args.dtype, args.device).model
     fp8_dir, quantization = (args.fp8_model, "none") if args.fp8_model else (args.model, "fp8")
-    fp8 = load_model(fp8_dir, args.dtype, args.device, quantization=quantization).model
+    fp8_weights = {"auto": None, "kept": True, "dequantized": False}[args.fp8_weights]
+    fp8 = load_model(fp8_dir, args.dtype, args.device, quantization=quantization, fp8_weights=fp8_weights).model
     result = {"model": args.model, "fp8": fp8_dir if args.fp8_model else "--quantization fp8", "dtype": args.dtype,
-              "windows": len(prompts), "window": args.window,
+              "fp8_weights": args.fp8_weights, "windows": len(prompts), "window": args.window,
               "logits": compare(reference, fp8, prompts, args.device, args.batch),
               "greedy_fp8_spec_vs_plain": greedy_spec_equals_plain(fp8_dir, quantization,
                                                                     [w[:32] for w in prompts[:args.spec_prompts]],
-                                                                    args.device, args.dtype, args.max_tokens),
+                                                                    args.device, args.dtype, args.max_tokens,
+                                                                    fp8_weights),
               "seconds": round(time.perf_counter() - start, 1)}
     logits, greedy = result["logits"], result["greedy_fp8_spec_vs_plain"]
     print(f"FP8 vs {args.dtype} logits over {logits['positions']} positions ({len(prompts)} windows of "

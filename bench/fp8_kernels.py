@@ -1,9 +1,10 @@
 """bench/kernels.py --fp8-linear: the block-scaled FP8 linear (kernels/fp8_linear) against the bf16 GEMM it
-replaces, at the 4B shape's projections and a range of row counts (1-16: decode and verify, W8A16; more: W8A8).
+replaces, at the 4B shape's projections and a range of row counts (1-128: decode and verify, the GEMV; more:
+prompt chunks, the weight dequantized for the dense GEMM).
 
-Rows per (projection, M): `bf16 cuBLAS` (F.linear on the bf16 weight), `fp8 ours` (the tiles choose_tiles picks)
-and with --sweep every candidate tiling (`fp8 w8a16|w8a8 mM nN kSPLIT gGROUP_M wWARPS sSTAGES`; W8A8 rows include quantizing
-the activations). Each is timed in a CUDA graph; bytes are the weight, its scales, the input and the output.
+Rows per (projection, M): `bf16 cuBLAS` (F.linear on the bf16 weight), `fp8 ours` (what fp8_linear_triton runs:
+the GEMV's tiles or `dequant+cuBLAS`) and with --sweep other GEMV tilings (`fp8 mM nN kSPLIT wWARPS sSTAGES`).
+Each is timed in a CUDA graph; bytes are the weight, its scales, the input and the output.
 """
 from __future__ import annotations
 
@@ -19,21 +20,20 @@ PROJECTIONS_SMOKE = [("smoke", 192, 256)]
 
 
 def candidates(num_rows: int) -> list:
-    """(weight_only, tiles): W8A16 GEMV splits up to 16 rows; W8A8 tiles and K splits above."""
+    """GEMV tilings around what choose_tiles picks (row tiles, output tiles, K splits)."""
     from kernels.fp8_linear.triton_fp8_linear import Fp8Tiles
-    if num_rows <= 16:
-        return [(True, Fp8Tiles(16, n, k, 1, 4, 3)) for n in (64, 128) for k in (1, 2, 4, 8)]
-    block = Fp8Tiles(64, 64, 1, 8, 4, 3) if num_rows <= 256 else Fp8Tiles(128, 128, 1, 8, 8, 3)
-    return [(False, Fp8Tiles(block.block_m, block.block_n, k, 8, block.num_warps, 3)) for k in (1, 2, 4, 8)] + \
-        [(False, Fp8Tiles(64, 128, k, 8, 4, 3)) for k in (1, 2, 4)]
+    block_ms = (16,) if num_rows <= 16 else (32, 64) if num_rows <= 64 else (64, 128)
+    return [Fp8Tiles(m, n, k, 4, s) for m in block_ms for n in (64, 128) for k in (1, 2, 4, 8) for s in (3, 4)]
 
 
 def name_of(tiles) -> str:
-    return f"m{tiles.block_m}n{tiles.block_n}k{tiles.split_k}g{tiles.group_m}w{tiles.num_warps}s{tiles.num_stages}"
+    if tiles is None:
+        return "dequant+cuBLAS"
+    return f"m{tiles.block_m}n{tiles.block_n}k{tiles.split_k}w{tiles.num_warps}s{tiles.num_stages}"
 
 
 def fp8_linear_rows(rows_list: list[int], device, copy_bw: float, sweep: bool, smoke: bool) -> list[dict]:
-    from kernels.fp8_linear.triton_fp8_linear import choose_tiles, fp8_linear_triton
+    from kernels.fp8_linear.triton_fp8_linear import GEMV_ROWS, choose_tiles, fp8_linear_triton
     from specdec.models.fp8 import quantize_blocks
     out = []
     for name, n, k in PROJECTIONS_SMOKE if smoke else PROJECTIONS_4B:
@@ -48,13 +48,12 @@ def fp8_linear_rows(rows_list: list[int], device, copy_bw: float, sweep: bool, s
             ms, mode = time_ms(lambda: F.linear(x, w), device)
             out.append(row("fp8-linear", case, "bf16 cuBLAS", ms, mode, bf16_bytes, copy_bw))
             ms, mode = time_ms(lambda: fp8_linear_triton(x, q, s, BLOCK), device)
-            out.append(row("fp8-linear", case, f"fp8 ours {name_of(choose_tiles(m, n, k))}", ms, mode, fp8_bytes,
-                           copy_bw))
-            for weight_only, t in candidates(m) if sweep else []:
-                label = f"fp8 {'w8a16' if weight_only else 'w8a8'} {name_of(t)}"
+            picked = choose_tiles(m, k) if m <= GEMV_ROWS else None
+            out.append(row("fp8-linear", case, f"fp8 ours {name_of(picked)}", ms, mode, fp8_bytes, copy_bw))
+            for t in candidates(m) if sweep else []:
+                label = f"fp8 {name_of(t)}"
                 try:
-                    ms, mode = time_ms(lambda: fp8_linear_triton(x, q, s, BLOCK, tiles=t, weight_only=weight_only),
-                                       device)
+                    ms, mode = time_ms(lambda: fp8_linear_triton(x, q, s, BLOCK, tiles=t), device)
                 except Exception as e:  # noqa: BLE001 - a tiling the compiler refuses: say so, time the rest
                     out.append(row("fp8-linear", case, label, None, note=f"{type(e).__name__}: {str(e)[:80]}"))
                     continue

@@ -1,5 +1,6 @@
-"""Linear over a block-scaled FP8 weight (Qwen's float8_e4m3fn with 128 x 128 float32 scales), dispatched by
-device: CUDA tensors run the Triton kernel (imported on first use), everything else the torch reference."""
+"""Linear over a block-scaled FP8 weight (Qwen's float8_e4m3fn with 128 x 128 float32 scales; activations in their
+dtype), dispatched by device: CUDA tensors run the Triton kernels (imported on first use), everything else the
+torch reference."""
 import torch
 
 from .reference import dequantize_weight, fp8_linear_ref

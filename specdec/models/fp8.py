@@ -14,9 +14,9 @@ What stays as stored (bf16): embeddings, lm_head, norms, router gates, conv1d, A
 name starts with an entry of modules_to_not_convert. Quantizing (`quantize_blocks`) writes the same format:
 scale_inv = max|W| over the block / 448 (the largest e4m3 value), weight = W / scale_inv rounded to e4m3.
 
-This module is the reference path: the loader dequantizes FP8 tensors into the model's dtype, so FP8 checkpoints
-load and run everywhere (CPU included), and `--quantization fp8` rounds a bf16 checkpoint's weights through the same
-format at load time. The weights then live in the model's dtype: no fewer bytes are read per token yet.
+This module reads and writes the format. The loader dequantizes FP8 tensors into the model's dtype (the CPU's path,
+and everywhere for the MoE routed experts and the MTP head), and `--quantization fp8` rounds a bf16 checkpoint's
+weights through the same format; on a GPU the linears keep their FP8 bytes instead (fp8_linear.py).
 """
 from __future__ import annotations
 

@@ -201,6 +201,8 @@ def render_table(record: dict, markdown: bool = False) -> str:
         head += f"; tensor parallel {settings['tensor_parallel_size']} (BW per GPU)"
     if settings.get("load_format") == "dummy":
         head += "; dummy (random) weights"
+    if settings.get("quantization", "none") != "none":
+        head += f"; --quantization {settings['quantization']} (the GB count its linears at a byte a weight)"
     if settings.get("prefill_chunk"):
         head += f"; prefill chunks of {settings['prefill_chunk']} tokens"
     if settings.get("lone_prefill_chunk"):

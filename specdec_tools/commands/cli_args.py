@@ -22,10 +22,9 @@ def add_load_format_arg(p: argparse.ArgumentParser) -> None:
 def add_quantization_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantization", default="none", choices=["none", "fp8"],
                    help="fp8: quantize the target's linears to Qwen's FP8 format (e4m3, 128 x 128 block scales) "
-                        "at load time; an FP8 checkpoint is read as it is either way. On a GPU they stay FP8 (one "
-                        "byte a weight: weight-only FP8 for steps of 16 rows or fewer, FP8 activations in 128-column "
-                        "groups above); on the CPU they are dequantized into --dtype. The MoE routed experts and the "
-                        "MTP head are dequantized everywhere")
+                        "at load time; an FP8 checkpoint is read as it is either way. On a GPU they stay FP8 (a "
+                        "byte a weight read per step; activations stay in --dtype); on the CPU they are dequantized "
+                        "into --dtype. The MoE routed experts and the MTP head are dequantized everywhere")
 
 
 def add_tensor_parallel_arg(p: argparse.ArgumentParser) -> None:
