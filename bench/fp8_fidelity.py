@@ -6,9 +6,9 @@ greedy speculation on the FP8 model gives the FP8 model's plain output.
 
 The FP8 model is the same checkpoint loaded with `--quantization fp8` (its linears rounded through e4m3 with
 128 x 128 block scales, specdec/models/fp8.py); an FP8 checkpoint (`--fp8-model DIR`) can be compared instead.
-`--fp8-weights kept` keeps the linears in FP8 as a GPU does (specdec/models/fp8_linear.py: activations quantized
-per 128-column group in steps of more than 16 rows, so every window here), through the kernels' torch reference on
-a CPU; `dequantized` (the CPU's default) multiplies by the dequantized weights; `auto` does what the device does.
+`--fp8-weights kept` keeps the linears in FP8 as a GPU does (specdec/models/fp8_linear.py), through the kernels'
+torch reference on a CPU; `dequantized` (the CPU's default) multiplies by the dequantized weights; `auto` does what
+the device does.
 Windows are `--window` tokens of the demo model's held-out files (Python standard library sources it was not
 trained on), every position scored: top-1 agreement = the FP8 argmax equals the reference argmax; KL = KL(p_ref ||
 p_fp8) in nats, mean over positions. The greedy check runs `--spec-prompts` prompts through the engine with the MTP

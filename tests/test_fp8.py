@@ -138,10 +138,14 @@ def test_a_drafter_service_reads_the_fp8_mtp_head_dequantized(checkpoints):
 
 # FP8 weights kept in FP8 (what a GPU loads; here through the kernels' torch reference)
 
-def test_fp8_linears_keep_the_checkpoints_bytes_and_give_the_dequantized_logits(checkpoints):
+def test_fp8_linears_keep_the_checkpoints_bytes_and_give_the_dequantized_logits(checkpoints, monkeypatch):
+    import specdec.models.fp8_linear as fp8_linear
     from specdec.models.fp8_linear import Fp8Linear
     fp8_dir, _ = checkpoints
-    kept, dequantized = load_model(fp8_dir, fp8_weights=True), load_model(fp8_dir)
+    dequantized = load_model(fp8_dir)
+    with monkeypatch.context() as patch:      # an FP8 checkpoint's linears are its bytes, never quantized again
+        patch.setattr(fp8_linear, "quantize_blocks", lambda *a: pytest.fail("an FP8 checkpoint's linear re-quantized"))
+        kept = load_model(fp8_dir, fp8_weights=True)
     linears = {name: m for name, m in kept.model.named_modules() if isinstance(m, Fp8Linear)}
     assert linears and all(m.weight.dtype == torch.float8_e4m3fn for m in linears.values())
     assert not isinstance(kept.model.lm_head, Fp8Linear) and kept.model.lm_head.weight.dtype == torch.float32
@@ -157,17 +161,20 @@ def test_fp8_linears_keep_the_checkpoints_bytes_and_give_the_dequantized_logits(
 
 
 def test_load_time_fp8_linears_quantize_the_bf16_weights(checkpoints):
+    """In bf16 (where rounding through FP8 first, then quantizing again, would move the scales) each linear is
+    quantized once from its exact weight, as the FP8 checkpoint written from the same weights stores it."""
     from specdec.models.fp8_linear import Fp8Linear
-    _, bf16_dir = checkpoints
-    kept = load_model(bf16_dir, quantization="fp8", fp8_weights=True)
-    plain = dict(load_model(bf16_dir).model.named_modules())
-    for name, module in kept.model.named_modules():
-        if isinstance(module, Fp8Linear):
-            q, s = quantize_blocks(plain[name].weight, (128, 128))
-            assert torch.equal(module.weight.float(), q.float()) and torch.equal(module.weight_scale_inv, s), name
-    # the same FP8 weights as the FP8 checkpoint written from these bf16 weights: the same logits
-    prompt = PROMPTS[0] + PROMPTS[2]
-    assert torch.equal(_logits(kept, prompt), _logits(load_model(checkpoints[0], fp8_weights=True), prompt))
+    fp8_dir, bf16_dir = checkpoints
+    kept = load_model(bf16_dir, "bfloat16", quantization="fp8", fp8_weights=True)
+    plain = dict(load_model(bf16_dir, "bfloat16").model.named_modules())
+    linears = [(name, m) for name, m in kept.model.named_modules() if isinstance(m, Fp8Linear)]
+    assert linears
+    for name, module in linears:
+        q, s = quantize_blocks(plain[name].weight, (128, 128))
+        assert torch.equal(module.weight.float(), q.float()) and torch.equal(module.weight_scale_inv, s), name
+    prompt = PROMPTS[0] + PROMPTS[2]             # (the checkpoints hold fp32 weights, which the FP8 one quantized)
+    assert torch.equal(_logits(load_model(bf16_dir, quantization="fp8", fp8_weights=True), prompt),
+                       _logits(load_model(fp8_dir, fp8_weights=True), prompt))
 
 
 @pytest.mark.parametrize("kind", ["mtp", "ngram"])
@@ -215,8 +222,16 @@ def test_fused_fp8_linears_start_each_part_on_a_scale_block():
     assert fused.offsets == [0, 64, 288] and fused.weight.shape == (296, 64) and fused.scale_inv.shape == (10, 2)
     assert torch.allclose(fused.joined(x), torch.cat(alone, dim=-1), atol=1e-5)
     assert fp8[1].weight.data_ptr() == fused.weight[64].data_ptr()   # the linears' rows are views of the fused rows
+    weight = fused.weight
+    fused(x)
+    assert fused.is_current() and fused.weight is weight              # fused once, not at every call
     mixed = FusedLinear(fp8[0], dense[1])
     assert torch.allclose(mixed.joined(x), torch.cat([alone[0], dense[1](x)], dim=-1)) and mixed.weight is None
+    again = FusedLinear(*dense[:2])                                   # fused as FP8, then one part unconverted
+    again.replace_linears({id(dense[0]): fp8[0], id(dense[1]): fp8[1]})
+    again(x)
+    again.replace_linears({id(fp8[1]): dense[1]})
+    assert [part.shape for part in again(x)] == [(5, 40), (5, 200)]
 
 
 def test_bench_traffic_counts_fp8_linears_at_a_byte_a_weight(checkpoints):

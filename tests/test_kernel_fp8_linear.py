@@ -73,8 +73,9 @@ def test_dequantize_matches_reference():
     assert torch.equal(triton_fp8.dequantize_triton(q, s, (16, 32), torch.float32), dequantize_weight(q, s, (16, 32)))
 
 
-def test_a_rows_result_does_not_depend_on_its_batch():
-    """The same rows alone, in a verify-sized step and in a prompt-sized one (dequantized): the same outputs."""
+def test_a_rows_result_stays_within_rounding_whatever_the_steps_size():
+    """The same rows alone, in a verify-sized step and in a prompt-sized one (dequantized): the same outputs up to
+    summation order (a continuous function of x: no rounding of the activations that a tiny difference could flip)."""
     x, q, s = make_case(300, 45, 96, (16, 32), seed=6)
     full = triton_fp8.fp8_linear_triton(x, q, s, (16, 32))
     for rows in (1, 4, 70):
@@ -94,7 +95,7 @@ def test_tile_choice_covers_decode_and_verify():
     for rows in (1, 2, 3, 16, 17, 33, 64, 128):
         for cols in (256, 2560, 4096, 9216):
             t = triton_fp8.choose_tiles(rows, cols)
-            assert t.block_m >= min(rows, 16) and math.log2(t.block_m).is_integer()
+            assert t.block_m >= min(rows, 64) and math.log2(t.block_m).is_integer()   # up to 64 rows: one row tile
             assert 1 <= t.split_k <= max(1, cols // 128 // 4), (rows, cols, t)
     # K is split as far as 8 ways while each split keeps 4+ scale blocks
     assert [triton_fp8.choose_tiles(1, cols).split_k for cols in (256, 2560, 4096, 9216)] == [1, 4, 8, 8]

@@ -40,8 +40,9 @@ class Fp8Tiles:
 
 
 def choose_tiles(num_rows: int, num_cols: int, block_cols: int = 128) -> Fp8Tiles:
-    """Tiles by rows (M) and columns (K); from bench/kernels.py --fp8-linear --sweep on an H100 (the 4B shape's
-    projections): K is split as far as 8 ways while each split keeps 4 or more scale blocks."""
+    """Tiles by rows (M) and columns (K): K is split as far as 8 ways while each split keeps 4 or more scale blocks,
+    the best of bench/kernels.py --fp8-linear --sweep on an H100 at 1-16 rows (the 4B shape's projections); the
+    same rule with 32- and 64-row tiles above is not measured yet."""
     steps = triton.cdiv(num_cols, block_cols)
     split = 1
     while split < MAX_SPLIT_K and steps >= 2 * split * MIN_STEPS_PER_SPLIT:
@@ -73,8 +74,8 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr, num_rows, num_cols, num_outpu
         w = tl.load(w_base + k[None, :], mask=out_ok[:, None] & k_ok[None, :], other=0.0)     # [BLOCK_N, B1] e4m3
         xt = tl.load(x_base + k[:, None], mask=k_ok[:, None] & row_ok[None, :], other=0.0)    # [B1, BLOCK_M]
         scale = tl.load(s_base + j, mask=out_ok, other=0.0)                                    # [BLOCK_N]
-        acc += tl.dot(w.to(xt.dtype), xt) * scale[:, None]
-    dest = out_ptr + split * stride_split + rows[None, :] * stride_out + outs[:, None]
+        acc += tl.dot(w.to(xt.dtype), xt, input_precision="ieee") * scale[:, None]
+    dest = out_ptr + split.to(tl.int64) * stride_split + rows[None, :] * stride_out + outs[:, None]
     tl.store(dest, acc.to(out_ptr.dtype.element_ty), mask=out_ok[:, None] & row_ok[None, :])
 
 
@@ -84,7 +85,7 @@ def _sum_splits_kernel(part_ptr, out_ptr, size, SPLIT_K: tl.constexpr, BLOCK: tl
     ok = offs < size
     total = tl.zeros((BLOCK,), dtype=tl.float32)
     for s in tl.static_range(SPLIT_K):                      # fixed order: deterministic
-        total += tl.load(part_ptr + s * size + offs, mask=ok, other=0.0)
+        total += tl.load(part_ptr + s * size.to(tl.int64) + offs, mask=ok, other=0.0)
     tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=ok)
 
 
@@ -128,17 +129,18 @@ def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Te
     out = torch.empty((num_rows, num_outputs), dtype=x.dtype, device=x.device)
     if num_rows == 0:
         return out
-    t = tiles or choose_tiles(num_rows, num_cols, block[1])
+    tiling = tiles or choose_tiles(num_rows, num_cols, block[1])
     steps = triton.cdiv(num_cols, block[1])
-    per_split = triton.cdiv(steps, t.split_k)
+    per_split = triton.cdiv(steps, tiling.split_k)
     split_k = triton.cdiv(steps, per_split)
     dest = out if split_k == 1 else torch.empty((split_k, num_rows, num_outputs), dtype=torch.float32,
-                                                device=x.device)
-    grid = (triton.cdiv(num_outputs, t.block_n), triton.cdiv(num_rows, t.block_m), split_k)
+                                                device=x.device)                    # [split_k, M, N] partial sums
+    grid = (triton.cdiv(num_outputs, tiling.block_n), triton.cdiv(num_rows, tiling.block_m), split_k)
     _fp8_gemv_kernel[grid](x, weight, scale_inv, dest, num_rows, num_cols, num_outputs, per_split,
                            x.stride(0), weight.stride(0), scale_inv.stride(0), num_outputs,
                            num_rows * num_outputs if split_k > 1 else 0, B0=block[0], B1=block[1],
-                           BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
+                           BLOCK_M=tiling.block_m, BLOCK_N=tiling.block_n, num_warps=tiling.num_warps,
+                           num_stages=tiling.num_stages)
     if split_k > 1:
         size = num_rows * num_outputs
         _sum_splits_kernel[(triton.cdiv(size, 1024),)](dest, out, size, SPLIT_K=split_k, BLOCK=1024, num_warps=4)

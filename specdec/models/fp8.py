@@ -120,13 +120,11 @@ def dequantize_checkpoint(tensors: dict[str, torch.Tensor], fmt: Fp8Format,
     return out
 
 
-def round_through_fp8(tensors: dict[str, torch.Tensor], fmt: Fp8Format,
-                      skip: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
-    """`--quantization fp8` on a bf16 checkpoint: each weight FP8 would store, quantized and dequantized (but those
-    named in `skip`: the linears that will be quantized for FP8 kernels from their exact weights)."""
+def round_through_fp8(tensors: dict[str, torch.Tensor], fmt: Fp8Format) -> dict[str, torch.Tensor]:
+    """`--quantization fp8` on a bf16 checkpoint: each weight FP8 would store, quantized and dequantized."""
     out = {}
     for name, t in tensors.items():
-        if name not in skip and fmt.converts(name, tuple(t.shape)):
+        if fmt.converts(name, tuple(t.shape)):
             t = dequantize_blocks(*quantize_blocks(t, fmt.block), fmt.block, t.dtype)
         out[name] = t
     return out

@@ -30,15 +30,18 @@ class FusedLinear:
         self.offsets = self._offsets(None)         # each linear's first row (output column) in the fused result
         self.weight: torch.Tensor | None = None    # [rows, in]; FP8: float8_e4m3fn
         self.scale_inv: torch.Tensor | None = None  # FP8: [rows / B0, ceil(in / B1)]
-        self.block: tuple[int, int] | None = None
+        self.block: tuple[int, int] | None = None   # FP8: the scale block
+        self.apart = False                          # FP8 and unconverted linears: each runs on its own
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:  # x [T, in] → one [T, size] view each
-        out = self._output(x)
-        return tuple(out[..., offset:offset + size] for offset, size in zip(self.offsets, self.sizes))
+        return self._parts(self._output(x))
 
     def joined(self, x: torch.Tensor) -> torch.Tensor:  # x [T, in] → [T, sum(sizes)], the outputs side by side
-        out = self._output(x)
-        return out if out.shape[-1] == sum(self.sizes) else torch.cat(self(x), dim=-1)
+        out = self._output(x)                                                   # [T, rows]
+        return out if out.shape[-1] == sum(self.sizes) else torch.cat(self._parts(out), dim=-1)
+
+    def _parts(self, out: torch.Tensor) -> tuple[torch.Tensor, ...]:  # [T, rows] → one [T, size] view each
+        return tuple(out[..., offset:offset + size] for offset, size in zip(self.offsets, self.sizes))
 
     def _output(self, x: torch.Tensor) -> torch.Tensor:  # x [T, in] → [T, rows]
         if not self.is_current():
@@ -47,7 +50,7 @@ class FusedLinear:
                 raise RuntimeError("FusedLinear: weights not fused before CUDA graph capture; call "
                                    "fuse_projections(model) once the weights are loaded")
             self.fuse()
-        if self.weight is None:                    # FP8 and unconverted linears side by side
+        if self.apart:
             return torch.cat([linear(x) for linear in self.linears], dim=-1)
         if self.scale_inv is not None:
             return fp8_linear(x, self.weight, self.scale_inv, self.block)
@@ -58,11 +61,12 @@ class FusedLinear:
         if any(id(linear) in replaced for linear in self.linears):
             self.linears = tuple(replaced.get(id(linear), linear) for linear in self.linears)
             self.weight = self.scale_inv = self.block = None
+            self.apart = False
 
     def is_current(self) -> bool:
         """Are the linears' weights still the rows of the fused tensor, in order, on its device and dtype?"""
         if self.weight is None:
-            return self.block is not None          # fused before as parts that run on their own
+            return self.apart
         row_bytes = self.weight.shape[1] * self.weight.element_size()
         start = self.weight.data_ptr()
         for linear, offset in zip(self.linears, self.offsets):
@@ -80,13 +84,14 @@ class FusedLinear:
         return offsets
 
     def fuse(self) -> None:
-        fp8 = [getattr(linear, "weight_scale_inv", None) is not None for linear in self.linears]
+        is_fp8 = [getattr(linear, "weight_scale_inv", None) is not None for linear in self.linears]
         blocks = {getattr(linear, "block", None) for linear in self.linears}
-        if any(fp8) and (not all(fp8) or len(blocks) > 1):
-            self.weight, self.scale_inv, self.block = None, None, (0, 0)
+        if any(is_fp8) and (not all(is_fp8) or len(blocks) > 1):
+            self.weight, self.scale_inv, self.block, self.apart = None, None, None, True
+            self.offsets = self._offsets(None)
             return
         with torch.inference_mode(False), torch.no_grad():
-            if all(fp8):
+            if all(is_fp8):
                 self._fuse_fp8(blocks.pop())
                 return
             fused = torch.cat([linear.weight.detach() for linear in self.linears])  # [sum(sizes), in]
@@ -94,23 +99,24 @@ class FusedLinear:
             for linear, size in zip(self.linears, self.sizes):
                 linear.weight = nn.Parameter(fused[start:start + size], requires_grad=False)
                 start += size
-        self.weight, self.scale_inv, self.block = fused, None, None
+        self.weight, self.scale_inv, self.block, self.apart = fused, None, None, False
         self.offsets = self._offsets(None)
 
     def _fuse_fp8(self, block: tuple[int, int]) -> None:
         self.offsets = self._offsets(block[0])
         num_rows = self.offsets[-1] + self.sizes[-1]
         first = self.linears[0]
-        weight = torch.zeros(num_rows, first.in_features, dtype=first.weight.dtype, device=first.weight.device)
-        scale_inv = torch.ones(-(-num_rows // block[0]), first.weight_scale_inv.shape[1],
-                               dtype=torch.float32, device=first.weight.device)
+        weight = torch.zeros(num_rows, first.in_features, dtype=first.weight.dtype,
+                             device=first.weight.device)                             # [rows, in] e4m3
+        scale_inv = torch.ones(-(-num_rows // block[0]), first.weight_scale_inv.shape[1], dtype=torch.float32,
+                               device=first.weight.device)                           # [rows / B0, ceil(in / B1)]
         for linear, offset, size in zip(self.linears, self.offsets, self.sizes):
             weight[offset:offset + size] = linear.weight
             first_block, num_blocks = offset // block[0], linear.weight_scale_inv.shape[0]
             scale_inv[first_block:first_block + num_blocks] = linear.weight_scale_inv
             linear.weight = nn.Parameter(weight[offset:offset + size], requires_grad=False)
             linear.weight_scale_inv = scale_inv[first_block:first_block + num_blocks]
-        self.weight, self.scale_inv, self.block = weight, scale_inv, block
+        self.weight, self.scale_inv, self.block, self.apart = weight, scale_inv, block, False
 
 
 def fuse_projections(model: nn.Module) -> int:

@@ -171,11 +171,12 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device:
                               f"scales are not sharded): serve on one GPU or from a bf16 checkpoint")
     torch_dtype = parse_dtype(dtype)
     quantized = fp8 is not None or quantization == "fp8"
-    keep_fp8 = quantized and (torch.device(device).type == "cuda" if fp8_weights is None else fp8_weights)
-    stored: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}      # an FP8 checkpoint's own weights and scales
+    keep_fp8 = quantized and (fp8_kernels_run(torch.device(device)) if fp8_weights is None else fp8_weights)
+    stored: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}   # an FP8 checkpoint's linears: (e4m3 [out, in], scales)
     with torch.device("meta"):
         model = HybridModel(config, tp)
     expected = {k: p.shape for k, p in model.state_dict().items()}
+    linears = frozenset(f"{name}.weight" for name, m in model.named_modules() if isinstance(m, nn.Linear))
     if config.tie_word_embeddings:
         expected.pop("lm_head.weight")
     if load_format == "dummy":
@@ -188,13 +189,12 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device:
         shard = (lambda name: shard_of(config, tp, name)) if tp.active else None  # noqa: E731
         tensors = read_tensors(checkpoint_files(folder), torch_dtype, device, progress, keep, shard)
         if fp8 is not None:
-            if keep_fp8:
-                stored = {name: (t, tensors[name + SCALE_SUFFIX]) for name, t in tensors.items()
-                          if name + SCALE_SUFFIX in tensors}
+            if keep_fp8:   # (read_tensors cast the e4m3 values into torch_dtype: exactly, so back again)
+                stored = {name: (tensors[name].to(torch.float8_e4m3fn), tensors[name + SCALE_SUFFIX])
+                          for name in linears if name + SCALE_SUFFIX in tensors}
             tensors = dequantize_checkpoint(tensors, fp8, torch_dtype)
-        elif quantization == "fp8":   # linears kept in FP8 are quantized from their exact weights below
-            linears = frozenset(f"{name}.weight" for name, m in model.named_modules() if isinstance(m, nn.Linear))
-            tensors = round_through_fp8(tensors, Fp8Format(), linears if keep_fp8 else frozenset())
+        elif quantization == "fp8":   # (quantizing a rounded weight again gives the same bytes, for the linears)
+            tensors = round_through_fp8(tensors, Fp8Format())
         canonical = to_canonical(model.config, tensors)
         mtp = {k[len("mtp."):]: v for k, v in canonical.items() if k.startswith("mtp.")}
         target = {k: v for k, v in canonical.items() if not k.startswith("mtp.")}
@@ -205,13 +205,15 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device:
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     model.requires_grad_(False).eval()
-    num_fp8 = to_fp8_linears(model, fp8 or Fp8Format(), stored) if keep_fp8 else 0
+    num_fp8 = 0
+    if keep_fp8:   # an FP8 checkpoint: exactly the linears it stores in FP8; --quantization fp8: what Qwen's would
+        num_fp8 = to_fp8_linears(model, fp8 or Fp8Format(), stored, only_stored=fp8 is not None)
     stored.clear()
     fuse_projections(model)
-    how = (f", {num_fp8} linears in FP8" if keep_fp8 else ", FP8 checkpoint dequantized" if fp8
-           else ", weights rounded through FP8" if quantized else "")
+    outcome = (f", {num_fp8} linears in FP8" if keep_fp8 else ", FP8 checkpoint dequantized" if fp8
+               else ", weights rounded through FP8" if quantized else "")
     log.info("loaded %s (%s, %d layers, %s%s) from %s; %d mtp tensors%s", config.model_type, config.family,
-             config.num_hidden_layers, torch_dtype, how, folder, len(mtp),
+             config.num_hidden_layers, torch_dtype, outcome, folder, len(mtp),
              f"; tensor-parallel rank {tp.rank} of {tp.size}" if tp.active else "")
     return LoadedModel(config=config, model=model, mtp_weights=mtp)
 
@@ -237,6 +239,12 @@ def load_drafter_weights(folder: str | Path, dtype: str | torch.dtype = "float32
         if name not in weights:
             raise CheckpointError(f"{folder}: missing tensor {name}")
     return config, mtp, weights
+
+
+def fp8_kernels_run(device: torch.device) -> bool:
+    """Whether FP8 weights stay FP8 on `device`: CUDA with float8 e4m3 support in Triton (compute capability 8.9+:
+    Ada, Hopper and later); elsewhere they are dequantized at load."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
 def fp8_format(folder: Path) -> Fp8Format | None:

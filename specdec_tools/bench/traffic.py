@@ -7,8 +7,9 @@
                 + Σ_seq gdn_state · (1 read + w writes)       fp32 recurrent state, w = 1 + d for a verifier
                                                               that keeps one state per verify token, 1 otherwise
                 + Σ_seq conv columns read and written
-with d the drafts verified per sequence. FP8 linears (an FP8 checkpoint or --quantization fp8, on a GPU) count one
-byte per weight plus their fp32 block scales; the MoE routed experts are dequantized at load and count in --dtype.
+with d the drafts verified per sequence. FP8 linears (an FP8 checkpoint or --quantization fp8) count one byte per
+weight plus their fp32 block scales, as a GPU reads them (a CPU dequantizes them: its bytes are undercounted; the
+zero rows that align fused FP8 parts are not counted); the MoE routed experts are dequantized and count in --dtype.
 Shapes come from the checkpoint's safetensors headers and config.json
 (a folder with config.json only, for --load-format dummy: from the model's shapes), so nothing is loaded. An MoE
 model's routed experts count by the share a step's tokens reach: with top-k of E experts and n = batch · (1 + d)
