@@ -79,7 +79,7 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr, num_rows, num_cols, num_outpu
     tl.store(dest, acc.to(out_ptr.dtype.element_ty), mask=out_ok[:, None] & row_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["size"])
 def _sum_splits_kernel(part_ptr, out_ptr, size, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < size
