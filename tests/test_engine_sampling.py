@@ -92,9 +92,9 @@ class SmoothedNgram:
 
 
 def test_drafter_probabilities_reach_the_rejection_sampler(tiny_model, monkeypatch):
-    import verifier_service.engine as engine_module
+    import verifier_service.verify_stage as verify_stage
     seen = []
-    real = engine_module.sample
+    real = verify_stage.sample
 
     def spy(logits, rows, sampling, draft_probs=None, forced_accepts=None, token_masks=None):
         if draft_probs is not None:
@@ -106,7 +106,7 @@ def test_drafter_probabilities_reach_the_rejection_sampler(tiny_model, monkeypat
             assert sampling.uses_q.any()
             assert torch.allclose(draft_probs[draft_rows].sum(-1), torch.ones(len(draft_rows)))
         return real(logits, rows, sampling, draft_probs, forced_accepts, token_masks=token_masks)
-    monkeypatch.setattr(engine_module, "sample", spy)
+    monkeypatch.setattr(verify_stage, "sample", spy)
     import torch
     prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [9, 9, 9, 9, 9, 9]]
     params = SamplingParams(max_tokens=30, ignore_eos=True)

@@ -331,7 +331,7 @@ class ReferenceWithQ(DeviceReferenceDrafter):
 def test_overlapped_steps_never_verify_with_a_q_from_a_synchronous_step(tiny_model, monkeypatch):
     """A drafter that sends q in synchronous steps and drafts one-hot on the device: once the steps overlap again,
     no verdict takes the min(1, p/q) path with the q of an earlier step (the drafts it verifies are not that q's)."""
-    import verifier_service.engine as engine_module
+    import verifier_service.verify_stage as verify_stage
     k, vocab = 3, tiny_model.config.vocab_size
     prompts = random_prompts([6, 9], vocab, seed=21)
     sampled = SamplingParams(max_tokens=24, temperature=0.8, seed=3, ignore_eos=True)
@@ -342,12 +342,12 @@ def test_overlapped_steps_never_verify_with_a_q_from_a_synchronous_step(tiny_mod
     for i, (prompt, params) in enumerate(zip(prompts, [sampled, penalised])):
         engine.add_request(f"r{i}", prompt, params)
         drafter.follow(engine.by_request[f"r{i}"].seq_id, prompt + expected[i])
-    seen, launching, real = [], [None], engine_module.sample
+    seen, launching, real = [], [None], verify_stage.sample
 
     def spy(logits, rows, sampling, draft_probs=None, forced_accepts=None, token_masks=None):
         seen.append((launching[0], draft_probs is not None))    # (overlapped launch, verified with a q)
         return real(logits, rows, sampling, draft_probs, forced_accepts, token_masks=token_masks)
-    monkeypatch.setattr(engine_module, "sample", spy)
+    monkeypatch.setattr(verify_stage, "sample", spy)
     launch = engine._launch
 
     def launch_spy(entries, previous, overlap):

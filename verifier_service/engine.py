@@ -2,9 +2,9 @@
 
     schedule   which sequences run, with which tokens (scheduler.py): decoders verify [last token, drafts...],
                prompts prefill a chunk
-    launch     the target's forward over them (executor.py), then the verdict on the device (sampler/):
-               accepted drafts and each sampled sequence's emitted token; the drafter is asked on the device when
-               it drafts there (drafting_stage.py); nothing is read back yet
+    launch     the target's forward over them (executor.py), then the verdict on the device (verify_stage.py,
+               sampler/): accepted drafts and each sampled sequence's emitted token; the drafter is asked on the
+               device when it drafts there (drafting_stage.py); nothing is read back yet
     read       the verdict on the host: the step's one sync (in_flight.py)
     commit     accepted drafts join each sequence's cache, emitted tokens its output; stop checks; a drafter that
                needs the tokens on the host is asked now for the next step's drafts
@@ -21,7 +21,6 @@ scheduler, the block manager and the drafting stage at their own moments.
 """
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import random
@@ -29,10 +28,8 @@ import time
 from dataclasses import dataclass, field
 from itertools import chain
 
-import numpy as np
 import torch
 
-from kernels.sampling import cu_rows_of
 from specdec.drafting import Drafter
 from specdec.grammar import GrammarError, Grammars
 from specdec.models.pinned_upload import PinnedUpload
@@ -44,11 +41,11 @@ from .draft_policy import DraftPolicy
 from .drafting_stage import DraftingStage
 from .executor import Executor
 from .forced_acceptance import ForcedAcceptance
-from .in_flight import ChainedInputs, InFlightStep, unread_emitted
-from .sampler import (DeviceVerdict, SamplingBatch, TokenLogprob, VerifyRows, draft_probs_rows, grammar_row_masks,
-                      sample)
+from .in_flight import ChainedInputs, InFlightStep
+from .sampler import TokenLogprob
 from .scheduler import ScheduledSeq, Scheduler, SchedulerConfig
 from .sequence import Sequence
+from .verify_stage import VerifyStage
 
 log = logging.getLogger(__name__)
 
@@ -107,11 +104,8 @@ class SpecEngine:
         self._seeds = random.Random()
         self.by_request: dict[str, Sequence] = {}
         self.eos = set(executor.config.eos_token_id)
-        # pinned host → device copies of what a step uploads: no wait for the device before the sampler's sync
-        self._upload_verify = PinnedUpload(device)
-        self._upload_sampling = (PinnedUpload(device), PinnedUpload(device))
-        self._upload_fill = PinnedUpload(device)
-        self._upload_masks = (PinnedUpload(device), PinnedUpload(device))   # rows, bitmasks
+        self.verifying = VerifyStage(device, grammars, config.forced_acceptance)
+        self._upload_fill = PinnedUpload(device)   # an overlapped step's inputs from the unread one (ChainedInputs)
         self._in_flight: LaunchedStep | None = None   # an overlapped step launched and not read yet
         capacity = executor.blocks.kv_blocks.size * executor.block_size
         self.max_len = min(config.max_context, capacity) if config.max_context else capacity
@@ -287,7 +281,7 @@ class SpecEngine:
         self.step_count += 1
         self.overlapped_draft_steps += overlap and any(p.num_drafts for p in entries)
         sampled = [p for p in entries if p.samples]            # before the counts below move
-        forced = self._forced_counts(sampled)
+        forced = self.verifying.forced_counts(sampled)
         unread = previous.verdict if previous is not None else None
         chained = ChainedInputs(entries, unread, self._upload_fill, self.executor.block_size) if overlap else None
         self.trace.mark("forward.begin", batch=len(entries))
@@ -301,7 +295,8 @@ class SpecEngine:
         if unread is not None and any(p.seq.grammar is not None for p in sampled):
             self._launched(entries)           # (the launch's bookkeeping before the read, as on the other path)
             read_early, unread = self._read(previous), None
-        verdict = self._verdict(entries, sampled, logits, forced, unread, overlap) if sampled else None
+        verdict = self.verifying.verdict(entries, sampled, logits, self.executor.last_batch.input_ids, forced, unread,
+                                         overlap) if sampled else None
         if staging is not None:      # the drafter's hidden rows placed by the accepted counts, before the sync
             staging.gather(hidden, verdict.accepted if verdict is not None else None)
         self.trace.mark("forward.launched")
@@ -321,47 +316,6 @@ class SpecEngine:
     def _launched(entries: list[ScheduledSeq]) -> None:
         for p in entries:
             p.seq.launched(len(p.chunk), p.num_drafts, p.samples, p.decoding)
-
-    def _verdict(self, entries: list[ScheduledSeq], sampled: list[ScheduledSeq], logits: torch.Tensor,
-                 forced: list[int] | None, unread: InFlightStep | None, overlap: bool) -> DeviceVerdict:
-        """The sampler on this step's logit rows ([R, V]: k_b + 1 per sampled entry). The drafts are read back from
-        the staged input ids on the device (written there from the unread step when overlapped, never seen by
-        the host). Overlapped steps verify drafts made on the device, always one-hot: a q a drafter sent in an
-        earlier synchronous step is not theirs."""
-        s, chosen = len(sampled), {id(p) for p in sampled}   # (not p.samples: an early read has moved the counts)
-        starts = np.cumsum([0] + [len(p.chunk) for p in entries])[:-1]
-        firsts = np.fromiter((at + 1 for at, p in zip(starts, entries) if id(p) in chosen), np.int64, count=s)
-        num_drafts = np.fromiter((p.num_drafts for p in sampled), np.int64, count=s)
-        width = int(num_drafts.max(initial=0))
-        cols = np.arange(width)[None, :]
-        where = np.where(cols < num_drafts[:, None], firsts[:, None] + cols, -1)              # [S, K] flat index
-        host = [where.ravel(), num_drafts, cu_rows_of(num_drafts)] + ([] if forced is None else [np.asarray(forced)])
-        flat = self._upload_verify(np.concatenate(host).astype(np.int64))                    # SK + S + S + 1 (+ S)
-        index, at = flat[:s * width].view(s, width), s * width
-        input_ids = self.executor.last_batch.input_ids
-        rows = VerifyRows(torch.where(index >= 0, input_ids[index.clamp(min=0)], -1), flat[at:at + s],
-                          flat[at + s:at + 2 * s + 1], width)
-        forced_accepts = None if forced is None else flat[at + 2 * s + 1:]
-        # grammar masks: filled on the host while the forward runs (after the committed tokens and the host's drafts)
-        masks = grammar_row_masks(sampled, self.grammars, logits.shape[-1], self._upload_masks)
-        if all(p.seq.params.argmax_only for p in sampled):   # no sampling state, no draws
-            return sample(logits, rows, None, None, forced_accepts, token_masks=masks)
-        uses_q = [not overlap and p.seq.draft_probs is not None and p.num_drafts > 0 and not p.seq.params.greedy
-                  for p in sampled]
-        sampling = SamplingBatch.of([p.seq for p in sampled], uses_q, logits.shape[-1], self._upload_sampling)
-        if unread is not None and unread.sampled:   # + the unread step's tokens, which only the device knows
-            sampling = dataclasses.replace(sampling, offsets=sampling.offsets + unread_emitted(
-                sampled, unread, self._upload_sampling[1]))
-        return sample(logits, rows, sampling, draft_probs_rows(sampled, uses_q, logits), forced_accepts,
-                      token_masks=masks)
-
-    def _forced_counts(self, sampled: list[ScheduledSeq]) -> list[int] | None:
-        """Forced acceptance (benchmarks): each verify step's count, keyed by the request's seed and how many
-        verify steps it launched before, so every path draws the same schedule."""
-        forced = self.config.forced_acceptance
-        if not forced:
-            return None
-        return forced.draw([(p.seq.seed, p.seq.verify_launches) for p in sampled])
 
     def _settle(self, step: LaunchedStep) -> None:
         """Attach a launched step's drafts (waiting for a drafter service's answer) and count them per sequence."""
