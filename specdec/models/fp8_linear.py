@@ -35,7 +35,8 @@ class Fp8Linear(nn.Module):
 
 
 def to_fp8_linears(model: nn.Module, fmt: Fp8Format,
-                   stored: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None, only_stored: bool = False) -> int:
+                   stored: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
+                   only_stored: bool = False) -> int:
     """Replace each nn.Linear of `model` whose weight `fmt` converts by an Fp8Linear (tied weights, routers and
     the modules in fmt.not_converted stay). `stored`: weight name → (FP8 weight, scale_inv) to take as they are;
     only_stored: replace exactly those (an FP8 checkpoint's; Qwen3-Next's fused in_proj_qkvz / in_proj_ba, split at

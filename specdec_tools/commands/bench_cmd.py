@@ -173,8 +173,9 @@ def build_config(args: argparse.Namespace):
         profile=args.profile, profile_steps=args.profile_steps, trace_steps_dir=args.trace_steps,
         step_channel=args.step_channel, repeats=args.repeats, overlap=args.overlap,
         plot=not args.no_plot, seed=args.seed, tensor_parallel_size=args.tensor_parallel_size,
-        load_format=args.load_format, quantization=args.quantization, grammar=grammar, draft_masks=args.draft_masks, prefill_chunk=args.prefill_chunk,
-        service_defaults=args.service_defaults, lone_prefill_chunk=args.lone_prefill_chunk,
+        load_format=args.load_format, quantization=args.quantization, grammar=grammar, draft_masks=args.draft_masks,
+        prefill_chunk=args.prefill_chunk, service_defaults=args.service_defaults,
+        lone_prefill_chunk=args.lone_prefill_chunk,
         command="specdec " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
 
 
