@@ -37,16 +37,15 @@ class Fp8Linear(nn.Module):
 def to_fp8_linears(model: nn.Module, fmt: Fp8Format,
                    stored: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
                    only_stored: bool = False) -> int:
-    """Replace each nn.Linear of `model` whose weight `fmt` converts by an Fp8Linear (tied weights, routers and
-    the modules in fmt.not_converted stay). `stored`: weight name → (FP8 weight, scale_inv) to take as they are;
-    only_stored: replace exactly those (an FP8 checkpoint's; Qwen3-Next's fused in_proj_qkvz / in_proj_ba, split at
+    """Replace each nn.Linear of `model` whose weight `fmt` converts by an Fp8Linear (the LM head, routers and the
+    modules in fmt.not_converted stay: Fp8Format.converts). `stored`: weight name → (FP8 weight, scale_inv) to take
+    as they are; only_stored: replace exactly those (an FP8 checkpoint's; Qwen3-Next's fused in_proj_qkvz / in_proj_ba, split at
     load, stay dequantized). Returns how many linears were replaced. Call before fuse_projections and before any
     CUDA graph capture."""
     stored = stored or {}
-    tied = {id(p) for name, p in model.named_parameters() if name.endswith("embed_tokens.weight")}
     swapped: dict[int, Fp8Linear] = {}
     for name, module in list(model.named_modules()):
-        if not isinstance(module, nn.Linear) or module.bias is not None or id(module.weight) in tied:
+        if not isinstance(module, nn.Linear) or module.bias is not None:
             continue
         key = f"{name}.weight"
         if not (key in stored if only_stored else fmt.converts(key, tuple(module.weight.shape))):
