@@ -39,9 +39,9 @@ def to_fp8_linears(model: nn.Module, fmt: Fp8Format,
                    only_stored: bool = False) -> int:
     """Replace each nn.Linear of `model` whose weight `fmt` converts by an Fp8Linear (the LM head, routers and the
     modules in fmt.not_converted stay: Fp8Format.converts). `stored`: weight name → (FP8 weight, scale_inv) to take
-    as they are; only_stored: replace exactly those (an FP8 checkpoint's; Qwen3-Next's fused in_proj_qkvz / in_proj_ba, split at
-    load, stay dequantized). Returns how many linears were replaced. Call before fuse_projections and before any
-    CUDA graph capture."""
+    as they are; only_stored: replace exactly those (an FP8 checkpoint's; Qwen3-Next's fused in_proj_qkvz /
+    in_proj_ba, split at load, stay dequantized). Returns how many linears were replaced. Call before
+    fuse_projections and before any CUDA graph capture."""
     stored = stored or {}
     swapped: dict[int, Fp8Linear] = {}
     for name, module in list(model.named_modules()):
