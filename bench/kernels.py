@@ -13,6 +13,7 @@ Sections (rows: milliseconds per call, GB/s, fraction of the device-copy rooflin
                            the other kernels of a layer, decode and k+1 tokens, vs their torch references
                            (layer_kernels.py; attention over --context cached positions, MoE at the Qwen3-Next
                            shape: 512 experts, top 10)
+  moe-route / -experts / -block  with --moe only: a MoE block's decode kernels at two shapes (moe_kernels.py)
   sampling                 the one-launch speculative sampler vs the torch path (greedy, coupled, q rows; CUDA
                            and --smoke: sampling_bench.py)
   step                     plain decode and k=3 verify of a random 4B-shaped model (--layers of it), eager vs
@@ -191,7 +192,9 @@ def main() -> int:
                    help="only sweep the paged-attention tunings for one prompt chunk at this context (e.g. 1024:7168)")
     p.add_argument("--fp8-linear", metavar="ROWS", type=int, nargs="+", default=None,
                    help="only the FP8 linear against bf16 at these row counts (e.g. 1 2 4 16 64 256 1024 4096)")
-    p.add_argument("--sweep", action="store_true", help="with --fp8-linear: time every candidate tiling too")
+    p.add_argument("--moe", metavar="TOKENS", type=int, nargs="+", default=None,
+                   help="only the MoE block's decode kernels at these token counts (e.g. 1 2 4 8 16 32)")
+    p.add_argument("--sweep", action="store_true", help="with --fp8-linear / --moe: time every candidate tiling too")
     args = p.parse_args()
     device = torch.device(args.device)
     shape = SHAPE_SMOKE if args.smoke else SHAPE_4B
@@ -214,6 +217,11 @@ def main() -> int:
     if args.fp8_linear:
         from fp8_kernels import fp8_linear_rows
         guarded(rows, "fp8-linear", lambda: fp8_linear_rows(args.fp8_linear, device, copy_bw, args.sweep, args.smoke))
+        print(table(rows))
+        return 0
+    if args.moe:
+        from moe_kernels import moe_rows
+        guarded(rows, "moe", lambda: moe_rows(args.moe, device, copy_bw, args.sweep, args.smoke))
         print(table(rows))
         return 0
     gdn_conv = not (args.skip_kernels or args.only_sampling)

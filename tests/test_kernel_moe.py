@@ -1,8 +1,9 @@
-"""MoE routed experts: Triton grouped GEMMs vs the torch loop, kernel-level and whole-model.
+"""MoE routing and routed experts: the Triton kernels (routing, per-pair decode GEMVs, grouped GEMMs) vs the torch
+references, kernel-level and whole-model.
 
-CPU: the Triton path under TRITON_INTERPRET=1; whole-model checks swap it into SparseMoE on the tiny qwen3_5_moe and
-qwen3_next configs (fp32) and compare logits and greedy decoding. GPU (`-m gpu`): a Qwen3.5-MoE-like shape, no
-host sync (torch's sync debug mode), and capture in a CUDA graph.
+CPU: the Triton paths under TRITON_INTERPRET=1; whole-model checks swap them into SparseMoE on the tiny qwen3_5_moe
+and qwen3_next configs (fp32) and compare logits and greedy decoding. GPU (`-m gpu`): a Qwen3.5-MoE-like shape,
+no host sync (torch's sync debug mode), and capture in a CUDA graph.
 """
 import os
 
@@ -12,10 +13,15 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from kernels.moe import moe_experts, moe_experts_ref  # noqa: E402
+from kernels.moe import DECODE_MAX_PAIRS, moe_experts, moe_experts_ref  # noqa: E402
 from kernels.moe.routing import max_padded_rows, sort_pairs_by_expert  # noqa: E402
+from kernels.moe_route import moe_route, moe_route_ref  # noqa: E402
 
 triton_moe = pytest.importorskip("kernels.moe.triton_moe")
+triton_moe_decode = pytest.importorskip("kernels.moe.triton_moe_decode")
+triton_moe_route = pytest.importorskip("kernels.moe_route.triton_moe_route")
+KERNELS = {"grouped": lambda *a, **kw: triton_moe.moe_experts_triton(*a, **kw),
+           "decode": lambda *a, **kw: triton_moe_decode.moe_experts_decode_triton(*a, **kw)}
 
 
 def make_moe(num_tokens, hidden, inter, num_experts, top_k, dtype=torch.float32, device="cpu", seed=0,
@@ -43,30 +49,88 @@ CASES = {  # tokens, hidden, intermediate, experts, top_k, skewed
 }
 
 
+@pytest.mark.parametrize("kernel", list(KERNELS))
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
-def test_triton_matches_reference(case):
+def test_triton_matches_reference(case, kernel):
     *shape, skewed = CASES[case]
     x, gate_up, down, weights, ids = make_moe(*shape, skewed=skewed, seed=len(case))
     want = moe_experts_ref(x, gate_up, down, weights, ids)
-    got = triton_moe.moe_experts_triton(x, gate_up, down, weights, ids)
+    got = KERNELS[kernel](x, gate_up, down, weights, ids)
     assert not got.isnan().any()
     assert (got - want).abs().max().item() <= 1e-5
 
 
-def test_fp16_matches_reference():
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_shared_expert_combine_matches_reference(kernel):
+    """out = routed + sigmoid(g) · shared, with a gate logit per token (one negative, one large)."""
+    x, gate_up, down, weights, ids = make_moe(3, 40, 24, 5, 2, seed=6)
+    shared = torch.randn(3, 40)
+    shared_gate = torch.tensor([[-1.5], [0.3], [4.0]])
+    want = moe_experts_ref(x, gate_up, down, weights, ids, shared, shared_gate)
+    got = KERNELS[kernel](x, gate_up, down, weights, ids, shared, shared_gate)
+    assert (got - want).abs().max().item() <= 1e-5
+    without = KERNELS[kernel](x, gate_up, down, weights, ids)
+    assert (got - without - shared * torch.sigmoid(shared_gate)).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_fp16_matches_reference(kernel):
     x, gate_up, down, weights, ids = make_moe(9, 40, 24, 5, 2, dtype=torch.float16, seed=3)
     want = moe_experts_ref(x.float(), gate_up.float(), down.float(), weights, ids)
-    got = triton_moe.moe_experts_triton(x, gate_up, down, weights, ids)
+    got = KERNELS[kernel](x, gate_up, down, weights, ids)
     assert (got.float() - want).abs().max().item() <= 1e-2
 
 
-def test_parity_is_sharp_against_a_wrong_routing_weight():
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_parity_is_sharp_against_a_wrong_routing_weight(kernel):
     """A planted defect (one routing weight off by 10%) fails the same comparison."""
     x, gate_up, down, weights, ids = make_moe(7, 40, 24, 5, 2, seed=4)
     planted = weights.clone()
     planted[3, 1] *= 1.1
-    got = triton_moe.moe_experts_triton(x, gate_up, down, planted, ids)
+    got = KERNELS[kernel](x, gate_up, down, planted, ids)
     assert (got - moe_experts_ref(x, gate_up, down, weights, ids)).abs().max().item() > 1e-3
+
+
+def test_decode_tiles_cover_edges():
+    """Tiles that do not divide H or I (masked edges) and several K steps give the same result."""
+    x, gate_up, down, weights, ids = make_moe(2, 40, 24, 5, 3, seed=7)
+    want = moe_experts_ref(x, gate_up, down, weights, ids)
+    tiles = triton_moe_decode.GemvTiles(block_n=16, block_k=16), triton_moe_decode.GemvTiles(block_n=32, block_k=8)
+    got = triton_moe_decode.moe_experts_decode_triton(x, gate_up, down, weights, ids, tiles=tiles)
+    assert (got - want).abs().max().item() <= 1e-5
+
+
+# ---- routing: softmax → top-k → renormalise in one launch ----------------------------------------------------
+@pytest.mark.parametrize("renormalise", [True, False])
+@pytest.mark.parametrize("num_tokens,num_experts,top_k", [(1, 4, 2), (5, 6, 3), (3, 64, 8), (2, 10, 10)])
+def test_route_matches_reference(num_tokens, num_experts, top_k, renormalise):
+    logits = torch.randn(num_tokens, num_experts, generator=torch.Generator().manual_seed(num_experts)) * 3
+    want_w, want_ids = moe_route_ref(logits, top_k, renormalise)
+    got_w, got_ids = triton_moe_route.moe_route_triton(logits, top_k, renormalise)
+    assert got_ids.dtype == torch.int64 and got_w.dtype == torch.float32
+    assert torch.equal(got_ids, want_ids), "same experts, in descending order"
+    assert (got_w - want_w).abs().max().item() <= 1e-6
+
+
+def test_route_picks_the_lowest_id_among_equal_logits_and_is_sharp():
+    logits = torch.tensor([[0.5, 2.0, 2.0, -1.0, 2.0]])
+    weights, ids = triton_moe_route.moe_route_triton(logits, 2, True)
+    assert ids.tolist() == [[1, 2]] and torch.allclose(weights, torch.tensor([[0.5, 0.5]]))
+    # a planted defect: one logit moved slightly changes the pick (the comparison is not vacuous)
+    moved = logits.clone()
+    moved[0, 4] += 1e-3
+    assert triton_moe_route.moe_route_triton(moved, 2, True)[1].tolist() == [[4, 1]]
+
+
+def test_route_refuses_top_k_beyond_the_experts():
+    with pytest.raises(ValueError, match="top_k 5 must be in 1..4"):
+        triton_moe_route.moe_route_triton(torch.randn(2, 4), 5, True)
+
+
+def test_route_entry_point_dispatches_to_reference_on_cpu():
+    logits = torch.randn(3, 8)
+    got, want = moe_route(logits, 2, False), moe_route_ref(logits, 2, False)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 @pytest.mark.parametrize("num_tokens,top_k,num_experts,block_m", [(1, 2, 5, 16), (33, 3, 8, 16), (20, 2, 6, 4)])
@@ -105,7 +169,9 @@ def moe_model(request, tmp_path):
     return load_model(tmp_path)
 
 
-def test_model_logits_and_greedy_decoding_unchanged(moe_model, monkeypatch):
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_model_logits_and_greedy_decoding_unchanged(moe_model, monkeypatch, kernel):
+    """The Triton routing and experts (grouped, or per-pair GEMVs at every size) swapped into the tiny models."""
     from test_model_parity import PROMPTS, ragged_logits
 
     import specdec.models.mlp as mlp
@@ -120,9 +186,10 @@ def test_model_logits_and_greedy_decoding_unchanged(moe_model, monkeypatch):
 
     want_logits, want_tokens = run()
     calls = []
-    monkeypatch.setattr(mlp, "moe_experts", lambda *a: calls.append(1) or triton_moe.moe_experts_triton(*a))
+    monkeypatch.setattr(mlp, "moe_experts", lambda *a: calls.append(1) or KERNELS[kernel](*a))
+    monkeypatch.setattr(mlp, "moe_route", lambda *a: calls.append(2) or triton_moe_route.moe_route_triton(*a))
     got_logits, got_tokens = run()
-    assert calls, "the Triton experts were not used"
+    assert 1 in calls and 2 in calls, "the Triton routing and experts were not used"
     assert (got_logits - want_logits).abs().max().item() <= 1e-4
     assert got_tokens == want_tokens
 
@@ -137,13 +204,16 @@ def _gpu_case(num_tokens, seed=0):
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_tokens", [1, 4, 64, 2048])
 def test_gpu_moe_shape_matches_reference_without_host_sync(num_tokens):
+    """1 and 4 tokens take the per-pair GEMVs, 64 and 2048 the grouped GEMMs; both add the shared expert."""
     x, gate_up, down, weights, ids = _gpu_case(num_tokens)
-    want = moe_experts_ref(x.float(), gate_up.float(), down.float(), weights, ids)
-    moe_experts(x, gate_up, down, weights, ids)  # compile outside the sync check
+    shared, shared_gate = torch.randn_like(x), torch.randn(num_tokens, 1, device="cuda", dtype=x.dtype)
+    want = moe_experts_ref(x.float(), gate_up.float(), down.float(), weights, ids, shared.float(), shared_gate.float())
+    moe_experts(x, gate_up, down, weights, ids, shared, shared_gate)  # compile outside the sync check
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        got = moe_experts(x, gate_up, down, weights, ids)
+        got = moe_experts(x, gate_up, down, weights, ids, shared, shared_gate)
+        moe_route(torch.randn(num_tokens, 256, device="cuda"), 8, True)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     err = (got.float() - want).abs().max().item()
@@ -151,15 +221,28 @@ def test_gpu_moe_shape_matches_reference_without_host_sync(num_tokens):
 
 
 @pytest.mark.gpu
-def test_gpu_moe_replays_in_a_cuda_graph():
-    x, gate_up, down, weights, ids = _gpu_case(16)
+def test_gpu_route_matches_reference():
+    logits = torch.randn(64, 512, device="cuda", dtype=torch.bfloat16) * 2
+    for renormalise in (True, False):
+        want_w, want_ids = moe_route_ref(logits, 10, renormalise)
+        got_w, got_ids = moe_route(logits, 10, renormalise)
+        assert torch.equal(got_ids, want_ids)
+        assert (got_w - want_w).abs().max().item() <= 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_tokens", [2, 16])
+def test_gpu_moe_replays_in_a_cuda_graph(num_tokens):
+    """2 tokens: the per-pair GEMVs; 16: the grouped GEMMs."""
+    assert (num_tokens * 8 <= DECODE_MAX_PAIRS) == (num_tokens == 2)
+    x, gate_up, down, weights, ids = _gpu_case(num_tokens)
     static = [t.clone() for t in (x, weights, ids)]
     moe_experts(static[0], gate_up, down, static[1], static[2])
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = moe_experts(static[0], gate_up, down, static[1], static[2])
-    x2, _, _, w2, ids2 = _gpu_case(16, seed=1)  # new tokens and a new routing, same shapes
+    x2, _, _, w2, ids2 = _gpu_case(num_tokens, seed=1)  # new tokens and a new routing, same shapes
     for dst, src in zip(static, (x2, w2, ids2)):
         dst.copy_(src)
     graph.replay()

@@ -105,13 +105,16 @@ def moe_experts_triton(
     down: torch.Tensor,          # [E, H, I]
     topk_weights: torch.Tensor,  # [T, K] fp32
     topk_ids: torch.Tensor,      # [T, K]
+    shared: torch.Tensor | None = None,       # [T, H]
+    shared_gate: torch.Tensor | None = None,  # [T, 1]
 ) -> torch.Tensor:               # [T, H]
     num_tokens, hidden = x.shape
     num_experts, two_inter, _ = gate_up.shape
     inter_size, top_k = two_inter // 2, topk_ids.shape[1]
     num_pairs = num_tokens * top_k
     if num_pairs == 0:
-        return torch.zeros_like(x)
+        out = torch.zeros_like(x)
+        return out if shared is None else out + shared * torch.sigmoid(shared_gate)
     for name, t in (("x", x), ("gate_up", gate_up), ("down", down)):
         if t.stride(-1) != 1:
             raise ValueError(f"moe_experts: {name} needs a contiguous last dimension (strides {t.stride()})")
@@ -131,4 +134,5 @@ def moe_experts_triton(
         inter, down, weights, pair_out, sorted_pairs, block_experts, num_pairs, num_experts, hidden, inter_size,
         inter.stride(0), down.stride(0), down.stride(1), pair_out.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, IEEE=ieee, num_warps=num_warps)
-    return pair_out.view(num_tokens, top_k, hidden).sum(1).to(x.dtype)
+    out = pair_out.view(num_tokens, top_k, hidden).sum(1).to(x.dtype)
+    return out if shared is None else out + shared * torch.sigmoid(shared_gate)

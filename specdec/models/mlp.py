@@ -5,6 +5,7 @@ from torch import nn
 
 from kernels.activation import silu_mul
 from kernels.moe import moe_experts
+from kernels.moe_route import moe_route
 
 from .fused_linear import FusedLinear
 from .model_config import ModelConfig
@@ -25,8 +26,9 @@ class SwiGLU(nn.Module):
 class SparseMoE(nn.Module):
     """Softmax router → top-k experts (weights renormalised when norm_topk_prob) + shared expert × sigmoid gate.
 
-    Experts are stored fused: gate_up [E, 2I, H] (gate rows first), down [E, H, I]. The router runs here on the
-    device; `kernels.moe.moe_experts` runs the chosen experts (grouped Triton GEMMs on a GPU, no host sync).
+    Experts are stored fused: gate_up [E, 2I, H] (gate rows first), down [E, H, I]. On a GPU, without a host
+    sync: `kernels.moe_route` picks each token's experts in one launch, `kernels.moe.moe_experts` runs them and
+    adds the gated shared expert (per-pair GEMVs for a few tokens, grouped GEMMs for more).
     """
 
     def __init__(self, config: ModelConfig):
@@ -40,10 +42,6 @@ class SparseMoE(nn.Module):
         self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, H]
-        probs = torch.softmax(self.gate(x).float(), dim=-1)                # [T, E]
-        weights, chosen = probs.topk(self.top_k, dim=-1)                   # [T, top_k]
-        if self.renormalise:
-            weights = weights / weights.sum(-1, keepdim=True)
-        routed = moe_experts(x, self.experts_gate_up, self.experts_down, weights, chosen)  # [T, H]
-        shared = self.shared_expert(x) * torch.sigmoid(self.shared_expert_gate(x))
-        return routed + shared
+        weights, chosen = moe_route(self.gate(x), self.top_k, self.renormalise)          # [T, top_k] each
+        return moe_experts(x, self.experts_gate_up, self.experts_down, weights, chosen,  # [T, H]
+                           self.shared_expert(x), self.shared_expert_gate(x))

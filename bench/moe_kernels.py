@@ -1,0 +1,117 @@
+"""bench/kernels.py --moe: a sparse MoE block's decode kernels at two shapes, against what they replace.
+
+Shapes: `4b-moe` (the make-tiny qwen3.5-4b preset as qwen3_5_moe: hidden 2560, 64 experts, top 8, expert and shared
+width 512) and `next-80b` (Qwen3-Next-80B-A3B: hidden 2048, 512 experts, top 10, widths 512). Rows per token count:
+  route      torch (softmax, topk, renormalise) vs ours (one Triton launch)
+  experts    grouped (pairs sorted by expert, grouped GEMMs), decode (a GEMV per pair; up to 256 pairs) and ours
+             (what kernels.moe dispatches to); with --sweep, the decode GEMVs at other tiles
+  block      the whole SparseMoE forward as before this kernel (router, torch routing, grouped experts, shared
+             expert combined in torch) vs now (router, Triton routing, dispatched experts with the combine fused)
+Each is timed in a CUDA graph over calls that alternate between two copies of the experts (so that a call finds
+none of its weights in L2); bytes are the experts the tokens reach, read once, plus (block rows) the router and
+shared expert weights.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from timing import row, time_ms
+
+SHAPES = {"4b-moe": dict(hidden=2560, inter=512, experts=64, top_k=8, shared=512),
+          "next-80b": dict(hidden=2048, inter=512, experts=512, top_k=10, shared=512)}
+SHAPES_SMOKE = {"smoke": dict(hidden=64, inter=32, experts=8, top_k=2, shared=32)}
+BF16 = torch.bfloat16
+
+
+def tile_candidates() -> list:
+    from kernels.moe.triton_moe_decode import GemvTiles
+    return [GemvTiles(n, k, w) for n in (4, 8, 16, 32) for k in (128, 256, 512) for w in (4, 8)]
+
+
+class MoEBlockCase:
+    """Random weights of one MoE block (two copies of the routed experts) and T tokens with their routing."""
+
+    def __init__(self, s: dict, num_tokens: int, device):
+        h, i, e, k = s["hidden"], s["inter"], s["experts"], s["top_k"]
+        self.top_k = k
+        self.experts = [(torch.randn(e, 2 * i, h, device=device, dtype=BF16) * h ** -0.5,
+                         torch.randn(e, h, i, device=device, dtype=BF16) * i ** -0.5) for _ in range(2)]
+        self.router = torch.randn(e, h, device=device, dtype=BF16) * h ** -0.5
+        self.shared_gate_up = torch.randn(2 * s["shared"], h, device=device, dtype=BF16) * h ** -0.5
+        self.shared_down = torch.randn(h, s["shared"], device=device, dtype=BF16) * s["shared"] ** -0.5
+        self.shared_gate = torch.randn(1, h, device=device, dtype=BF16) * h ** -0.5
+        self.x = torch.randn(num_tokens, h, device=device, dtype=BF16)
+        logits = F.linear(self.x, self.router)
+        from kernels.moe_route import moe_route_ref
+        self.weights, self.ids = moe_route_ref(logits, k, True)
+        self.logits, self.calls = logits, 0
+        reached = int(self.ids.unique().numel())
+        self.expert_bytes = reached * 3 * i * h * 2 + 2 * self.x.numel() * 2
+        self.block_bytes = self.expert_bytes + (self.router.numel() + self.shared_gate_up.numel()
+                                                + self.shared_down.numel() + self.shared_gate.numel()) * 2
+
+    def next_experts(self):
+        """The copy of the experts this call reads (alternating: a captured run of calls cycles through both)."""
+        self.calls += 1
+        return self.experts[self.calls % 2]
+
+    def shared(self, x):
+        from kernels.activation import silu_mul
+        return F.linear(silu_mul(F.linear(x, self.shared_gate_up)), self.shared_down)
+
+    def block_before(self):
+        """SparseMoE.forward before the decode kernels: torch routing, grouped experts, combine in torch."""
+        from kernels.moe.triton_moe import moe_experts_triton
+        gate_up, down = self.next_experts()
+        probs = torch.softmax(F.linear(self.x, self.router).float(), dim=-1)
+        weights, ids = probs.topk(self.top_k, dim=-1)
+        weights = weights / weights.sum(-1, keepdim=True)
+        routed = moe_experts_triton(self.x, gate_up, down, weights, ids)
+        return routed + self.shared(self.x) * torch.sigmoid(F.linear(self.x, self.shared_gate))
+
+    def block_now(self):
+        from kernels.moe import moe_experts
+        from kernels.moe_route import moe_route
+        gate_up, down = self.next_experts()
+        weights, ids = moe_route(F.linear(self.x, self.router), self.top_k, True)
+        return moe_experts(self.x, gate_up, down, weights, ids, self.shared(self.x),
+                           F.linear(self.x, self.shared_gate))
+
+
+def moe_rows(tokens_list: list[int], device, copy_bw: float, sweep: bool, smoke: bool) -> list[dict]:
+    from kernels.moe import moe_experts
+    from kernels.moe.triton_moe import moe_experts_triton
+    from kernels.moe.triton_moe_decode import moe_experts_decode_triton
+    from kernels.moe_route import moe_route, moe_route_ref
+    out = []
+    for shape_name, s in (SHAPES_SMOKE if smoke else SHAPES).items():
+        for t in tokens_list:
+            c = MoEBlockCase(s, t, device)
+            case = f"{shape_name} T={t} ({t * c.top_k} pairs)"
+            route_bytes = c.logits.numel() * 2 + c.ids.numel() * 12
+            for impl, fn in (("torch", lambda: moe_route_ref(c.logits, c.top_k, True)),
+                             ("ours", lambda: moe_route(c.logits, c.top_k, True))):
+                ms, mode = time_ms(fn, device)
+                out.append(row("moe-route", case, impl, ms, mode, route_bytes, copy_bw))
+            impls = [("grouped", lambda: moe_experts_triton(c.x, *c.next_experts(), c.weights, c.ids))]
+            if t * c.top_k <= 256:
+                impls.append(("decode", lambda: moe_experts_decode_triton(c.x, *c.next_experts(), c.weights, c.ids)))
+            impls.append(("ours", lambda: moe_experts(c.x, *c.next_experts(), c.weights, c.ids)))
+            for impl, fn in impls:
+                ms, mode = time_ms(fn, device)
+                out.append(row("moe-experts", case, impl, ms, mode, c.expert_bytes, copy_bw))
+            for tiles in tile_candidates() if sweep and t * c.top_k <= 256 else []:
+                label = f"decode n{tiles.block_n}k{tiles.block_k}w{tiles.num_warps}"
+                try:
+                    ms, mode = time_ms(lambda: moe_experts_decode_triton(
+                        c.x, *c.next_experts(), c.weights, c.ids, tiles=(tiles, tiles)), device)
+                except Exception as e:  # noqa: BLE001 - a tiling the compiler refuses: say so, time the rest
+                    out.append(row("moe-experts", case, label, None, note=f"{type(e).__name__}: {str(e)[:80]}"))
+                    continue
+                out.append(row("moe-experts", case, label, ms, mode, c.expert_bytes, copy_bw))
+            for impl, fn in (("before", c.block_before), ("now", c.block_now)):
+                ms, mode = time_ms(fn, device)
+                out.append(row("moe-block", case, impl, ms, mode, c.block_bytes, copy_bw))
+            print(f"moe {case} done", flush=True)
+            del c
+    return out
