@@ -5,8 +5,9 @@ width 512) and `next-80b` (Qwen3-Next-80B-A3B: hidden 2048, 512 experts, top 10,
   route      torch (softmax, topk, renormalise) vs ours (one Triton launch)
   experts    grouped (pairs sorted by expert, grouped GEMMs), decode (a GEMV per pair; up to 256 pairs) and ours
              (what kernels.moe dispatches to); with --sweep, the decode GEMVs at other tiles
-  block      the whole SparseMoE forward as before this kernel (router, torch routing, grouped experts, shared
-             expert combined in torch) vs now (router, Triton routing, dispatched experts with the combine fused)
+  block      the whole SparseMoE forward as before the decode kernels (router and shared gate GEMMs, torch
+             routing, grouped experts, shared expert and combine in torch) vs now (one GEMM for both gates, Triton
+             routing, dispatched experts with the shared expert fused in for a few tokens)
 Each is timed in a CUDA graph over calls that alternate between two copies of the experts (so that a call finds
 none of its weights in L2); bytes are the experts the tokens reach, read once, plus (block rows) the router and
 shared expert weights.
@@ -25,7 +26,7 @@ BF16 = torch.bfloat16
 
 def tile_candidates() -> list:
     from kernels.moe.triton_moe_decode import GemvTiles
-    return [GemvTiles(n, k, w) for n in (4, 8, 16, 32) for k in (128, 256, 512) for w in (4, 8)]
+    return [GemvTiles(n, k, w) for n in (4, 8, 16) for k in (64, 128, 256) for w in (4, 8)]
 
 
 class MoEBlockCase:
@@ -40,6 +41,7 @@ class MoEBlockCase:
         self.shared_gate_up = torch.randn(2 * s["shared"], h, device=device, dtype=BF16) * h ** -0.5
         self.shared_down = torch.randn(h, s["shared"], device=device, dtype=BF16) * s["shared"] ** -0.5
         self.shared_gate = torch.randn(1, h, device=device, dtype=BF16) * h ** -0.5
+        self.router_and_shared_gate = torch.cat([self.router, self.shared_gate])           # [E + 1, H]
         self.x = torch.randn(num_tokens, h, device=device, dtype=BF16)
         logits = F.linear(self.x, self.router)
         from kernels.moe_route import moe_route_ref
@@ -55,27 +57,31 @@ class MoEBlockCase:
         self.calls += 1
         return self.experts[self.calls % 2]
 
-    def shared(self, x):
+    def shared_output(self, x):
         from kernels.activation import silu_mul
         return F.linear(silu_mul(F.linear(x, self.shared_gate_up)), self.shared_down)
 
     def block_before(self):
-        """SparseMoE.forward before the decode kernels: torch routing, grouped experts, combine in torch."""
+        """SparseMoE.forward before the decode kernels: router and shared gate GEMMs apart, torch routing, grouped
+        experts, the shared expert and the combine in torch."""
         from kernels.moe.triton_moe import moe_experts_triton
         gate_up, down = self.next_experts()
         probs = torch.softmax(F.linear(self.x, self.router).float(), dim=-1)
         weights, ids = probs.topk(self.top_k, dim=-1)
         weights = weights / weights.sum(-1, keepdim=True)
         routed = moe_experts_triton(self.x, gate_up, down, weights, ids)
-        return routed + self.shared(self.x) * torch.sigmoid(F.linear(self.x, self.shared_gate))
+        return routed + self.shared_output(self.x) * torch.sigmoid(F.linear(self.x, self.shared_gate))
 
     def block_now(self):
-        from kernels.moe import moe_experts
+        """SparseMoE.forward now: one GEMM for the router and the shared gate, Triton routing, the experts with
+        the shared expert (fused into the per-pair GEMVs for a few tokens)."""
+        from kernels.moe import SharedExpert, moe_experts
         from kernels.moe_route import moe_route
         gate_up, down = self.next_experts()
-        weights, ids = moe_route(F.linear(self.x, self.router), self.top_k, True)
-        return moe_experts(self.x, gate_up, down, weights, ids, self.shared(self.x),
-                           F.linear(self.x, self.shared_gate))
+        logits = F.linear(self.x, self.router_and_shared_gate)                            # [T, E + 1]
+        weights, ids = moe_route(logits[:, :-1], self.top_k, True)
+        shared = SharedExpert(logits[:, -1:], gate_up=self.shared_gate_up, down=self.shared_down)
+        return moe_experts(self.x, gate_up, down, weights, ids, shared)
 
 
 def moe_rows(tokens_list: list[int], device, copy_bw: float, sweep: bool, smoke: bool) -> list[dict]:

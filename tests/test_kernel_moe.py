@@ -13,7 +13,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from kernels.moe import DECODE_MAX_PAIRS, moe_experts, moe_experts_ref  # noqa: E402
+from kernels.moe import SharedExpert, moe_experts, moe_experts_ref, runs_decode_kernels  # noqa: E402
 from kernels.moe.routing import max_padded_rows, sort_pairs_by_expert  # noqa: E402
 from kernels.moe_route import moe_route, moe_route_ref  # noqa: E402
 
@@ -60,17 +60,56 @@ def test_triton_matches_reference(case, kernel):
     assert (got - want).abs().max().item() <= 1e-5
 
 
+def make_shared(num_tokens, hidden, width, seed=0, dtype=torch.float32, device="cpu"):
+    """A shared expert's weights and gate logits (one negative, one large, ...)."""
+    gen = torch.Generator().manual_seed(seed)
+    gate_up = torch.randn(2 * width, hidden, generator=gen) * hidden ** -0.5
+    down = torch.randn(hidden, width, generator=gen) * width ** -0.5
+    gate = (torch.tensor([-1.5, 0.3, 4.0, 0.0]).repeat(num_tokens)[:num_tokens, None])
+    to = lambda t: t.to(device=device, dtype=dtype)  # noqa: E731
+    return to(gate), to(gate_up), to(down)
+
+
 @pytest.mark.parametrize("kernel", list(KERNELS))
-def test_shared_expert_combine_matches_reference(kernel):
-    """out = routed + sigmoid(g) · shared, with a gate logit per token (one negative, one large)."""
+@pytest.mark.parametrize("form", ["weights", "output", "other-width"])
+def test_shared_expert_matches_reference(kernel, form):
+    """out = routed + sigmoid(g) · shared(x): the shared expert given as weights of the experts' width (the decode
+    kernels run it as one more GEMV row), as its output, or as weights of another width (computed apart)."""
     x, gate_up, down, weights, ids = make_moe(3, 40, 24, 5, 2, seed=6)
-    shared = torch.randn(3, 40)
-    shared_gate = torch.tensor([[-1.5], [0.3], [4.0]])
-    want = moe_experts_ref(x, gate_up, down, weights, ids, shared, shared_gate)
-    got = KERNELS[kernel](x, gate_up, down, weights, ids, shared, shared_gate)
+    gate, s_gate_up, s_down = make_shared(3, 40, 24 if form != "other-width" else 20, seed=6)
+    by_weights = SharedExpert(gate, gate_up=s_gate_up, down=s_down)
+    shared = SharedExpert(gate, output=by_weights.computed(x)) if form == "output" else by_weights
+    want = moe_experts_ref(x, gate_up, down, weights, ids, by_weights)
+    got = KERNELS[kernel](x, gate_up, down, weights, ids, shared)
     assert (got - want).abs().max().item() <= 1e-5
     without = KERNELS[kernel](x, gate_up, down, weights, ids)
-    assert (got - without - shared * torch.sigmoid(shared_gate)).abs().max().item() <= 1e-5
+    expected = by_weights.computed(x) * torch.sigmoid(gate)
+    assert (got - without - expected).abs().max().item() <= 1e-5
+    # planted defect: the shared expert's gate logit of one token moved; its row (only) must change
+    moved = SharedExpert(gate + torch.tensor([[0.0], [0.5], [0.0]]), gate_up=shared.gate_up, down=shared.down,
+                         output=shared.output)
+    diff = (KERNELS[kernel](x, gate_up, down, weights, ids, moved) - got).abs().amax(-1)
+    assert diff[1] > 1e-3 and diff[0] == 0 and diff[2] == 0
+
+
+def test_shared_expert_needs_weights_or_output():
+    with pytest.raises(ValueError, match="either its output or both its weights"):
+        SharedExpert(torch.zeros(1, 1))
+
+
+def test_decode_kernels_fuse_only_a_plain_shared_expert_of_the_experts_width():
+    _, gate_up, _, _, _ = make_moe(1, 40, 24, 5, 2)
+    gate, s_gate_up, s_down = make_shared(1, 40, 24)
+    assert triton_moe_decode.fuses(SharedExpert(gate, gate_up=s_gate_up, down=s_down), gate_up)
+    assert not triton_moe_decode.fuses(SharedExpert(gate, gate_up=s_gate_up[:40], down=s_down[:, :20]), gate_up)
+    assert not triton_moe_decode.fuses(SharedExpert(gate, gate_up=s_gate_up.half(), down=s_down.half()), gate_up)
+    assert not triton_moe_decode.fuses(SharedExpert(gate, output=torch.zeros(1, 40)), gate_up)
+
+
+@pytest.mark.parametrize("num_pairs,num_experts,decode", [(8, 64, True), (128, 64, True), (136, 64, False),
+                                                          (256, 512, True), (264, 512, False), (4, 2, True)])
+def test_dispatch_rule(num_pairs, num_experts, decode):
+    assert runs_decode_kernels(num_pairs, num_experts) == decode
 
 
 @pytest.mark.parametrize("kernel", list(KERNELS))
@@ -204,15 +243,17 @@ def _gpu_case(num_tokens, seed=0):
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_tokens", [1, 4, 64, 2048])
 def test_gpu_moe_shape_matches_reference_without_host_sync(num_tokens):
-    """1 and 4 tokens take the per-pair GEMVs, 64 and 2048 the grouped GEMMs; both add the shared expert."""
+    """1 and 4 tokens take the per-pair GEMVs (the shared expert fused), 64 and 2048 the grouped GEMMs."""
     x, gate_up, down, weights, ids = _gpu_case(num_tokens)
-    shared, shared_gate = torch.randn_like(x), torch.randn(num_tokens, 1, device="cuda", dtype=x.dtype)
-    want = moe_experts_ref(x.float(), gate_up.float(), down.float(), weights, ids, shared.float(), shared_gate.float())
-    moe_experts(x, gate_up, down, weights, ids, shared, shared_gate)  # compile outside the sync check
+    gate, s_gate_up, s_down = make_shared(num_tokens, 2048, 512, dtype=x.dtype, device="cuda")
+    shared = SharedExpert(gate, gate_up=s_gate_up, down=s_down)
+    want = moe_experts_ref(x.float(), gate_up.float(), down.float(), weights, ids,
+                           SharedExpert(gate.float(), gate_up=s_gate_up.float(), down=s_down.float()))
+    moe_experts(x, gate_up, down, weights, ids, shared)  # compile outside the sync check
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        got = moe_experts(x, gate_up, down, weights, ids, shared, shared_gate)
+        got = moe_experts(x, gate_up, down, weights, ids, shared)
         moe_route(torch.randn(num_tokens, 256, device="cuda"), 8, True)
     finally:
         torch.cuda.set_sync_debug_mode("default")
@@ -222,7 +263,7 @@ def test_gpu_moe_shape_matches_reference_without_host_sync(num_tokens):
 
 @pytest.mark.gpu
 def test_gpu_route_matches_reference():
-    logits = torch.randn(64, 512, device="cuda", dtype=torch.bfloat16) * 2
+    logits = torch.randn(64, 512, device="cuda") * 2   # fp32: no equal logits (whose order torch leaves open)
     for renormalise in (True, False):
         want_w, want_ids = moe_route_ref(logits, 10, renormalise)
         got_w, got_ids = moe_route(logits, 10, renormalise)
@@ -231,22 +272,26 @@ def test_gpu_route_matches_reference():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("num_tokens", [2, 16])
+@pytest.mark.parametrize("num_tokens", [2, 128])
 def test_gpu_moe_replays_in_a_cuda_graph(num_tokens):
-    """2 tokens: the per-pair GEMVs; 16: the grouped GEMMs."""
-    assert (num_tokens * 8 <= DECODE_MAX_PAIRS) == (num_tokens == 2)
+    """2 tokens: the per-pair GEMVs; 128: the grouped GEMMs."""
+    assert runs_decode_kernels(num_tokens * 8, 256) == (num_tokens == 2)
     x, gate_up, down, weights, ids = _gpu_case(num_tokens)
-    static = [t.clone() for t in (x, weights, ids)]
-    moe_experts(static[0], gate_up, down, static[1], static[2])
+    gate, s_gate_up, s_down = make_shared(num_tokens, 2048, 512, dtype=x.dtype, device="cuda")
+    static = [t.clone() for t in (x, weights, ids, gate)]
+    run = lambda: moe_experts(static[0], gate_up, down, static[1], static[2],  # noqa: E731
+                              SharedExpert(static[3], gate_up=s_gate_up, down=s_down))
+    run()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = moe_experts(static[0], gate_up, down, static[1], static[2])
-    x2, _, _, w2, ids2 = _gpu_case(num_tokens, seed=1)  # new tokens and a new routing, same shapes
-    for dst, src in zip(static, (x2, w2, ids2)):
+        out = run()
+    x2, _, _, w2, ids2 = _gpu_case(num_tokens, seed=1)  # new tokens, routing and gates, same shapes
+    gate2 = -gate
+    for dst, src in zip(static, (x2, w2, ids2, gate2)):
         dst.copy_(src)
     graph.replay()
-    want = moe_experts(x2, gate_up, down, w2, ids2)
+    want = moe_experts(x2, gate_up, down, w2, ids2, SharedExpert(gate2, gate_up=s_gate_up, down=s_down))
     assert torch.equal(out, want)
 
 

@@ -2,14 +2,39 @@
 
 For token t with chosen experts e_1..e_K and routing weights w_1..w_K (softmax top-k, renormalised by the caller):
     out_t = Σ_j w_j · down_e_j( silu(gate_e_j(x_t)) · up_e_j(x_t) )  [ + sigmoid(g_t) · s_t ]
-where s_t is the shared expert's output and g_t its gate's logit, when the block has one (added here so that a
-kernel can fuse the combine into its last pass).
+where s_t is the shared expert's output and g_t its gate's logit, when the block has one (`SharedExpert`: added
+here so that the decode kernels can run the shared expert as one more GEMV pair and fuse the combine).
 Experts are stored fused: gate_up [E, 2I, H] (gate rows first), down [E, H, I]. The loop over the experts that
 were chosen reads their ids on the host (`.unique().tolist()`): fine on a CPU, a host sync on a GPU — which is
 why CUDA tensors take the Triton path.
 """
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
+
+from kernels.activation import silu_mul
+
+
+@dataclass(frozen=True)
+class SharedExpert:
+    """A MoE block's shared expert, added as sigmoid(gate) · its output: given as its weights (the decode
+    kernels fuse it when its width equals the experts') or, when they are not plain tensors (FP8), as its output."""
+    gate: torch.Tensor                      # [T, 1] the shared expert gate's logit (may be a column view)
+    gate_up: torch.Tensor | None = None     # [2S, H] gate rows first
+    down: torch.Tensor | None = None        # [H, S]
+    output: torch.Tensor | None = None      # [T, H] instead of the weights
+
+    def __post_init__(self):
+        if (self.output is None) == (self.gate_up is None or self.down is None):
+            raise ValueError("SharedExpert: give either its output or both its weights")
+
+    def computed(self, x: torch.Tensor) -> torch.Tensor:  # x [T, H] → [T, H]
+        """The output: given, or down(silu(gate(x)) · up(x)) as SwiGLU computes it."""
+        return self.output if self.output is not None else F.linear(silu_mul(F.linear(x, self.gate_up)), self.down)
+
+    def added(self, routed: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # [T, H] → [T, H]
+        return routed + self.computed(x) * torch.sigmoid(self.gate)
 
 
 def moe_experts_ref(
@@ -18,8 +43,7 @@ def moe_experts_ref(
     down: torch.Tensor,          # [E, H, I]
     topk_weights: torch.Tensor,  # [T, K] fp32
     topk_ids: torch.Tensor,      # [T, K] int64
-    shared: torch.Tensor | None = None,       # [T, H] the shared expert's output
-    shared_gate: torch.Tensor | None = None,  # [T, 1] its gate's logit
+    shared: SharedExpert | None = None,
 ) -> torch.Tensor:               # [T, H]
     weights = topk_weights.to(x.dtype)
     out = torch.zeros_like(x)
@@ -28,4 +52,4 @@ def moe_experts_ref(
         gate, up = F.linear(x[token_idx], gate_up[expert]).chunk(2, dim=-1)
         y = F.linear(F.silu(gate) * up, down[expert])                      # [n, H]
         out.index_add_(0, token_idx, y * weights[token_idx, k_idx, None])
-    return out if shared is None else out + shared * torch.sigmoid(shared_gate)
+    return out if shared is None else shared.added(out, x)

@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .reference import SharedExpert
 from .routing import sort_pairs_by_expert
 
 
@@ -105,8 +106,7 @@ def moe_experts_triton(
     down: torch.Tensor,          # [E, H, I]
     topk_weights: torch.Tensor,  # [T, K] fp32
     topk_ids: torch.Tensor,      # [T, K]
-    shared: torch.Tensor | None = None,       # [T, H]
-    shared_gate: torch.Tensor | None = None,  # [T, 1]
+    shared: SharedExpert | None = None,
 ) -> torch.Tensor:               # [T, H]
     num_tokens, hidden = x.shape
     num_experts, two_inter, _ = gate_up.shape
@@ -114,7 +114,7 @@ def moe_experts_triton(
     num_pairs = num_tokens * top_k
     if num_pairs == 0:
         out = torch.zeros_like(x)
-        return out if shared is None else out + shared * torch.sigmoid(shared_gate)
+        return out if shared is None else shared.added(out, x)
     for name, t in (("x", x), ("gate_up", gate_up), ("down", down)):
         if t.stride(-1) != 1:
             raise ValueError(f"moe_experts: {name} needs a contiguous last dimension (strides {t.stride()})")
@@ -135,4 +135,4 @@ def moe_experts_triton(
         inter.stride(0), down.stride(0), down.stride(1), pair_out.stride(0),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, IEEE=ieee, num_warps=num_warps)
     out = pair_out.view(num_tokens, top_k, hidden).sum(1).to(x.dtype)
-    return out if shared is None else out + shared * torch.sigmoid(shared_gate)
+    return out if shared is None else shared.added(out, x)

@@ -8,6 +8,8 @@ decode step's expert GEMVs. With few pairs each expert is reached by about one p
      finds its rows in L2.
   2. `_down_gemv_kernel`, grid (T, H / BLOCK_N): out_t = Σ_j w_p · (inter[p] · D_eᵀ), j in order (a fixed-order
      sum: no atomics), plus the gated shared expert sigmoid(g_t) · s_t when given.
+A shared expert given as weights of the experts' width is one more row per token: row P + t of kernel 1 (its
+gate_up), and kernel 2 runs its down projection after the routed ones; so a MoE block's experts are two launches.
 Each program reads its weight rows once, as [BLOCK_N, BLOCK_K] tiles multiplied by the input in fp32 and
 summed along K at the end. Rounding follows the grouped kernels and the torch reference: gate and up rounded
 to the model dtype before silu·up, each expert's down output before its routing weight, the routed sum before
@@ -19,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .reference import SharedExpert
+
 
 @dataclass(frozen=True)
 class GemvTiles:
@@ -28,15 +32,21 @@ class GemvTiles:
 
 
 @triton.jit
-def _gate_up_gemv_kernel(x_ptr, w_ptr, ids_ptr, inter_ptr, hidden, inter_size, stride_xt, stride_we, stride_wn,
-                         stride_ip, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pair = tl.program_id(0).to(tl.int64)
-    token = pair // TOP_K
-    expert = tl.load(ids_ptr + pair).to(tl.int64)
+def _gate_up_gemv_kernel(x_ptr, w_ptr, ids_ptr, shared_w_ptr, inter_ptr, num_pairs, hidden, inter_size, stride_xt,
+                         stride_we, stride_wn, stride_sn, stride_ip,
+                         TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)       # a pair p < P, or P + t: token t's shared expert
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < inter_size
-    p_gate = w_ptr + expert * stride_we + n[:, None].to(tl.int64) * stride_wn           # [BLOCK_N, 1] gate rows n
-    p_up = p_gate + inter_size * stride_wn                                               # up rows I + n
+    if row < num_pairs:
+        token = row // TOP_K
+        expert = tl.load(ids_ptr + row).to(tl.int64)
+        p_gate = w_ptr + expert * stride_we + n[:, None].to(tl.int64) * stride_wn       # [BLOCK_N, 1] gate rows n
+        p_up = p_gate + inter_size * stride_wn                                           # up rows I + n
+    else:
+        token = row - num_pairs
+        p_gate = shared_w_ptr + n[:, None].to(tl.int64) * stride_sn
+        p_up = p_gate + inter_size * stride_sn
     acc_g = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     acc_u = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     for k0 in range(0, hidden, BLOCK_K):
@@ -50,13 +60,26 @@ def _gate_up_gemv_kernel(x_ptr, w_ptr, ids_ptr, inter_ptr, hidden, inter_size, s
     g = tl.sum(acc_g, 1).to(dtype).to(tl.float32)                                        # [BLOCK_N]
     u = tl.sum(acc_u, 1).to(dtype).to(tl.float32)
     h = (g * tl.sigmoid(g)).to(dtype).to(tl.float32) * u
-    tl.store(inter_ptr + pair * stride_ip + n, h.to(dtype), mask=n_ok)
+    tl.store(inter_ptr + row * stride_ip + n, h.to(dtype), mask=n_ok)
 
 
 @triton.jit
-def _down_gemv_kernel(inter_ptr, w_ptr, ids_ptr, topk_weights_ptr, shared_ptr, shared_gate_ptr, out_ptr,
-                      hidden, inter_size, stride_ip, stride_we, stride_wn, stride_st, stride_gt, stride_ot,
-                      TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_SHARED: tl.constexpr):
+def _down_row(inter_ptr, p_w, row, n_ok, inter_size, stride_ip, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """inter[row] · Wᵀ for the BLOCK_N weight rows at p_w [BLOCK_N, 1], rounded to the model dtype, in fp32."""
+    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    for k0 in range(0, inter_size, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = k < inter_size
+        a = tl.load(inter_ptr + row * stride_ip + k, mask=k_ok, other=0.0).to(tl.float32)[None, :]
+        acc += tl.load(p_w + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32) * a
+    return tl.sum(acc, 1).to(inter_ptr.dtype.element_ty).to(tl.float32)
+
+
+@triton.jit
+def _down_gemv_kernel(inter_ptr, w_ptr, ids_ptr, topk_weights_ptr, shared_w_ptr, shared_out_ptr, shared_gate_ptr,
+                      out_ptr, num_pairs, hidden, inter_size, stride_ip, stride_we, stride_wn, stride_sn, stride_st,
+                      stride_gt, stride_ot, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      SHARED: tl.constexpr):  # SHARED: 0 none, 1 its output given, 2 its weights (row P + t)
     token = tl.program_id(0).to(tl.int64)
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < hidden
@@ -66,25 +89,30 @@ def _down_gemv_kernel(inter_ptr, w_ptr, ids_ptr, topk_weights_ptr, shared_ptr, s
         pair = token * TOP_K + j
         expert = tl.load(ids_ptr + pair).to(tl.int64)
         p_w = w_ptr + expert * stride_we + n[:, None].to(tl.int64) * stride_wn           # [BLOCK_N, 1]
-        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        for k0 in range(0, inter_size, BLOCK_K):
-            k = k0 + tl.arange(0, BLOCK_K)
-            k_ok = k < inter_size
-            a = tl.load(inter_ptr + pair * stride_ip + k, mask=k_ok, other=0.0).to(tl.float32)[None, :]
-            acc += tl.load(p_w + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32) * a
         weight = tl.load(topk_weights_ptr + pair).to(dtype).to(tl.float32)
-        routed += tl.sum(acc, 1).to(dtype).to(tl.float32) * weight
+        routed += _down_row(inter_ptr, p_w, pair, n_ok, inter_size, stride_ip, BLOCK_N, BLOCK_K) * weight
     out = routed.to(dtype).to(tl.float32)
-    if HAS_SHARED:
+    if SHARED != 0:
         gate = tl.sigmoid(tl.load(shared_gate_ptr + token * stride_gt).to(tl.float32)).to(dtype).to(tl.float32)
-        s = tl.load(shared_ptr + token * stride_st + n, mask=n_ok, other=0.0).to(tl.float32)
+        if SHARED == 1:
+            s = tl.load(shared_out_ptr + token * stride_st + n, mask=n_ok, other=0.0).to(tl.float32)
+        else:
+            p_w = shared_w_ptr + n[:, None].to(tl.int64) * stride_sn
+            s = _down_row(inter_ptr, p_w, num_pairs + token, n_ok, inter_size, stride_ip, BLOCK_N, BLOCK_K)
         out += (s * gate).to(dtype).to(tl.float32)
     tl.store(out_ptr + token * stride_ot + n, out.to(dtype), mask=n_ok)
 
 
 def choose_tiles(num_rows: int, num_cols: int) -> GemvTiles:
-    """Tiles of a GEMV with `num_rows` outputs over `num_cols` inputs (host ints: static per model)."""
-    return GemvTiles(block_n=16 if num_rows >= 1024 else 8, block_k=min(256, triton.next_power_of_2(num_cols)))
+    """Tiles of a GEMV with `num_rows` outputs over `num_cols` inputs: 8 x 128, 8 warps, the best of a sweep at
+    both MoE shapes, 1-16 tokens (bench/README.md, "MoE decode"); narrower K tiles for tiny models."""
+    return GemvTiles(block_n=8, block_k=min(128, triton.next_power_of_2(num_cols)), num_warps=8)
+
+
+def fuses(shared: SharedExpert | None, gate_up: torch.Tensor) -> bool:
+    """Whether the shared expert runs as one more GEMV row: given as weights of the experts' dtype and width."""
+    return (shared is not None and shared.output is None and shared.gate_up.shape == gate_up.shape[1:]
+            and shared.gate_up.dtype == gate_up.dtype and shared.down.dtype == gate_up.dtype)
 
 
 def moe_experts_decode_triton(
@@ -93,31 +121,40 @@ def moe_experts_decode_triton(
     down: torch.Tensor,          # [E, H, I]
     topk_weights: torch.Tensor,  # [T, K] fp32
     topk_ids: torch.Tensor,      # [T, K]
-    shared: torch.Tensor | None = None,       # [T, H]
-    shared_gate: torch.Tensor | None = None,  # [T, 1]
+    shared: SharedExpert | None = None,
     tiles: tuple[GemvTiles, GemvTiles] | None = None,  # (gate_up, down); None: choose_tiles
 ) -> torch.Tensor:               # [T, H]
     num_tokens, hidden = x.shape
     inter_size, top_k = gate_up.shape[1] // 2, topk_ids.shape[1]
+    num_pairs = num_tokens * top_k
     if num_tokens == 0:
         return torch.zeros_like(x)
-    for name, t in (("x", x), ("gate_up", gate_up), ("down", down), ("shared", shared)):
-        if t is not None and t.stride(-1) != 1:
+    fused = fuses(shared, gate_up)
+    if shared is not None and not fused and shared.output is None:
+        shared = SharedExpert(gate=shared.gate, output=shared.computed(x))
+    for name, t in (("x", x), ("gate_up", gate_up), ("down", down), ("shared output", shared and shared.output),
+                    ("shared gate_up", fused and shared.gate_up), ("shared down", fused and shared.down)):
+        if t is not None and t is not False and t.stride(-1) != 1:
             raise ValueError(f"moe_experts: {name} needs a contiguous last dimension (strides {t.stride()})")
     up_tiles, down_tiles = tiles or (choose_tiles(inter_size, hidden), choose_tiles(hidden, inter_size))
     ids = topk_ids.reshape(-1).contiguous()                                                  # [P]
     weights = topk_weights.reshape(-1).float().contiguous()                                  # [P]
-    inter = torch.empty(num_tokens * top_k, inter_size, dtype=x.dtype, device=x.device)      # [P, I]
+    rows = num_pairs + (num_tokens if fused else 0)                                          # pairs, then shared
+    inter = torch.empty(rows, inter_size, dtype=x.dtype, device=x.device)                    # [rows, I]
     out = torch.empty_like(x)                                                                # [T, H]
-    _gate_up_gemv_kernel[(num_tokens * top_k, triton.cdiv(inter_size, up_tiles.block_n))](
-        x, gate_up, ids, inter, hidden, inter_size, x.stride(0), gate_up.stride(0), gate_up.stride(1),
-        inter.stride(0), TOP_K=top_k, BLOCK_N=up_tiles.block_n, BLOCK_K=up_tiles.block_k,
-        num_warps=up_tiles.num_warps)
-    has_shared = shared is not None
+    shared_gate_up = shared.gate_up if fused else gate_up
+    _gate_up_gemv_kernel[(rows, triton.cdiv(inter_size, up_tiles.block_n))](
+        x, gate_up, ids, shared_gate_up, inter, num_pairs, hidden, inter_size, x.stride(0), gate_up.stride(0),
+        gate_up.stride(1), shared_gate_up.stride(0), inter.stride(0),
+        TOP_K=top_k, BLOCK_N=up_tiles.block_n, BLOCK_K=up_tiles.block_k, num_warps=up_tiles.num_warps)
+    mode = 0 if shared is None else 2 if fused else 1
+    shared_down = shared.down if fused else down
+    shared_out = shared.output if mode == 1 else x
+    shared_gate = shared.gate if shared is not None else weights
     _down_gemv_kernel[(num_tokens, triton.cdiv(hidden, down_tiles.block_n))](
-        inter, down, ids, weights, shared if has_shared else x, shared_gate if has_shared else weights, out,
-        hidden, inter_size, inter.stride(0), down.stride(0), down.stride(1),
-        shared.stride(0) if has_shared else 0, shared_gate.stride(0) if has_shared else 0, out.stride(0),
-        TOP_K=top_k, BLOCK_N=down_tiles.block_n, BLOCK_K=down_tiles.block_k, HAS_SHARED=has_shared,
+        inter, down, ids, weights, shared_down, shared_out, shared_gate, out, num_pairs, hidden, inter_size,
+        inter.stride(0), down.stride(0), down.stride(1), shared_down.stride(0), shared_out.stride(0),
+        shared_gate.stride(0), out.stride(0),
+        TOP_K=top_k, BLOCK_N=down_tiles.block_n, BLOCK_K=down_tiles.block_k, SHARED=mode,
         num_warps=down_tiles.num_warps)
     return out

@@ -43,13 +43,22 @@ class FusedLinear:
     def _parts(self, out: torch.Tensor) -> tuple[torch.Tensor, ...]:  # [T, rows] → one [T, size] view each
         return tuple(out[..., offset:offset + size] for offset, size in zip(self.offsets, self.sizes))
 
-    def _output(self, x: torch.Tensor) -> torch.Tensor:  # x [T, in] → [T, rows]
+    def plain_weight(self) -> torch.Tensor | None:
+        """The fused [sum(sizes), in] weight when the linears run as one plain GEMM with it (a kernel may read it
+        directly); None when they are FP8 or run apart."""
+        self._fuse_if_stale(self.linears[0].weight.is_cuda)
+        return None if self.apart or self.scale_inv is not None else self.weight
+
+    def _fuse_if_stale(self, on_cuda: bool) -> None:
         if not self.is_current():
-            if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            if on_cuda and torch.cuda.is_current_stream_capturing():
                 # a concatenation captured into a graph would run at every replay, into the graph's pool
                 raise RuntimeError("FusedLinear: weights not fused before CUDA graph capture; call "
                                    "fuse_projections(model) once the weights are loaded")
             self.fuse()
+
+    def _output(self, x: torch.Tensor) -> torch.Tensor:  # x [T, in] → [T, rows]
+        self._fuse_if_stale(x.is_cuda)
         if self.apart:
             return torch.cat([linear(x) for linear in self.linears], dim=-1)
         if self.scale_inv is not None:

@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from kernels.activation import silu_mul
-from kernels.moe import moe_experts
+from kernels.moe import SharedExpert, moe_experts
 from kernels.moe_route import moe_route
 
 from .fused_linear import FusedLinear
@@ -26,22 +26,33 @@ class SwiGLU(nn.Module):
 class SparseMoE(nn.Module):
     """Softmax router → top-k experts (weights renormalised when norm_topk_prob) + shared expert × sigmoid gate.
 
-    Experts are stored fused: gate_up [E, 2I, H] (gate rows first), down [E, H, I]. On a GPU, without a host
-    sync: `kernels.moe_route` picks each token's experts in one launch, `kernels.moe.moe_experts` runs them and
-    adds the gated shared expert (per-pair GEMVs for a few tokens, grouped GEMMs for more).
+    Experts are stored fused: gate_up [E, 2I, H] (gate rows first), down [E, H, I]. The router and the shared
+    expert's gate run as one GEMM ([T, E + 1]). On a GPU, without a host sync: `kernels.moe_route` picks each
+    token's experts in one launch, `kernels.moe.moe_experts` runs them with the shared expert and its gate
+    (per-pair GEMVs for a few tokens, the shared expert fused in; grouped GEMMs for more).
     """
 
     def __init__(self, config: ModelConfig):
         super().__init__()
         hidden, inter, experts = config.hidden_size, config.moe_intermediate_size, config.num_experts
-        self.top_k, self.renormalise = config.num_experts_per_tok, config.norm_topk_prob
+        self.top_k, self.renormalise, self.num_experts = config.num_experts_per_tok, config.norm_topk_prob, experts
         self.gate = nn.Linear(hidden, experts, bias=False)
         self.experts_gate_up = nn.Parameter(torch.zeros(experts, 2 * inter, hidden))
         self.experts_down = nn.Parameter(torch.zeros(experts, hidden, inter))
         self.shared_expert = SwiGLU(hidden, config.shared_expert_intermediate_size)
         self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
+        self.router = FusedLinear(self.gate, self.shared_expert_gate)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, H]
-        weights, chosen = moe_route(self.gate(x), self.top_k, self.renormalise)          # [T, top_k] each
+        logits = self.router.joined(x)                                                   # [T, E + 1]
+        weights, chosen = moe_route(logits[:, :self.num_experts], self.top_k, self.renormalise)  # [T, top_k]
         return moe_experts(x, self.experts_gate_up, self.experts_down, weights, chosen,  # [T, H]
-                           self.shared_expert(x), self.shared_expert_gate(x))
+                           self._shared(x, logits[:, self.num_experts:]))
+
+    def _shared(self, x: torch.Tensor, gate: torch.Tensor) -> SharedExpert:  # gate [T, 1]
+        """The shared expert as its weights when they are plain tensors (the kernels may fuse it), else (FP8) its
+        output."""
+        gate_up, down = self.shared_expert.gate_up.plain_weight(), self.shared_expert.down_proj
+        if gate_up is not None and isinstance(down, nn.Linear):
+            return SharedExpert(gate, gate_up=gate_up, down=down.weight)
+        return SharedExpert(gate, output=self.shared_expert(x))
