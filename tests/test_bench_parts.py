@@ -313,3 +313,18 @@ def test_bench_grammar_flag(tmp_path, capsys, inproc_result):
     short["metrics"]["output_tokens_per_s"] = 13 / short["metrics"]["seconds"]
     assert any("completion_tokens 13 != concurrency" in p for p in checks.check_result(short))
     assert not any("!= concurrency x max_tokens" in p for p in checks.check_result(short, constrained=True))
+
+
+def test_log_tails_show_the_traceback_before_an_abort(tmp_path):
+    """A service that raised while starting and then aborted at exit: the tail shows why, not the C++ frames."""
+    import tempfile
+
+    from specdec_tools.bench.gateway_path import GatewayBench
+    bench = object.__new__(GatewayBench)
+    bench.logs = tempfile.TemporaryDirectory(dir=tmp_path)
+    frames = [f"frame #{i}: <unknown function> + 0x{i:x} (0x7f in libc.so.6)" for i in range(27)]
+    (tmp_path / bench.logs.name / "verifier.log").write_text("\n".join(
+        ["starting", "Traceback (most recent call last):", "ValueError: the real reason",
+         "terminate called without an active exception", "Exception raised from ..."] + frames))
+    tail = bench.log_tails()
+    assert "ValueError: the real reason" in tail and "frame #" not in tail

@@ -161,6 +161,19 @@ def test_route_picks_the_lowest_id_among_equal_logits_and_is_sharp():
     assert triton_moe_route.moe_route_triton(moved, 2, True)[1].tolist() == [[4, 1]]
 
 
+@pytest.mark.parametrize("fill", [float("nan"), float("-inf"), float("inf")])
+def test_route_ids_stay_in_range_for_any_logits(fill):
+    """A diverged model's logits (NaN, ±inf) still give K distinct expert ids < E (the expert kernels read weights
+    at them: an id of E would read past the last expert)."""
+    logits = torch.randn(3, 64)
+    logits[0] = fill
+    logits[1, ::2] = fill
+    _, ids = triton_moe_route.moe_route_triton(logits, 8, True)
+    assert ((ids >= 0) & (ids < 64)).all()
+    assert all(len(set(row)) == 8 for row in ids.tolist())
+    assert torch.equal(ids[2], moe_route_ref(logits[2:], 8, True)[1][0]), "a finite row is still the reference's"
+
+
 def test_route_refuses_top_k_beyond_the_experts():
     with pytest.raises(ValueError, match="top_k 5 must be in 1..4"):
         triton_moe_route.moe_route_triton(torch.randn(2, 4), 5, True)

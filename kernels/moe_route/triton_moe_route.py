@@ -7,7 +7,8 @@ Per token (one program, E ≤ BLOCK_E logits in registers), in fp32:
     K times: pick the largest remaining logit (the lowest id among equals), w = exp(l - m) / Z, mask it out
     renormalise: w_j ← w_j / Σ_j w_j
 Ordering by logits equals ordering by softmax probabilities (exp is monotone), so the chosen experts are the
-reference's up to ties; the weights agree to fp32 rounding.
+reference's up to ties; the weights agree to fp32 rounding. Whatever the logits (NaN, ±inf), the ids are K
+distinct experts < E: the expert kernels index weights with them.
 """
 import torch
 import triton
@@ -19,19 +20,23 @@ def _route_kernel(logits_ptr, weights_ptr, ids_ptr, num_experts, stride_lt,
                   TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, RENORMALISE: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     e = tl.arange(0, BLOCK_E)
-    logit = tl.load(logits_ptr + t * stride_lt + e, mask=e < num_experts, other=float("-inf")).to(tl.float32)
+    real = e < num_experts
+    logit = tl.load(logits_ptr + t * stride_lt + e, mask=real, other=float("-inf")).to(tl.float32)
+    logit = tl.where(logit == logit, logit, float("-inf"))    # NaN (a diverged model) never picked over numbers
     m = tl.max(logit, 0)
     z = tl.sum(tl.exp(logit - m), 0)
     slot = tl.arange(0, BLOCK_K)
     chosen_w = tl.zeros([BLOCK_K], tl.float32)
     chosen_id = tl.zeros([BLOCK_K], tl.int64)
-    remaining = logit
+    open_ = real                                               # experts not chosen yet
     for j in tl.static_range(TOP_K):
+        remaining = tl.where(open_, logit, float("-inf"))
         best = tl.max(remaining, 0)
-        best_id = tl.min(tl.where(remaining == best, e, BLOCK_E), 0)
+        # the lowest open id among the largest: an expert id < E even when every logit left is -inf
+        best_id = tl.min(tl.where(open_ & (remaining == best), e, BLOCK_E), 0)
         chosen_w = tl.where(slot == j, tl.exp(best - m) / z, chosen_w)
         chosen_id = tl.where(slot == j, best_id.to(tl.int64), chosen_id)
-        remaining = tl.where(e == best_id, float("-inf"), remaining)
+        open_ = open_ & (e != best_id)
     if RENORMALISE:
         chosen_w = chosen_w / tl.sum(chosen_w, 0)
     ok = slot < TOP_K

@@ -37,6 +37,7 @@ from .memory import gpu_memory_by_pid, rss_mib
 from .workloads import Conversations, Workload, salted
 
 log = logging.getLogger(__name__)
+CXX_FRAME = re.compile(r"frame #\d+: ")   # a line of the C++ stack torch prints on an abort
 _SAMPLE = re.compile(r'^(\w+)(?:\{([^}]*)\})?\s+([-+0-9.eEinfa]+)$')
 
 
@@ -166,10 +167,13 @@ class GatewayBench:
                 found += [line[line.index(n):] for n in needles if n in line][:1]
         return found
 
-    def log_tails(self, lines: int = 8) -> str:
+    def log_tails(self, lines: int = 12) -> str:
+        """The last lines of each service's log, without a C++ stack's frames (an abort at exit prints dozens of
+        them after the Python traceback that says why)."""
         parts = []
         for f in sorted(Path(self.logs.name).glob("*.log")):
-            tail = f.read_text(errors="replace").splitlines()[-lines:]
+            tail = [line for line in f.read_text(errors="replace").splitlines()
+                    if not CXX_FRAME.match(line)][-lines:]
             parts.append(f"--- {f.name}\n" + "\n".join(tail))
         return "\n".join(parts)
 
