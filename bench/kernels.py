@@ -212,18 +212,15 @@ def main() -> int:
             chunk, context = (int(x) for x in spec.split(":"))
             guarded(rows, "attention-prefill", lambda: attention_prefill_rows(
                 LAYER_SMOKE if args.smoke else LAYER_4B, chunk, context, device))
-        print(table(rows))
-        return 0
+        return finish(rows, args.out)
     if args.fp8_linear:
         from fp8_kernels import fp8_linear_rows
         guarded(rows, "fp8-linear", lambda: fp8_linear_rows(args.fp8_linear, device, copy_bw, args.sweep, args.smoke))
-        print(table(rows))
-        return 0
+        return finish(rows, args.out)
     if args.moe:
         from moe_kernels import moe_rows
         guarded(rows, "moe", lambda: moe_rows(args.moe, device, copy_bw, args.sweep, args.smoke))
-        print(table(rows))
-        return 0
+        return finish(rows, args.out)
     gdn_conv = not (args.skip_kernels or args.only_sampling)
     for batch in args.batches if gdn_conv else []:
         guarded(rows, "gdn-decode", lambda: gdn_rows(shape, batch, 0, device, copy_bw, args.accepted))
@@ -244,7 +241,12 @@ def main() -> int:
     if not (args.skip_step or args.only_sampling):
         from step_bench import step_rows
         guarded(rows, "step", lambda: step_rows(args, device, copy_bw))
-    out = Path(args.out)
+    return finish(rows, args.out)
+
+
+def finish(rows: list[dict], out_dir: str) -> int:
+    """Write kernels.json under `out_dir` and print the table."""
+    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"command": " ".join(sys.argv), "device": rows[0]["case"], "torch": torch.__version__,
             "fla": fla_fused_recurrent() is not None}

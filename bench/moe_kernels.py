@@ -26,7 +26,7 @@ BF16 = torch.bfloat16
 
 def tile_candidates() -> list:
     from kernels.moe.triton_moe_decode import GemvTiles
-    return [GemvTiles(n, k, w) for n in (4, 8, 16) for k in (64, 128, 256) for w in (4, 8)]
+    return [GemvTiles(n, k, w) for n in (4, 8, 16, 32) for k in (128, 256, 512) for w in (4, 8)]
 
 
 class MoEBlockCase:
