@@ -3,8 +3,9 @@
 Shapes: `4b-moe` (the make-tiny qwen3.5-4b preset as qwen3_5_moe: hidden 2560, 64 experts, top 8, expert and shared
 width 512) and `next-80b` (Qwen3-Next-80B-A3B: hidden 2048, 512 experts, top 10, widths 512). Rows per token count:
   route      torch (softmax, topk, renormalise) vs ours (one Triton launch)
-  experts    grouped (pairs sorted by expert, grouped GEMMs), decode (a GEMV per pair; up to 256 pairs) and ours
-             (what kernels.moe dispatches to); with --sweep, the decode GEMVs at other tiles
+  experts    grouped (pairs sorted by expert, grouped GEMMs), decode (a GEMV per pair; up to 256 pairs), scan (each
+             expert finds its pairs; up to 2048 pairs) and ours (what kernels.moe dispatches to); with --sweep, the
+             decode GEMVs and the scan kernels at other tiles
   block      the whole SparseMoE forward as before the decode kernels (router and shared gate GEMMs, torch
              routing, grouped experts, shared expert and combine in torch) vs now (one GEMM for both gates, Triton
              routing, dispatched experts with the shared expert fused in for a few tokens)
@@ -88,6 +89,7 @@ def moe_rows(tokens_list: list[int], device, copy_bw: float, sweep: bool, smoke:
     from kernels.moe import moe_experts
     from kernels.moe.triton_moe import moe_experts_triton
     from kernels.moe.triton_moe_decode import moe_experts_decode_triton
+    from kernels.moe.triton_moe_scan import moe_experts_scan_triton
     from kernels.moe_route import moe_route, moe_route_ref
     out = []
     for shape_name, s in (SHAPES_SMOKE if smoke else SHAPES).items():
@@ -102,10 +104,16 @@ def moe_rows(tokens_list: list[int], device, copy_bw: float, sweep: bool, smoke:
             impls = [("grouped", lambda: moe_experts_triton(c.x, *c.next_experts(), c.weights, c.ids))]
             if t * c.top_k <= 256:
                 impls.append(("decode", lambda: moe_experts_decode_triton(c.x, *c.next_experts(), c.weights, c.ids)))
+            if t * c.top_k <= 2048:
+                impls.append(("scan", lambda: moe_experts_scan_triton(c.x, *c.next_experts(), c.weights, c.ids)))
             impls.append(("ours", lambda: moe_experts(c.x, *c.next_experts(), c.weights, c.ids)))
             for impl, fn in impls:
                 ms, mode = time_ms(fn, device)
                 out.append(row("moe-experts", case, impl, ms, mode, c.expert_bytes, copy_bw))
+            for bn, bk in ((32, 128), (64, 64), (64, 128), (128, 64)) if sweep and t * c.top_k <= 2048 else []:
+                ms, mode = time_ms(lambda: moe_experts_scan_triton(c.x, *c.next_experts(), c.weights, c.ids,
+                                                                   block_n=bn, block_k=bk), device)
+                out.append(row("moe-experts", case, f"scan n{bn}k{bk}", ms, mode, c.expert_bytes, copy_bw))
             for tiles in tile_candidates() if sweep and t * c.top_k <= 256 else []:
                 label = f"decode n{tiles.block_n}k{tiles.block_k}w{tiles.num_warps}"
                 try:

@@ -20,8 +20,10 @@ from kernels.moe_route import moe_route, moe_route_ref  # noqa: E402
 triton_moe = pytest.importorskip("kernels.moe.triton_moe")
 triton_moe_decode = pytest.importorskip("kernels.moe.triton_moe_decode")
 triton_moe_route = pytest.importorskip("kernels.moe_route.triton_moe_route")
+triton_moe_scan = pytest.importorskip("kernels.moe.triton_moe_scan")
 KERNELS = {"grouped": lambda *a, **kw: triton_moe.moe_experts_triton(*a, **kw),
-           "decode": lambda *a, **kw: triton_moe_decode.moe_experts_decode_triton(*a, **kw)}
+           "decode": lambda *a, **kw: triton_moe_decode.moe_experts_decode_triton(*a, **kw),
+           "scan": lambda *a, **kw: triton_moe_scan.moe_experts_scan_triton(*a, **kw)}
 
 
 def make_moe(num_tokens, hidden, inter, num_experts, top_k, dtype=torch.float32, device="cpu", seed=0,
@@ -270,6 +272,17 @@ def test_gpu_moe_shape_matches_reference_without_host_sync(num_tokens):
         moe_route(torch.randn(num_tokens, 256, device="cuda"), 8, True)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+    err = (got.float() - want).abs().max().item()
+    assert err <= 2e-2 * max(1.0, want.abs().max().item()), err
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", list(KERNELS))
+@pytest.mark.parametrize("num_tokens", [3, 16, 100])
+def test_gpu_each_kernel_matches_reference(kernel, num_tokens):
+    x, gate_up, down, weights, ids = _gpu_case(num_tokens, seed=num_tokens)
+    want = moe_experts_ref(x.float(), gate_up.float(), down.float(), weights, ids)
+    got = KERNELS[kernel](x, gate_up, down, weights, ids)
     err = (got.float() - want).abs().max().item()
     assert err <= 2e-2 * max(1.0, want.abs().max().item()), err
 
