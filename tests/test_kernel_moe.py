@@ -13,7 +13,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from kernels.moe import SharedExpert, moe_experts, moe_experts_ref, runs_decode_kernels  # noqa: E402
+from kernels.moe import SharedExpert, experts_kernel, moe_experts, moe_experts_ref  # noqa: E402
 from kernels.moe.routing import max_padded_rows, sort_pairs_by_expert  # noqa: E402
 from kernels.moe_route import moe_route, moe_route_ref  # noqa: E402
 
@@ -108,10 +108,11 @@ def test_decode_kernels_fuse_only_a_plain_shared_expert_of_the_experts_width():
     assert not triton_moe_decode.fuses(SharedExpert(gate, output=torch.zeros(1, 40)), gate_up)
 
 
-@pytest.mark.parametrize("num_pairs,num_experts,decode", [(8, 64, True), (128, 64, True), (136, 64, False),
-                                                          (256, 512, True), (264, 512, False), (4, 2, True)])
-def test_dispatch_rule(num_pairs, num_experts, decode):
-    assert runs_decode_kernels(num_pairs, num_experts) == decode
+@pytest.mark.parametrize("num_pairs,num_experts,kernel", [
+    (8, 64, "decode"), (63, 64, "decode"), (64, 64, "scan"), (40, 512, "decode"), (80, 512, "scan"),
+    (1024, 64, "scan"), (1025, 512, "grouped"), (4, 2, "scan"), (2, 2, "decode")])
+def test_dispatch_rule(num_pairs, num_experts, kernel):
+    assert experts_kernel(num_pairs, num_experts) == kernel
 
 
 @pytest.mark.parametrize("kernel", list(KERNELS))
@@ -258,7 +259,7 @@ def _gpu_case(num_tokens, seed=0):
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_tokens", [1, 4, 64, 2048])
 def test_gpu_moe_shape_matches_reference_without_host_sync(num_tokens):
-    """1 and 4 tokens take the per-pair GEMVs (the shared expert fused), 64 and 2048 the grouped GEMMs."""
+    """1 and 4 tokens take the per-pair GEMVs (the shared expert fused), 64 the scan kernels, 2048 the grouped GEMMs."""
     x, gate_up, down, weights, ids = _gpu_case(num_tokens)
     gate, s_gate_up, s_down = make_shared(num_tokens, 2048, 512, dtype=x.dtype, device="cuda")
     shared = SharedExpert(gate, gate_up=s_gate_up, down=s_down)
@@ -298,10 +299,9 @@ def test_gpu_route_matches_reference():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("num_tokens", [2, 128])
-def test_gpu_moe_replays_in_a_cuda_graph(num_tokens):
-    """2 tokens: the per-pair GEMVs; 128: the grouped GEMMs."""
-    assert runs_decode_kernels(num_tokens * 8, 256) == (num_tokens == 2)
+@pytest.mark.parametrize("num_tokens,kernel", [(2, "decode"), (16, "scan"), (200, "grouped")])
+def test_gpu_moe_replays_in_a_cuda_graph(num_tokens, kernel):
+    assert experts_kernel(num_tokens * 8, 256) == kernel
     x, gate_up, down, weights, ids = _gpu_case(num_tokens)
     gate, s_gate_up, s_down = make_shared(num_tokens, 2048, 512, dtype=x.dtype, device="cuda")
     static = [t.clone() for t in (x, weights, ids, gate)]
