@@ -1,6 +1,6 @@
 """Routed experts of a sparse MoE block (and the gated shared expert), dispatched by device and size. CUDA tensors
 run Triton (imported on first use), by the step's token-expert pairs (tokens x top-k):
-  - fewer than 64, and at most one per expert: a GEMV per pair (decode; the shared expert fused in),
+  - at most one per expert and at most 256: a GEMV per pair (decode; the shared expert fused in),
   - up to 1024: a program per (expert, tile) that finds its pairs in the routing ids (wide decode and verify),
   - more: the grouped GEMMs over pairs sorted by expert (prompt chunks);
 everything else runs the torch loop over experts. Crossovers measured on an H100 (bench/README.md, "MoE decode").
@@ -9,7 +9,7 @@ import torch
 
 from .reference import SharedExpert, moe_experts_ref
 
-DECODE_MAX_PAIRS = 63
+DECODE_MAX_PAIRS = 256
 SCAN_MAX_PAIRS = 1024
 
 
