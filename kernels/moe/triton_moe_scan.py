@@ -8,14 +8,18 @@ pairs sorted by expert (triton_moe.py, a dozen small launches to sort): per prog
     chunk c: rows r = c·BLOCK_M .. c·BLOCK_M + BLOCK_M − 1  →  pair[r] = the p with mine[p] and rank[p] = r
   1. `_gate_up_scan_kernel`, grid (E, I / BLOCK_N): inter[p] = silu(x_t · G_eᵀ) · (x_t · U_eᵀ)  for e's pairs p
   2. `_down_scan_kernel`,    grid (E, H / BLOCK_N): pair_out[p] = w_p · (inter[p] · D_eᵀ)
-  3. out_t = Σ_j pair_out[t·K + j] (a fixed-order sum, no atomics), then the shared expert, in torch
-An expert no pair reached scans and stores nothing. Rounding follows the grouped kernels.
+  3. `_combine_kernel`,      grid (T, H / 256):    out_t = Σ_j pair_out[t·K + j] in order (no atomics)
+                                                     [+ sigmoid(g_t) · s_t]
+A shared expert given as weights of the experts' width is program E of kernels 1 and 2, whose rows are every token
+(rows P + t); otherwise its output is added in kernel 3. An expert no pair reached scans and stores nothing.
+Rounding follows the grouped kernels and the reference.
 """
 import torch
 import triton
 import triton.language as tl
 
 from .reference import SharedExpert
+from .triton_moe_decode import fuses
 
 
 @triton.jit
@@ -37,19 +41,40 @@ def _chunk(p, mine, rank, start, BLOCK_M: tl.constexpr):
     return pair, tl.max(hit.to(tl.int32), 1) > 0
 
 
+@triton.jit
+def _rows(p, mine, rank, start, is_shared, num_pairs, num_tokens, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr):
+    """(token, row, exists) of this program's rows start .. start + BLOCK_M − 1: an expert's pairs (row = pair), or
+    for the shared expert's program every token (row P + t)."""
+    if is_shared:
+        token = (start + tl.arange(0, BLOCK_M)).to(tl.int64)
+        ok = token < num_tokens
+        row = num_pairs + token
+    else:
+        row, ok = _chunk(p, mine, rank, start, BLOCK_M)
+        token = row // TOP_K
+    return token, row, ok
+
+
 # num_pairs varies per step: not specialised on it, so a new value never compiles a new variant
-@triton.jit(do_not_specialize=["num_pairs"])
-def _gate_up_scan_kernel(x_ptr, w_ptr, ids_ptr, inter_ptr, num_pairs, hidden, inter_size, stride_xt, stride_we,
-                         stride_wn, stride_ip, TOP_K: tl.constexpr, P_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
+@triton.jit(do_not_specialize=["num_pairs", "num_tokens"])
+def _gate_up_scan_kernel(x_ptr, w_ptr, shared_w_ptr, ids_ptr, inter_ptr, num_pairs, num_tokens, num_experts, hidden,
+                         inter_size, stride_xt, stride_we, stride_wn, stride_sn, stride_ir,
+                         TOP_K: tl.constexpr, P_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
     expert, p, mine, rank, count = _scan(ids_ptr, num_pairs, P_PAD)
+    is_shared = expert == num_experts                       # the program past the experts: the shared expert
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < inter_size
-    p_w = w_ptr + expert * stride_we + n[None, :].to(tl.int64) * stride_wn                  # gate rows n
+    if is_shared:
+        p_gate = shared_w_ptr + n[None, :].to(tl.int64) * stride_sn                         # gate rows n
+        p_up = p_gate + inter_size * stride_sn                                               # up rows I + n
+        count = num_tokens
+    else:
+        p_gate = w_ptr + expert * stride_we + n[None, :].to(tl.int64) * stride_wn
+        p_up = p_gate + inter_size * stride_wn
     dtype = inter_ptr.dtype.element_ty
     for start in range(0, count, BLOCK_M):
-        pair, row_ok = _chunk(p, mine, rank, start, BLOCK_M)
-        token = pair // TOP_K
+        token, row, row_ok = _rows(p, mine, rank, start, is_shared, num_pairs, num_tokens, TOP_K, BLOCK_M)
         acc_g = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         acc_u = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k0 in range(0, hidden, BLOCK_K):
@@ -58,8 +83,8 @@ def _gate_up_scan_kernel(x_ptr, w_ptr, ids_ptr, inter_ptr, num_pairs, hidden, in
             a = tl.load(x_ptr + token[:, None] * stride_xt + k[None, :], mask=row_ok[:, None] & k_ok[None, :],
                         other=0.0)
             w_mask = k_ok[:, None] & n_ok[None, :]
-            b_g = tl.load(p_w + k[:, None], mask=w_mask, other=0.0)                           # [BLOCK_K, BLOCK_N]
-            b_u = tl.load(p_w + inter_size * stride_wn + k[:, None], mask=w_mask, other=0.0)  # up rows I + n
+            b_g = tl.load(p_gate + k[:, None], mask=w_mask, other=0.0)                        # [BLOCK_K, BLOCK_N]
+            b_u = tl.load(p_up + k[:, None], mask=w_mask, other=0.0)
             if IEEE:
                 acc_g += tl.dot(a, b_g, input_precision="ieee")
                 acc_u += tl.dot(a, b_u, input_precision="ieee")
@@ -69,35 +94,66 @@ def _gate_up_scan_kernel(x_ptr, w_ptr, ids_ptr, inter_ptr, num_pairs, hidden, in
         g = acc_g.to(dtype).to(tl.float32)
         u = acc_u.to(dtype).to(tl.float32)
         h = (g * tl.sigmoid(g)).to(dtype).to(tl.float32) * u
-        tl.store(inter_ptr + pair[:, None] * stride_ip + n[None, :], h.to(dtype), mask=row_ok[:, None] & n_ok[None, :])
+        tl.store(inter_ptr + row[:, None] * stride_ir + n[None, :], h.to(dtype), mask=row_ok[:, None] & n_ok[None, :])
 
 
 # num_pairs varies per step: not specialised on it, so a new value never compiles a new variant
-@triton.jit(do_not_specialize=["num_pairs"])
-def _down_scan_kernel(inter_ptr, w_ptr, ids_ptr, topk_weights_ptr, pair_out_ptr, num_pairs, hidden, inter_size,
-                      stride_ip, stride_we, stride_wn, stride_pt, P_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
+@triton.jit(do_not_specialize=["num_pairs", "num_tokens"])
+def _down_scan_kernel(inter_ptr, w_ptr, shared_w_ptr, ids_ptr, topk_weights_ptr, pair_out_ptr, num_pairs, num_tokens,
+                      num_experts, hidden, inter_size, stride_ir, stride_we, stride_wn, stride_sn, stride_pr,
+                      TOP_K: tl.constexpr, P_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
     expert, p, mine, rank, count = _scan(ids_ptr, num_pairs, P_PAD)
+    is_shared = expert == num_experts
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < hidden
-    p_w = w_ptr + expert * stride_we + n[None, :].to(tl.int64) * stride_wn
+    if is_shared:
+        p_w = shared_w_ptr + n[None, :].to(tl.int64) * stride_sn
+        count = num_tokens
+    else:
+        p_w = w_ptr + expert * stride_we + n[None, :].to(tl.int64) * stride_wn
     dtype = inter_ptr.dtype.element_ty
     for start in range(0, count, BLOCK_M):
-        pair, row_ok = _chunk(p, mine, rank, start, BLOCK_M)
+        token, row, row_ok = _rows(p, mine, rank, start, is_shared, num_pairs, num_tokens, TOP_K, BLOCK_M)
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         for k0 in range(0, inter_size, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
             k_ok = k < inter_size
-            a = tl.load(inter_ptr + pair[:, None] * stride_ip + k[None, :], mask=row_ok[:, None] & k_ok[None, :],
+            a = tl.load(inter_ptr + row[:, None] * stride_ir + k[None, :], mask=row_ok[:, None] & k_ok[None, :],
                         other=0.0)
             b = tl.load(p_w + k[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)        # [BLOCK_K, BLOCK_N]
             if IEEE:
                 acc += tl.dot(a, b, input_precision="ieee")
             else:
                 acc += tl.dot(a, b)
-        weight = tl.load(topk_weights_ptr + pair, mask=row_ok, other=0.0).to(dtype).to(tl.float32)  # [BLOCK_M]
+        # routed rows carry their routing weight (rounded to the model dtype); the shared expert's rows none
+        routed_w = tl.load(topk_weights_ptr + row, mask=row_ok & (row < num_pairs), other=0.0).to(dtype)
+        weight = tl.where(row < num_pairs, routed_w.to(tl.float32), 1.0)                          # [BLOCK_M]
         y = acc.to(dtype).to(tl.float32) * weight[:, None]
-        tl.store(pair_out_ptr + pair[:, None] * stride_pt + n[None, :], y, mask=row_ok[:, None] & n_ok[None, :])
+        tl.store(pair_out_ptr + row[:, None] * stride_pr + n[None, :], y, mask=row_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _combine_kernel(pair_out_ptr, shared_out_ptr, shared_gate_ptr, out_ptr, num_pairs, hidden, stride_pr, stride_st,
+                    stride_gt, stride_ot, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, SHARED: tl.constexpr):
+    """out_t = Σ_j pair_out[t·K + j] in order, rounded, [+ sigmoid(g_t) · s_t]; SHARED: 0 none, 1 s given (its
+    output), 2 s in pair_out row P + t (fused)."""
+    token = tl.program_id(0).to(tl.int64)
+    n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < hidden
+    dtype = out_ptr.dtype.element_ty
+    routed = tl.zeros([BLOCK_N], tl.float32)
+    for j in tl.static_range(TOP_K):
+        routed += tl.load(pair_out_ptr + (token * TOP_K + j) * stride_pr + n, mask=n_ok, other=0.0)
+    out = routed.to(dtype).to(tl.float32)
+    if SHARED != 0:
+        gate = tl.sigmoid(tl.load(shared_gate_ptr + token * stride_gt).to(tl.float32)).to(dtype).to(tl.float32)
+        if SHARED == 1:
+            s = tl.load(shared_out_ptr + token * stride_st + n, mask=n_ok, other=0.0).to(tl.float32)
+        else:
+            s = tl.load(pair_out_ptr + (num_pairs + token) * stride_pr + n, mask=n_ok, other=0.0)
+        out += (s * gate).to(dtype).to(tl.float32)
+    tl.store(out_ptr + token * stride_ot + n, out.to(dtype), mask=n_ok)
 
 
 def moe_experts_scan_triton(
@@ -116,20 +172,33 @@ def moe_experts_scan_triton(
     if num_pairs == 0:
         out = torch.zeros_like(x)
         return out if shared is None else shared.added(out, x)
-    for name, t in (("x", x), ("gate_up", gate_up), ("down", down)):
-        if t.stride(-1) != 1:
+    fused = fuses(shared, gate_up)
+    if shared is not None and not fused and shared.output is None:
+        shared = SharedExpert(gate=shared.gate, output=shared.computed(x))
+    for name, t in (("x", x), ("gate_up", gate_up), ("down", down), ("shared output", shared and shared.output),
+                    ("shared gate_up", fused and shared.gate_up), ("shared down", fused and shared.down)):
+        if t is not None and t is not False and t.stride(-1) != 1:
             raise ValueError(f"moe_experts: {name} needs a contiguous last dimension (strides {t.stride()})")
     ids = topk_ids.reshape(-1).contiguous()                                                   # [P]
     weights = topk_weights.reshape(-1).float().contiguous()                                   # [P]
-    inter = torch.empty(num_pairs, inter_size, dtype=x.dtype, device=x.device)                # [P, I]
-    pair_out = torch.empty(num_pairs, hidden, dtype=torch.float32, device=x.device)           # [P, H]
-    ieee, p_pad = x.dtype == torch.float32, triton.next_power_of_2(num_pairs)
-    common = dict(P_PAD=p_pad, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, IEEE=ieee, num_warps=4)
-    _gate_up_scan_kernel[(num_experts, triton.cdiv(inter_size, block_n))](
-        x, gate_up, ids, inter, num_pairs, hidden, inter_size, x.stride(0), gate_up.stride(0), gate_up.stride(1),
-        inter.stride(0), TOP_K=top_k, **common)
-    _down_scan_kernel[(num_experts, triton.cdiv(hidden, block_n))](
-        inter, down, ids, weights, pair_out, num_pairs, hidden, inter_size, inter.stride(0), down.stride(0),
-        down.stride(1), pair_out.stride(0), **common)
-    out = pair_out.view(num_tokens, top_k, hidden).sum(1).to(x.dtype)
-    return out if shared is None else shared.added(out, x)
+    rows = num_pairs + (num_tokens if fused else 0)                                           # pairs, then shared
+    inter = torch.empty(rows, inter_size, dtype=x.dtype, device=x.device)                     # [rows, I]
+    pair_out = torch.empty(rows, hidden, dtype=torch.float32, device=x.device)                # [rows, H]
+    out = torch.empty_like(x)                                                                 # [T, H]
+    programs = num_experts + (1 if fused else 0)                                              # + the shared expert
+    shared_gate_up, shared_down = (shared.gate_up, shared.down) if fused else (gate_up, down)
+    common = dict(P_PAD=triton.next_power_of_2(num_pairs), BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
+                  IEEE=x.dtype == torch.float32, TOP_K=top_k, num_warps=4)
+    _gate_up_scan_kernel[(programs, triton.cdiv(inter_size, block_n))](
+        x, gate_up, shared_gate_up, ids, inter, num_pairs, num_tokens, num_experts, hidden, inter_size, x.stride(0),
+        gate_up.stride(0), gate_up.stride(1), shared_gate_up.stride(0), inter.stride(0), **common)
+    _down_scan_kernel[(programs, triton.cdiv(hidden, block_n))](
+        inter, down, shared_down, ids, weights, pair_out, num_pairs, num_tokens, num_experts, hidden, inter_size,
+        inter.stride(0), down.stride(0), down.stride(1), shared_down.stride(0), pair_out.stride(0), **common)
+    mode = 0 if shared is None else 2 if fused else 1
+    shared_out = shared.output if mode == 1 else x
+    shared_gate = shared.gate if shared is not None else weights
+    _combine_kernel[(num_tokens, triton.cdiv(hidden, 256))](
+        pair_out, shared_out, shared_gate, out, num_pairs, hidden, pair_out.stride(0), shared_out.stride(0),
+        shared_gate.stride(0), out.stride(0), TOP_K=top_k, BLOCK_N=256, SHARED=mode, num_warps=4)
+    return out
