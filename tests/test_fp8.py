@@ -266,3 +266,47 @@ def test_gpu_fp8_kernels_in_cuda_graphs_decode_as_plain(checkpoints, kind):
     spec = engine(kind)
     assert spec.generate(PROMPTS, params) == engine(None).generate(PROMPTS, params)
     assert spec.stats.drafted > 0
+
+
+def test_a_moe_block_hands_the_kernels_a_plain_shared_expert_and_an_fp8_one_as_its_output(checkpoints):
+    """FusedLinear.plain_weight is the fused weight of plain linears and None once they are FP8 (or run apart): so
+    SparseMoE gives the expert kernels its shared expert's weights, or, FP8, its output; both forwards equal the
+    block computed by hand."""
+    import torch.nn.functional as F
+    from torch import nn
+
+    from specdec.models.fp8_linear import Fp8Linear
+    from specdec.models.fused_linear import FusedLinear
+    from specdec.models.mlp import SparseMoE
+    from specdec.models.model_config import ModelConfig
+    torch.manual_seed(0)
+    block = SparseMoE(ModelConfig.from_folder(checkpoints[1]))
+    for p in block.parameters():
+        p.data.normal_(0, 0.2)
+    x = torch.randn(3, block.gate.in_features)
+    s = block.shared_expert
+
+    def by_hand():
+        logits = block.gate(x)
+        weights, ids = torch.softmax(logits.float(), -1).topk(block.top_k, -1)
+        weights = weights / weights.sum(-1, keepdim=True)
+        routed = sum(weights[:, j, None] * torch.stack([
+            F.linear(F.silu(F.linear(x[t], block.experts_gate_up[e][:block.experts_down.shape[2]]))
+                     * F.linear(x[t], block.experts_gate_up[e][block.experts_down.shape[2]:]), block.experts_down[e])
+            for t, e in enumerate(ids[:, j].tolist())]) for j in range(block.top_k))
+        shared = s.down_proj(F.silu(s.gate_proj(x)) * s.up_proj(x))
+        return routed + shared * torch.sigmoid(block.shared_expert_gate(x))
+
+    plain = block._shared(x, block.shared_expert_gate(x))
+    assert plain.output is None and plain.gate_up.data_ptr() == s.gate_proj.weight.data_ptr()
+    assert torch.allclose(block(x), by_hand(), atol=1e-5)
+    fp8 = {id(m): Fp8Linear(*quantize_blocks(m.weight.detach(), (32, 32)), (32, 32))
+           for m in (s.gate_proj, s.up_proj, s.down_proj)}
+    s.gate_proj, s.up_proj, s.down_proj = fp8[id(s.gate_proj)], fp8[id(s.up_proj)], fp8[id(s.down_proj)]
+    s.gate_up.replace_linears(fp8)
+    assert s.gate_up.plain_weight() is None
+    as_output = block._shared(x, block.shared_expert_gate(x))
+    assert as_output.gate_up is None and as_output.output is not None
+    assert torch.allclose(block(x), by_hand(), atol=1e-5)
+    apart = FusedLinear(s.gate_proj, nn.Linear(x.shape[1], 4, bias=False))
+    assert apart.plain_weight() is None and apart.apart

@@ -1,5 +1,5 @@
-"""MoE routing and routed experts: the Triton kernels (routing, per-pair decode GEMVs, grouped GEMMs) vs the torch
-references, kernel-level and whole-model.
+"""MoE routed experts: the Triton kernels (per-pair GEMVs, scan kernels, grouped GEMMs) vs the torch reference,
+kernel-level and whole-model (with the Triton routing of tests/test_kernel_moe_route.py).
 
 CPU: the Triton paths under TRITON_INTERPRET=1; whole-model checks swap them into SparseMoE on the tiny qwen3_5_moe
 and qwen3_next configs (fp32) and compare logits and greedy decoding. GPU (`-m gpu`): a Qwen3.5-MoE-like shape,
@@ -15,11 +15,11 @@ if not torch.cuda.is_available():
 
 from kernels.moe import SharedExpert, experts_kernel, moe_experts, moe_experts_ref  # noqa: E402
 from kernels.moe.routing import max_padded_rows, sort_pairs_by_expert  # noqa: E402
-from kernels.moe_route import moe_route, moe_route_ref  # noqa: E402
+from kernels.moe_route import moe_route  # noqa: E402
 
 triton_moe = pytest.importorskip("kernels.moe.triton_moe")
 triton_moe_decode = pytest.importorskip("kernels.moe.triton_moe_decode")
-triton_moe_route = pytest.importorskip("kernels.moe_route.triton_moe_route")
+triton_moe_route = pytest.importorskip("kernels.moe_route.triton_moe_route")  # the whole-model swap
 triton_moe_scan = pytest.importorskip("kernels.moe.triton_moe_scan")
 KERNELS = {"grouped": lambda *a, **kw: triton_moe.moe_experts_triton(*a, **kw),
            "decode": lambda *a, **kw: triton_moe_decode.moe_experts_decode_triton(*a, **kw),
@@ -142,52 +142,6 @@ def test_decode_tiles_cover_edges():
     assert (got - want).abs().max().item() <= 1e-5
 
 
-# ---- routing: softmax → top-k → renormalise in one launch ----------------------------------------------------
-@pytest.mark.parametrize("renormalise", [True, False])
-@pytest.mark.parametrize("num_tokens,num_experts,top_k", [(1, 4, 2), (5, 6, 3), (3, 64, 8), (2, 10, 10)])
-def test_route_matches_reference(num_tokens, num_experts, top_k, renormalise):
-    logits = torch.randn(num_tokens, num_experts, generator=torch.Generator().manual_seed(num_experts)) * 3
-    want_w, want_ids = moe_route_ref(logits, top_k, renormalise)
-    got_w, got_ids = triton_moe_route.moe_route_triton(logits, top_k, renormalise)
-    assert got_ids.dtype == torch.int64 and got_w.dtype == torch.float32
-    assert torch.equal(got_ids, want_ids), "same experts, in descending order"
-    assert (got_w - want_w).abs().max().item() <= 1e-6
-
-
-def test_route_picks_the_lowest_id_among_equal_logits_and_is_sharp():
-    logits = torch.tensor([[0.5, 2.0, 2.0, -1.0, 2.0]])
-    weights, ids = triton_moe_route.moe_route_triton(logits, 2, True)
-    assert ids.tolist() == [[1, 2]] and torch.allclose(weights, torch.tensor([[0.5, 0.5]]))
-    # a planted defect: one logit moved slightly changes the pick (the comparison is not vacuous)
-    moved = logits.clone()
-    moved[0, 4] += 1e-3
-    assert triton_moe_route.moe_route_triton(moved, 2, True)[1].tolist() == [[4, 1]]
-
-
-@pytest.mark.parametrize("fill", [float("nan"), float("-inf"), float("inf")])
-def test_route_ids_stay_in_range_for_any_logits(fill):
-    """A diverged model's logits (NaN, ±inf) still give K distinct expert ids < E (the expert kernels read weights
-    at them: an id of E would read past the last expert)."""
-    logits = torch.randn(3, 64)
-    logits[0] = fill
-    logits[1, ::2] = fill
-    _, ids = triton_moe_route.moe_route_triton(logits, 8, True)
-    assert ((ids >= 0) & (ids < 64)).all()
-    assert all(len(set(row)) == 8 for row in ids.tolist())
-    assert torch.equal(ids[2], moe_route_ref(logits[2:], 8, True)[1][0]), "a finite row is still the reference's"
-
-
-def test_route_refuses_top_k_beyond_the_experts():
-    with pytest.raises(ValueError, match="top_k 5 must be in 1..4"):
-        triton_moe_route.moe_route_triton(torch.randn(2, 4), 5, True)
-
-
-def test_route_entry_point_dispatches_to_reference_on_cpu():
-    logits = torch.randn(3, 8)
-    got, want = moe_route(logits, 2, False), moe_route_ref(logits, 2, False)
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-
-
 @pytest.mark.parametrize("num_tokens,top_k,num_experts,block_m", [(1, 2, 5, 16), (33, 3, 8, 16), (20, 2, 6, 4)])
 def test_sort_pairs_by_expert_invariants(num_tokens, top_k, num_experts, block_m):
     _, _, _, _, ids = make_moe(num_tokens, 8, 8, num_experts, top_k, seed=num_tokens, skewed=True)
@@ -215,12 +169,15 @@ def test_public_entry_point_dispatches_to_reference_on_cpu():
 
 
 # ---- whole model: tiny qwen3_5_moe / qwen3_next, fp32, Triton experts swapped into SparseMoE ------------------
-@pytest.fixture(params=["qwen3_5_moe", "qwen3_next"])
+@pytest.fixture(params=["qwen3_5_moe", "qwen3_next", "qwen3_next-equal-widths"])
 def moe_model(request, tmp_path):
+    """The tiny configs (shared expert 40 wide, experts 24: the kernels run it apart), and one whose shared expert
+    has the experts' width, as the released models do: the kernels fuse it."""
     from hf_reference import make_hf_model
 
     from specdec.models.loader import load_model
-    make_hf_model(request.param, tmp_path, seed=21)
+    family, _, widths = request.param.partition("-")
+    make_hf_model(family, tmp_path, seed=21, **({"shared_expert_intermediate_size": 24} if widths else {}))
     return load_model(tmp_path)
 
 
@@ -290,16 +247,6 @@ def test_gpu_each_kernel_matches_reference(kernel, num_tokens):
 
 
 @pytest.mark.gpu
-def test_gpu_route_matches_reference():
-    logits = torch.randn(64, 512, device="cuda") * 2   # fp32: no equal logits (whose order torch leaves open)
-    for renormalise in (True, False):
-        want_w, want_ids = moe_route_ref(logits, 10, renormalise)
-        got_w, got_ids = moe_route(logits, 10, renormalise)
-        assert torch.equal(got_ids, want_ids)
-        assert (got_w - want_w).abs().max().item() <= 1e-5
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("num_tokens,kernel", [(2, "decode"), (48, "scan"), (200, "grouped")])
 def test_gpu_moe_replays_in_a_cuda_graph(num_tokens, kernel):
     assert experts_kernel(num_tokens * 8, 256) == kernel
@@ -325,8 +272,8 @@ def test_gpu_moe_replays_in_a_cuda_graph(num_tokens, kernel):
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["qwen3_5", "qwen3_5_moe", "qwen3_next"])
 def test_gpu_fast_path_greedy_equals_cpu_torch_path(tmp_path, family, cuda):
-    """Tiny models in fp32 on the GPU (paged attention, fused norms, grouped MoE kernels) decode the same greedy
-    tokens as the CPU torch path, with chunked prefill."""
+    """Tiny models in fp32 on the GPU (paged attention, fused norms, the MoE routing and expert kernels) decode the
+    same greedy tokens as the CPU torch path, with chunked prefill."""
     from hf_reference import make_hf_model
 
     from specdec.models.loader import load_model

@@ -1,7 +1,8 @@
 """Routed experts of a sparse MoE block (and the gated shared expert), dispatched by device and size. CUDA tensors
 run Triton (imported on first use), by the step's token-expert pairs (tokens x top-k):
-  - at most one per expert and at most 256: a GEMV per pair (decode; the shared expert fused in),
-  - up to 1024: a program per (expert, tile) that finds its pairs in the routing ids (wide decode and verify),
+  - no more pairs than experts, and at most 256: a GEMV per pair (decode; the shared expert fused in),
+  - up to 1024: a program per (expert, tile) that finds its pairs in the routing ids (wide decode and verify; the
+    shared expert fused in),
   - more: the grouped GEMMs over pairs sorted by expert (prompt chunks);
 everything else runs the torch loop over experts. Crossovers measured on an H100 (bench/README.md, "MoE decode").
 """
@@ -23,7 +24,8 @@ def experts_kernel(num_pairs: int, num_experts: int) -> str:
 def moe_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor,
                 topk_ids: torch.Tensor, shared: SharedExpert | None = None) -> torch.Tensor:
     """x [T, H], gate_up [E, 2I, H], down [E, H, I], topk_weights [T, K] fp32, topk_ids [T, K] (and the block's
-    shared expert) → [T, H]:  Σ_j w_j · down_e_j(silu(gate_e_j(x)) · up_e_j(x))  [+ sigmoid(g) · shared(x)]."""
+    shared expert) → [T, H]:  Σ_j w_j · down_e_j(silu(gate_e_j(x)) · up_e_j(x))  [+ sigmoid(g) · shared(x)].
+    The ids must be experts in [0, E), as kernels.moe_route gives them: the kernels index weights with them."""
     if x.is_cuda:
         kernel = experts_kernel(topk_ids.numel(), gate_up.shape[0])
         if kernel == "decode":

@@ -31,7 +31,8 @@ class GemvTiles:
     num_warps: int = 4
 
 
-@triton.jit
+# num_pairs varies per step: not specialised on it, so a new value never compiles a new variant
+@triton.jit(do_not_specialize=["num_pairs"])
 def _gate_up_gemv_kernel(x_ptr, w_ptr, ids_ptr, shared_w_ptr, inter_ptr, num_pairs, hidden, inter_size, stride_xt,
                          stride_we, stride_wn, stride_sn, stride_ip,
                          TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -75,7 +76,8 @@ def _down_row(inter_ptr, p_w, row, n_ok, inter_size, stride_ip, BLOCK_N: tl.cons
     return tl.sum(acc, 1).to(inter_ptr.dtype.element_ty).to(tl.float32)
 
 
-@triton.jit
+# num_pairs varies per step: not specialised on it, so a new value never compiles a new variant
+@triton.jit(do_not_specialize=["num_pairs"])
 def _down_gemv_kernel(inter_ptr, w_ptr, ids_ptr, topk_weights_ptr, shared_w_ptr, shared_out_ptr, shared_gate_ptr,
                       out_ptr, num_pairs, hidden, inter_size, stride_ip, stride_we, stride_wn, stride_sn, stride_st,
                       stride_gt, stride_ot, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,

@@ -163,7 +163,7 @@ def moe_experts_scan_triton(
     topk_weights: torch.Tensor,  # [T, K] fp32
     topk_ids: torch.Tensor,      # [T, K]
     shared: SharedExpert | None = None,
-    block_n: int = 64,           # 64 x 64 tiles: the best of a sweep at both MoE shapes, 64-1280 pairs
+    block_n: int = 64,           # 64 x 64 tiles: the best or near it in a sweep at both MoE shapes (bench/README.md)
     block_k: int = 64,
 ) -> torch.Tensor:               # [T, H]
     num_tokens, hidden = x.shape

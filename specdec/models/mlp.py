@@ -29,7 +29,8 @@ class SparseMoE(nn.Module):
     Experts are stored fused: gate_up [E, 2I, H] (gate rows first), down [E, H, I]. The router and the shared
     expert's gate run as one GEMM ([T, E + 1]). On a GPU, without a host sync: `kernels.moe_route` picks each
     token's experts in one launch, `kernels.moe.moe_experts` runs them with the shared expert and its gate
-    (per-pair GEMVs for a few tokens, the shared expert fused in; grouped GEMMs for more).
+    (per-pair GEMVs or per-expert scan kernels, the shared expert fused in, for decode and verify steps; grouped
+    GEMMs for prompt chunks).
     """
 
     def __init__(self, config: ModelConfig):
