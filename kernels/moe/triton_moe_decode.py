@@ -117,6 +117,38 @@ def fuses(shared: SharedExpert | None, gate_up: torch.Tensor) -> bool:
             and shared.gate_up.dtype == gate_up.dtype and shared.down.dtype == gate_up.dtype)
 
 
+@dataclass(frozen=True)
+class SharedOperands:
+    """The shared expert as the decode and scan kernels take it: `mode` 0 none, 1 its output added, 2 its weights
+    run as one more row per token; the tensors to pass (the experts' own where the mode reads none)."""
+    mode: int
+    gate_up: torch.Tensor    # [2I, H]
+    down: torch.Tensor       # [H, I]
+    output: torch.Tensor     # [T, H]
+    gate: torch.Tensor       # [T, 1]; the routing weights when mode is 0
+
+    @property
+    def fused(self) -> bool:
+        return self.mode == 2
+
+
+def shared_operands(shared: SharedExpert | None, x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+                    weights: torch.Tensor) -> SharedOperands:
+    """The operands of `shared` (its output computed here when its weights cannot be fused), last dimensions
+    checked contiguous with the experts'."""
+    fused = fuses(shared, gate_up)
+    if shared is not None and not fused and shared.output is None:
+        shared = SharedExpert(gate=shared.gate, output=shared.computed(x))
+    mode = 0 if shared is None else 2 if fused else 1
+    ops = SharedOperands(mode, shared.gate_up if fused else gate_up, shared.down if fused else down,
+                         shared.output if mode == 1 else x, shared.gate if shared is not None else weights)
+    for name, t in (("x", x), ("gate_up", gate_up), ("down", down), ("shared gate_up", ops.gate_up),
+                    ("shared down", ops.down), ("shared output", ops.output)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"moe_experts: {name} needs a contiguous last dimension (strides {t.stride()})")
+    return ops
+
+
 def moe_experts_decode_triton(
     x: torch.Tensor,             # [T, H]
     gate_up: torch.Tensor,       # [E, 2I, H]
@@ -130,33 +162,23 @@ def moe_experts_decode_triton(
     inter_size, top_k = gate_up.shape[1] // 2, topk_ids.shape[1]
     num_pairs = num_tokens * top_k
     if num_tokens == 0:
-        return torch.zeros_like(x)
-    fused = fuses(shared, gate_up)
-    if shared is not None and not fused and shared.output is None:
-        shared = SharedExpert(gate=shared.gate, output=shared.computed(x))
-    for name, t in (("x", x), ("gate_up", gate_up), ("down", down), ("shared output", shared and shared.output),
-                    ("shared gate_up", fused and shared.gate_up), ("shared down", fused and shared.down)):
-        if t is not None and t is not False and t.stride(-1) != 1:
-            raise ValueError(f"moe_experts: {name} needs a contiguous last dimension (strides {t.stride()})")
+        out = torch.zeros_like(x)
+        return out if shared is None else shared.added(out, x)
     up_tiles, down_tiles = tiles or (choose_tiles(inter_size, hidden), choose_tiles(hidden, inter_size))
     ids = topk_ids.reshape(-1).contiguous()                                                  # [P]
     weights = topk_weights.reshape(-1).float().contiguous()                                  # [P]
-    rows = num_pairs + (num_tokens if fused else 0)                                          # pairs, then shared
+    ops = shared_operands(shared, x, gate_up, down, weights)
+    rows = num_pairs + (num_tokens if ops.fused else 0)                                      # pairs, then shared
     inter = torch.empty(rows, inter_size, dtype=x.dtype, device=x.device)                    # [rows, I]
     out = torch.empty_like(x)                                                                # [T, H]
-    shared_gate_up = shared.gate_up if fused else gate_up
     _gate_up_gemv_kernel[(rows, triton.cdiv(inter_size, up_tiles.block_n))](
-        x, gate_up, ids, shared_gate_up, inter, num_pairs, hidden, inter_size, x.stride(0), gate_up.stride(0),
-        gate_up.stride(1), shared_gate_up.stride(0), inter.stride(0),
+        x, gate_up, ids, ops.gate_up, inter, num_pairs, hidden, inter_size, x.stride(0), gate_up.stride(0),
+        gate_up.stride(1), ops.gate_up.stride(0), inter.stride(0),
         TOP_K=top_k, BLOCK_N=up_tiles.block_n, BLOCK_K=up_tiles.block_k, num_warps=up_tiles.num_warps)
-    mode = 0 if shared is None else 2 if fused else 1
-    shared_down = shared.down if fused else down
-    shared_out = shared.output if mode == 1 else x
-    shared_gate = shared.gate if shared is not None else weights
     _down_gemv_kernel[(num_tokens, triton.cdiv(hidden, down_tiles.block_n))](
-        inter, down, ids, weights, shared_down, shared_out, shared_gate, out, num_pairs, hidden, inter_size,
-        inter.stride(0), down.stride(0), down.stride(1), shared_down.stride(0), shared_out.stride(0),
-        shared_gate.stride(0), out.stride(0),
-        TOP_K=top_k, BLOCK_N=down_tiles.block_n, BLOCK_K=down_tiles.block_k, SHARED=mode,
+        inter, down, ids, weights, ops.down, ops.output, ops.gate, out, num_pairs, hidden, inter_size,
+        inter.stride(0), down.stride(0), down.stride(1), ops.down.stride(0), ops.output.stride(0),
+        ops.gate.stride(0), out.stride(0),
+        TOP_K=top_k, BLOCK_N=down_tiles.block_n, BLOCK_K=down_tiles.block_k, SHARED=ops.mode,
         num_warps=down_tiles.num_warps)
     return out

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from .reference import SharedExpert
-from .triton_moe_decode import fuses
+from .triton_moe_decode import shared_operands
 
 
 @triton.jit
@@ -172,33 +172,23 @@ def moe_experts_scan_triton(
     if num_pairs == 0:
         out = torch.zeros_like(x)
         return out if shared is None else shared.added(out, x)
-    fused = fuses(shared, gate_up)
-    if shared is not None and not fused and shared.output is None:
-        shared = SharedExpert(gate=shared.gate, output=shared.computed(x))
-    for name, t in (("x", x), ("gate_up", gate_up), ("down", down), ("shared output", shared and shared.output),
-                    ("shared gate_up", fused and shared.gate_up), ("shared down", fused and shared.down)):
-        if t is not None and t is not False and t.stride(-1) != 1:
-            raise ValueError(f"moe_experts: {name} needs a contiguous last dimension (strides {t.stride()})")
     ids = topk_ids.reshape(-1).contiguous()                                                   # [P]
     weights = topk_weights.reshape(-1).float().contiguous()                                   # [P]
-    rows = num_pairs + (num_tokens if fused else 0)                                           # pairs, then shared
+    ops = shared_operands(shared, x, gate_up, down, weights)
+    rows = num_pairs + (num_tokens if ops.fused else 0)                                       # pairs, then shared
     inter = torch.empty(rows, inter_size, dtype=x.dtype, device=x.device)                     # [rows, I]
     pair_out = torch.empty(rows, hidden, dtype=torch.float32, device=x.device)                # [rows, H]
     out = torch.empty_like(x)                                                                 # [T, H]
-    programs = num_experts + (1 if fused else 0)                                              # + the shared expert
-    shared_gate_up, shared_down = (shared.gate_up, shared.down) if fused else (gate_up, down)
+    programs = num_experts + (1 if ops.fused else 0)                                          # + the shared expert
     common = dict(P_PAD=triton.next_power_of_2(num_pairs), BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
                   IEEE=x.dtype == torch.float32, TOP_K=top_k, num_warps=4)
     _gate_up_scan_kernel[(programs, triton.cdiv(inter_size, block_n))](
-        x, gate_up, shared_gate_up, ids, inter, num_pairs, num_tokens, num_experts, hidden, inter_size, x.stride(0),
-        gate_up.stride(0), gate_up.stride(1), shared_gate_up.stride(0), inter.stride(0), **common)
+        x, gate_up, ops.gate_up, ids, inter, num_pairs, num_tokens, num_experts, hidden, inter_size, x.stride(0),
+        gate_up.stride(0), gate_up.stride(1), ops.gate_up.stride(0), inter.stride(0), **common)
     _down_scan_kernel[(programs, triton.cdiv(hidden, block_n))](
-        inter, down, shared_down, ids, weights, pair_out, num_pairs, num_tokens, num_experts, hidden, inter_size,
-        inter.stride(0), down.stride(0), down.stride(1), shared_down.stride(0), pair_out.stride(0), **common)
-    mode = 0 if shared is None else 2 if fused else 1
-    shared_out = shared.output if mode == 1 else x
-    shared_gate = shared.gate if shared is not None else weights
+        inter, down, ops.down, ids, weights, pair_out, num_pairs, num_tokens, num_experts, hidden, inter_size,
+        inter.stride(0), down.stride(0), down.stride(1), ops.down.stride(0), pair_out.stride(0), **common)
     _combine_kernel[(num_tokens, triton.cdiv(hidden, 256))](
-        pair_out, shared_out, shared_gate, out, num_pairs, hidden, pair_out.stride(0), shared_out.stride(0),
-        shared_gate.stride(0), out.stride(0), TOP_K=top_k, BLOCK_N=256, SHARED=mode, num_warps=4)
+        pair_out, ops.output, ops.gate, out, num_pairs, hidden, pair_out.stride(0), ops.output.stride(0),
+        ops.gate.stride(0), out.stride(0), TOP_K=top_k, BLOCK_N=256, SHARED=ops.mode, num_warps=4)
     return out
