@@ -3,7 +3,7 @@
 For token t with chosen experts e_1..e_K and routing weights w_1..w_K (softmax top-k, renormalised by the caller):
     out_t = Σ_j w_j · down_e_j( silu(gate_e_j(x_t)) · up_e_j(x_t) )  [ + sigmoid(g_t) · s_t ]
 where s_t is the shared expert's output and g_t its gate's logit, when the block has one (`SharedExpert`: added
-here so that the decode kernels can run the shared expert as one more GEMV pair and fuse the combine).
+here so that the decode and scan kernels can run the shared expert as one more row per token and fuse the combine).
 Experts are stored fused: gate_up [E, 2I, H] (gate rows first), down [E, H, I]. The loop over the experts that
 were chosen reads their ids on the host (`.unique().tolist()`): fine on a CPU, a host sync on a GPU — which is
 why CUDA tensors take the Triton path.
@@ -18,7 +18,7 @@ from kernels.activation import silu_mul
 
 @dataclass(frozen=True)
 class SharedExpert:
-    """A MoE block's shared expert, added as sigmoid(gate) · its output: given as its weights (the decode
+    """A MoE block's shared expert, added as sigmoid(gate) · its output: given as its weights (the decode and scan
     kernels fuse it when its width equals the experts') or, when they are not plain tensors (FP8), as its output."""
     gate: torch.Tensor                      # [T, 1] the shared expert gate's logit (may be a column view)
     gate_up: torch.Tensor | None = None     # [2S, H] gate rows first
