@@ -8,7 +8,8 @@ width 512) and `next-80b` (Qwen3-Next-80B-A3B: hidden 2048, 512 experts, top 10,
              decode GEMVs and the scan kernels at other tiles
   block      the whole SparseMoE forward as before the decode kernels (router and shared gate GEMMs, torch
              routing, grouped experts, shared expert and combine in torch) vs now (one GEMM for both gates, Triton
-             routing, dispatched experts with the shared expert fused in for a few tokens)
+             routing, dispatched experts with the shared expert fused in); up to 256 pairs also now on the per-pair
+             GEMVs and on the scan kernels, whatever the dispatcher picks (their boundary)
 Each is timed in a CUDA graph over calls that alternate between two copies of the experts (so that a call finds
 none of its weights in L2); bytes are the experts the tokens reach, read once, plus (block rows) the router and
 shared expert weights.
@@ -73,16 +74,16 @@ class MoEBlockCase:
         routed = moe_experts_triton(self.x, gate_up, down, weights, ids)
         return routed + self.shared_output(self.x) * torch.sigmoid(F.linear(self.x, self.shared_gate))
 
-    def block_now(self):
+    def block_now(self, experts=None):
         """SparseMoE.forward now: one GEMM for the router and the shared gate, Triton routing, the experts with
-        the shared expert (fused into the per-pair GEMVs for a few tokens)."""
+        the shared expert fused in; `experts`: the kernels to run them on (default: kernels.moe's choice)."""
         from kernels.moe import SharedExpert, moe_experts
         from kernels.moe_route import moe_route
         gate_up, down = self.next_experts()
         logits = F.linear(self.x, self.router_and_shared_gate)                            # [T, E + 1]
         weights, ids = moe_route(logits[:, :-1], self.top_k, True)
         shared = SharedExpert(logits[:, -1:], gate_up=self.shared_gate_up, down=self.shared_down)
-        return moe_experts(self.x, gate_up, down, weights, ids, shared)
+        return (experts or moe_experts)(self.x, gate_up, down, weights, ids, shared)
 
 
 def moe_rows(tokens_list: list[int], device, copy_bw: float, sweep: bool, smoke: bool) -> list[dict]:
@@ -123,7 +124,11 @@ def moe_rows(tokens_list: list[int], device, copy_bw: float, sweep: bool, smoke:
                     out.append(row("moe-experts", case, label, None, note=f"{type(e).__name__}: {str(e)[:80]}"))
                     continue
                 out.append(row("moe-experts", case, label, ms, mode, c.expert_bytes, copy_bw))
-            for impl, fn in (("before", c.block_before), ("now", c.block_now)):
+            blocks = [("before", c.block_before), ("now", c.block_now)]
+            if t * c.top_k <= 256:    # the decode / scan boundary, each with the shared expert fused
+                blocks += [("now, per-pair", lambda: c.block_now(moe_experts_decode_triton)),
+                           ("now, scan", lambda: c.block_now(moe_experts_scan_triton))]
+            for impl, fn in blocks:
                 ms, mode = time_ms(fn, device)
                 out.append(row("moe-block", case, impl, ms, mode, c.block_bytes, copy_bw))
             print(f"moe {case} done", flush=True)

@@ -288,3 +288,20 @@ def test_gpu_fast_path_greedy_equals_cpu_torch_path(tmp_path, family, cuda):
         return greedy_generate(executor, prompts, 24, prefill_chunk=7)
 
     assert greedy("cuda") == greedy("cpu")
+
+
+def test_bench_moe_rows_time_every_kernel_and_both_sides_of_the_boundary(monkeypatch):
+    """`bench/kernels.py --moe --smoke`'s rows: routing, each expert kernel, and the block before, now, and now on
+    the per-pair GEMVs and on the scan kernels (the decode / scan boundary), on the CPU under the interpreter."""
+    import sys
+    from pathlib import Path
+    sys.path.append(str(Path(__file__).resolve().parent.parent / "bench"))  # after the packages: not kernels.py
+    import moe_kernels
+    import timing
+    monkeypatch.setattr(timing, "REPS_CAP", 1)   # one call each: checks the script, not the speed
+    rows = moe_kernels.moe_rows([1], torch.device("cpu"), 1e9, sweep=False, smoke=True)
+    got = {(r["section"], r["impl"]) for r in rows}
+    assert {("moe-route", "torch"), ("moe-route", "ours"), ("moe-experts", "grouped"), ("moe-experts", "decode"),
+            ("moe-experts", "scan"), ("moe-block", "before"), ("moe-block", "now"), ("moe-block", "now, per-pair"),
+            ("moe-block", "now, scan")} <= got
+    assert all(r["ms"] is not None and r["ms"] > 0 for r in rows)
