@@ -129,8 +129,9 @@ def token_rows(s: dict, batch: int, n: int, device, copy_bw: float) -> list[dict
 
 
 def moe_rows(s: dict, batch: int, n: int, device, copy_bw: float) -> list[dict]:
-    """Routed experts at the Qwen3-Next shape: bytes are the experts the tokens reach (weights read once)."""
-    from kernels.moe.triton_moe import moe_experts_triton
+    """Routed experts at the Qwen3-Next shape on the kernel kernels.moe picks for this size: bytes are the experts
+    the tokens reach (weights read once)."""
+    from kernels.moe import experts_kernel, triton_experts
     t, e, hdim, inter, top = batch * n, s["experts"], s["moe_hidden"], s["moe_inter"], s["top_k"]
     x = torch.randn(t, hdim, device=device, dtype=BF16)
     gate_up = torch.randn(e, 2 * inter, hdim, device=device, dtype=BF16) * 0.02
@@ -140,7 +141,8 @@ def moe_rows(s: dict, batch: int, n: int, device, copy_bw: float) -> list[dict]:
     reached = int(ids.unique().numel())
     moved = reached * 3 * inter * hdim * 2 + 2 * x.numel() * 2
     args = (x, gate_up, down, weights, ids)
-    return ours_and_reference("moe-experts", f"b{batch} n{n} E{e} top{top}", lambda: moe_experts_triton(*args),
+    ours = triton_experts(experts_kernel(ids.numel(), e))
+    return ours_and_reference("moe-experts", f"b{batch} n{n} E{e} top{top}", lambda: ours(*args),
                  lambda: moe_experts_ref(*args), moved, device, copy_bw)
 
 

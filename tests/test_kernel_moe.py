@@ -13,17 +13,13 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from kernels.moe import SharedExpert, experts_kernel, moe_experts, moe_experts_ref  # noqa: E402
+from kernels.moe import SharedExpert, experts_kernel, moe_experts, moe_experts_ref, triton_experts  # noqa: E402
 from kernels.moe.routing import max_padded_rows, sort_pairs_by_expert  # noqa: E402
 from kernels.moe_route import moe_route  # noqa: E402
 
-triton_moe = pytest.importorskip("kernels.moe.triton_moe")
 triton_moe_decode = pytest.importorskip("kernels.moe.triton_moe_decode")
 triton_moe_route = pytest.importorskip("kernels.moe_route.triton_moe_route")  # the whole-model swap
-triton_moe_scan = pytest.importorskip("kernels.moe.triton_moe_scan")
-KERNELS = {"grouped": lambda *a, **kw: triton_moe.moe_experts_triton(*a, **kw),
-           "decode": lambda *a, **kw: triton_moe_decode.moe_experts_decode_triton(*a, **kw),
-           "scan": lambda *a, **kw: triton_moe_scan.moe_experts_scan_triton(*a, **kw)}
+KERNELS = {name: triton_experts(name) for name in ("grouped", "decode", "scan")}
 
 
 def make_moe(num_tokens, hidden, inter, num_experts, top_k, dtype=torch.float32, device="cpu", seed=0,

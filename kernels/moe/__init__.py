@@ -21,22 +21,29 @@ def experts_kernel(num_pairs: int, num_experts: int) -> str:
     return "scan" if num_pairs <= SCAN_MAX_PAIRS else "grouped"
 
 
+def triton_experts(kernel: str):
+    """The Triton function of `kernel` ("decode", "scan" or "grouped"; imported on first use): one signature,
+    that of moe_experts."""
+    if kernel == "decode":
+        from .triton_moe_decode import moe_experts_decode_triton
+        return moe_experts_decode_triton
+    if kernel == "scan":
+        from .triton_moe_scan import moe_experts_scan_triton
+        return moe_experts_scan_triton
+    from .triton_moe import moe_experts_triton
+    return moe_experts_triton
+
+
 def moe_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor,
                 topk_ids: torch.Tensor, shared: SharedExpert | None = None) -> torch.Tensor:
     """x [T, H], gate_up [E, 2I, H], down [E, H, I], topk_weights [T, K] fp32, topk_ids [T, K] (and the block's
     shared expert) → [T, H]:  Σ_j w_j · down_e_j(silu(gate_e_j(x)) · up_e_j(x))  [+ sigmoid(g) · shared(x)].
     The ids must be experts in [0, E), as kernels.moe_route gives them: the kernels index weights with them."""
     if x.is_cuda:
-        kernel = experts_kernel(topk_ids.numel(), gate_up.shape[0])
-        if kernel == "decode":
-            from .triton_moe_decode import moe_experts_decode_triton
-            return moe_experts_decode_triton(x, gate_up, down, topk_weights, topk_ids, shared)
-        if kernel == "scan":
-            from .triton_moe_scan import moe_experts_scan_triton
-            return moe_experts_scan_triton(x, gate_up, down, topk_weights, topk_ids, shared)
-        from .triton_moe import moe_experts_triton
-        return moe_experts_triton(x, gate_up, down, topk_weights, topk_ids, shared)
+        kernel = triton_experts(experts_kernel(topk_ids.numel(), gate_up.shape[0]))
+        return kernel(x, gate_up, down, topk_weights, topk_ids, shared)
     return moe_experts_ref(x, gate_up, down, topk_weights, topk_ids, shared)
 
 
-__all__ = ["DECODE_MAX_PAIRS", "SCAN_MAX_PAIRS", "SharedExpert", "experts_kernel", "moe_experts", "moe_experts_ref"]
+__all__ = ["DECODE_MAX_PAIRS", "SCAN_MAX_PAIRS", "SharedExpert", "experts_kernel", "moe_experts", "moe_experts_ref",
+           "triton_experts"]
