@@ -163,10 +163,13 @@ def test_list_prints_the_planned_workloads(capsys):
     assert main(["bench", "--preset", "multiturn", "--list", "--no-prefix-caching", "--drafters",
                  "mtp@3.39+nocache"]) == 0
     assert capsys.readouterr().out.splitlines()[1:2] == ["  gateway/mtp@3.39+nocache/c16/p4096/o128/T0/turns8x200"]
+    assert main(["bench", "--preset", "multiturn", "--list", "--own-system-prompts", "--drafters", "none"]) == 0
+    assert capsys.readouterr().out.splitlines()[1:2] == ["  gateway/none/c16/p4096/o128/T0/turns8x200/own-system"]
 
 
 @pytest.mark.parametrize("argv, words", [
     (["--preset", "long", "--turns", "3"], "--turns shape conversation workloads"),
+    (["--preset", "long", "--own-system-prompts"], "--own-system-prompts shape conversation workloads"),
     (["--preset", "multiturn", "--turn-tokens", "0"], "--turn-tokens must be > 0"),
     (["--quick", "--paths", "inproc", "--no-prefix-caching"], "--no-prefix-caching"),
 ])
@@ -179,18 +182,42 @@ def test_cli_errors(capsys, argv, words):
 def test_conversations_share_the_system_prompt_and_no_user_turn():
     w = small()
     convs = wl.conversations_for(w, 1000)
-    assert len(convs.system) == 40 and len(convs.user) == 3 and all(len(c) == 4 for c in convs.user)
+    assert len(set(convs.system)) == 1 and len(convs.system) == 3 and len(convs.system[0]) == 40
+    assert len(convs.user) == 3 and all(len(c) == 4 for c in convs.user)
     turns = [t for c in convs.user for t in c]
     assert all(len(t) == 7 for t in turns) and len(set(turns)) == len(turns)
-    assert all(0 < i < 1000 for t in turns + [convs.system] for i in t)
-    assert convs.prompt(1, 0, []) == list(convs.system) + list(convs.user[1][0])
+    assert all(0 < i < 1000 for t in turns + [convs.system[0]] for i in t)
+    assert convs.prompt(1, 0, []) == list(convs.system[1]) + list(convs.user[1][0])
     assert convs == wl.conversations_for(w, 1000)                                    # the same on every path
     assert wl.conversations_for(wl.replace(w, concurrency=5), 1000).user[:3] == convs.user
     assert wl.salted(convs, 0) == convs
     warm = wl.salted(convs, -1)      # the warm-up's: same ids, other sequences, from the first block on
-    assert sorted(warm.system) == sorted(convs.system) and warm.system[:BLOCK] != convs.system[:BLOCK]
+    assert sorted(warm.system[0]) == sorted(convs.system[0]) and warm.system[0][:BLOCK] != convs.system[0][:BLOCK]
+    assert len(set(warm.system)) == 1
     prompts = wl.prompts_for(wl.Workload("gateway", "none", 2, 32, 4), 1000)
     assert wl.salted(prompts, 0) == prompts and all(a[0] != b[0] for a, b in zip(wl.salted(prompts, 1), prompts))
+
+
+def test_own_system_prompts_give_each_conversation_its_own():
+    """--own-system-prompts: every conversation starts from a system prompt of its own (so its turn 1 finds
+    nothing in the cache); conversation 0's is the shared one, user turns are unchanged, and the workload's name,
+    JSON and prompt column say so."""
+    shared, own = small(), small(shared_system=False)
+    a, b = wl.conversations_for(shared, 1000), wl.conversations_for(own, 1000)
+    assert len(set(b.system)) == 3 and all(len(p) == 40 for p in b.system)
+    assert all(x[:BLOCK] != y[:BLOCK] for i, x in enumerate(b.system) for y in b.system[:i])
+    assert b.system[0] == a.system[0] and b.user == a.user
+    assert b.prompt(2, 0, []) == list(b.system[2]) + list(b.user[2][0])
+    assert wl.conversations_for(wl.replace(own, concurrency=5), 1000).system[:3] == b.system
+    warm = wl.salted(b, -1)
+    assert all(sorted(w) == sorted(s) and w != s for w, s in zip(warm.system, b.system))
+    assert own.name.endswith("/turns4x7/own-system") and own.to_json()["shared_system"] is False
+    from specdec_tools.bench.report import _prompt
+    assert _prompt(own.to_json()) == "own 40+4x7" and _prompt(shared.to_json()) == "40+4x7"
+    with pytest.raises(ValueError, match="own"):
+        wl.Workload("gateway", "none", 2, 8, 8, shared_system=False)
+    plan = wl.select(wl.multiturn(), own_system_prompts=True)
+    assert plan and all(not w.shared_system for w in plan)
 
 
 def test_each_turn_sends_the_conversation_so_far(fake_gateway):
@@ -205,7 +232,7 @@ def test_each_turn_sends_the_conversation_so_far(fake_gateway):
     assert len({seed for _, _, seed in sent.values()}) == 12
     for c in range(3):
         prompt, output, _ = sent[f"bench-c{c}-t1"]
-        assert prompt == list(convs.system) + list(convs.user[c][0])
+        assert prompt == list(convs.system[c]) + list(convs.user[c][0])
         for t in range(2, 5):
             nxt, nxt_output, _ = sent[f"bench-c{c}-t{t}"]
             assert nxt == prompt + output + list(convs.user[c][t - 1])
@@ -286,8 +313,8 @@ def test_a_pass_through_a_fake_gateway(fake_gateway):
     assert len(fake.requests) == 2 * w.requests
     warm, timed = fake.requests[:w.requests], fake.requests[w.requests:]
     timed_prompts = {r.request_id: list(r.prompt_token_ids) for r, _, _ in timed}
-    assert timed_prompts["bench-c0-t1"] == list(convs.system) + list(convs.user[0][0])   # the workload's own
-    assert all(list(r.prompt_token_ids)[:BLOCK] != list(convs.system)[:BLOCK] for r, _, _ in warm)
+    assert timed_prompts["bench-c0-t1"] == list(convs.system[0]) + list(convs.user[0][0])   # the workload's own
+    assert all(list(r.prompt_token_ids)[:BLOCK] != list(convs.system[0])[:BLOCK] for r, _, _ in warm)
     f = m["multiturn"]
     assert m["completion_tokens"] == m["output_tokens"] == w.requests * w.max_tokens and m["prefills"] == 12
     assert f["turn_1"]["cached_tokens"] == 0 and f["turn_1"]["requests"] == 3 and f["later"]["requests"] == 9
@@ -396,4 +423,22 @@ def test_a_usage_without_cached_tokens_leaves_the_hit_rate_open(fake_gateway):
               "bandwidth": {"bytes_per_step": 1, "achieved_gbs": None, "vs_copy": None, "vs_chain": None}}
     assert checks.check_result(result) == []
     row, = report.multiturn_rows([result])
-    assert row[14:17] == ["-", "-", "-"]
+    assert row[14:17] == ["-", "-", "-"] and row[4] == "40"
+
+
+def test_a_pass_with_own_system_prompts(fake_gateway):
+    """Each conversation's turn 1 sends its own system prompt (none of them found in the cache); the conversation
+    table says `own`."""
+    fake, bench = fake_gateway
+    w = small(shared_system=False)
+    convs = wl.conversations_for(w, 1000)
+    m = bench.run(w, convs, 60.0)
+    timed = {r.request_id: list(r.prompt_token_ids) for r, _, _ in fake.requests[w.requests:]}
+    assert [timed[f"bench-c{c}-t1"] for c in range(3)] == [list(convs.system[c]) + list(convs.user[c][0])
+                                                          for c in range(3)]
+    assert m["multiturn"]["turn_1"]["cached_tokens"] == 0
+    result = {"name": w.name, "workload": w.to_json(), "metrics": m,
+              "bandwidth": {"bytes_per_step": 1, "achieved_gbs": None, "vs_copy": None, "vs_chain": None}}
+    assert checks.check_result(result) == []
+    row, = report.multiturn_rows([result])
+    assert row[4] == "own 40"

@@ -38,7 +38,7 @@ MULTITURN_COLUMNS = ["path", "drafter", "conv", "turns", "system", "user", "out"
 def _key(r: dict, drafter: str | None = None, path: str | None = None) -> tuple:
     w = r["workload"]
     return (path or w["path"], drafter or w["drafter_label"], w["concurrency"], w["prompt_tokens"], w["temperature"],
-            w.get("turns", 0), w.get("turn_tokens", 0))
+            w.get("turns", 0), w.get("turn_tokens", 0), w.get("shared_system", True))
 
 
 def _plain(w: dict) -> str:
@@ -47,9 +47,11 @@ def _plain(w: dict) -> str:
 
 
 def _prompt(w: dict) -> str:
-    """The prompt column: its tokens; a conversation's system prompt + turns x user tokens."""
+    """The prompt column: its tokens; a conversation's system prompt + turns x user tokens ("own 4096+8x200": each
+    conversation a system prompt of its own)."""
     if w.get("turns"):
-        return f"{w['prompt_tokens']}+{w['turns']}x{w['turn_tokens']}"
+        own = "" if w.get("shared_system", True) else "own "
+        return f"{own}{w['prompt_tokens']}+{w['turns']}x{w['turn_tokens']}"
     return str(w["prompt_tokens"])
 
 
@@ -123,7 +125,8 @@ def multiturn_rows(results: list[dict]) -> list[list[str]]:
             continue
         first, later, total = f["turn_1"], f.get("later") or {}, f["all"]
         turns = str(w["turns"]) + ("*" if m["truncated"] else "")
-        rows.append([w["path"], w["drafter_label"], str(w["concurrency"]), turns, str(w["prompt_tokens"]),
+        system = ("" if w.get("shared_system", True) else "own ") + str(w["prompt_tokens"])
+        rows.append([w["path"], w["drafter_label"], str(w["concurrency"]), turns, system,
                      str(w["turn_tokens"]), str(w["max_tokens"]), f"{w['temperature']:g}",
                      _fmt(m["output_tokens_per_s"]), _fmt(first["ttft_ms_p50"]), _fmt(first["ttft_ms_p90"]),
                      _fmt(later.get("ttft_ms_p50")), _fmt(later.get("ttft_ms_p90")), _fmt(f["ttft_p50_ratio"], 3),

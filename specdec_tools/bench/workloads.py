@@ -7,8 +7,9 @@ the verifier's process: `specdec verifier --in-process-drafter`; gateway / coloc
 costs), `peer` (transformers `generate` on the same checkpoint).
 Conversations (gateway and colocated paths, turns > 0): `concurrency` conversations at once, each `turns` requests in
 order, the next sent once the last has finished; turn t's prompt is the conversation so far, token by token (a
-system prompt of `prompt_tokens` ids shared by every conversation, then each earlier turn's user tokens and the
-tokens the model gave back, then this turn's `turn_tokens` new user tokens): what a prefix cache serves.
+system prompt of `prompt_tokens` ids, shared by every conversation or each conversation's own, then each earlier
+turn's user tokens and the tokens the model gave back, then this turn's `turn_tokens` new user tokens): what a
+prefix cache serves.
 Drafters: none, ngram, mtp (its own acceptance; or forced to a mean acceptance length: mtp@3.39, what a random
 checkpoint's benchmarks use), and on the inproc path the synthetic
 drafter at a per-token acceptance rate (syn@0.9: k random drafts a step, nearly free to make, their acceptance
@@ -45,8 +46,10 @@ class Workload:
     long_prompt: int = 0                # interference: the last request has this many prompt tokens and is sent
     #                                     once the others decode (gateway / colocated paths)
     turns: int = 0                      # > 0: `concurrency` conversations of this many turns (prompt_tokens: the
-    #                                     shared system prompt), gateway / colocated paths
+    #                                     system prompt), gateway / colocated paths
     turn_tokens: int = 0                # conversations: new user tokens in each turn
+    shared_system: bool = True          # conversations: one system prompt for all (False: each its own, so that
+    #                                     turn 1 is a cold prefill)
     prefix_cache: bool = True           # False: the verifier's --no-prefix-caching (label +nocache)
 
     def __post_init__(self):
@@ -74,6 +77,8 @@ class Workload:
                                                  or self.long_prompt):
             raise ValueError(f"conversations run through the gateway, with turns >= 1 and turn_tokens >= 1 (and no "
                              f"long prompt): {self}")
+        if not self.shared_system and not self.turns:
+            raise ValueError(f"system prompts of their own are a conversation workload's: {self}")
         if not self.prefix_cache and not self.on_stack:
             raise ValueError(f"the prefix cache is the verifier service's: +nocache runs through the gateway: {self}")
 
@@ -139,7 +144,8 @@ class Workload:
     def name(self) -> str:
         return (f"{self.path}/{self.drafter_label}/c{self.concurrency}/p{self.prompt_tokens}"
                 f"/o{self.max_tokens}/T{self.temperature:g}" + (f"/L{self.long_prompt}" if self.long_prompt else "")
-                + (f"/turns{self.turns}x{self.turn_tokens}" if self.turns else ""))
+                + (f"/turns{self.turns}x{self.turn_tokens}" if self.turns else "")
+                + ("/own-system" if not self.shared_system else ""))
 
     def to_json(self) -> dict:
         return {"path": self.path, "drafter": self.drafter, "drafter_label": self.drafter_label,
@@ -147,8 +153,8 @@ class Workload:
                 "draft_vocab": self.draft_vocab, "accept_rate": self.accept_rate, "draft_policy": self.draft_policy,
                 "concurrency": self.concurrency, "prompt_tokens": self.prompt_tokens,
                 "max_tokens": self.max_tokens, "temperature": self.temperature, "long_prompt": self.long_prompt,
-                "turns": self.turns, "turn_tokens": self.turn_tokens, "prefix_cache": self.prefix_cache,
-                "requests": self.requests}
+                "turns": self.turns, "turn_tokens": self.turn_tokens, "shared_system": self.shared_system,
+                "prefix_cache": self.prefix_cache, "requests": self.requests}
 
 
 DRAFTERS = [("none", None), ("ngram", None), ("mtp", None)] + [("mtp", a) for a in FORCED_LENGTHS]
@@ -283,9 +289,10 @@ PRESETS = {"full": (full, []), "baseline": (baseline, BASELINE_CUT), "quick": (q
 def select(workloads: list[Workload], paths=None, drafters=None, concurrencies=None, prompts=None,
            temperatures=None, max_tokens: int | None = None, draft_vocab: str | None = None,
            no_prefix_cache: bool = False, turns: int | None = None, turn_tokens: int | None = None,
-           system_tokens: int | None = None) -> list[Workload]:
+           system_tokens: int | None = None, own_system_prompts: bool = False) -> list[Workload]:
     """Keep the workloads matching every given filter; max_tokens replaces the output length (of every turn) and
-    turns / turn_tokens / system_tokens the conversations' shape; with draft_vocab every mtp workload kept gets a
+    turns / turn_tokens / system_tokens / own_system_prompts (each conversation a system prompt of its own) the
+    conversations' shape; with draft_vocab every mtp workload kept gets a
     twin drafting over that file's ids (label +dv); with no_prefix_cache every gateway / colocated workload gets a
     twin on a verifier without its prefix cache (label +nocache), run after the workloads of its stack. A drafter
     filter keeps a label and the labels it prefixes (mtp@3.39 keeps mtp@3.39+dv+nocache)."""
@@ -302,8 +309,8 @@ def select(workloads: list[Workload], paths=None, drafters=None, concurrencies=N
             and (not temperatures or w.temperature in temperatures)]
     if max_tokens:
         keep = [replace(w, max_tokens=max_tokens) for w in keep]
-    shape = {k: v for k, v in (("turns", turns), ("turn_tokens", turn_tokens), ("prompt_tokens", system_tokens))
-             if v is not None}
+    shape = {k: v for k, v in (("turns", turns), ("turn_tokens", turn_tokens), ("prompt_tokens", system_tokens),
+                               ("shared_system", False if own_system_prompts else None)) if v is not None}
     keep = [replace(w, **shape) if w.turns and shape else w for w in keep]
     return list(dict.fromkeys(keep))
 
@@ -342,26 +349,30 @@ def _rotate(tokens: list[int], salt: int) -> list[int]:
 
 @dataclass(frozen=True)
 class Conversations:
-    """The token ids a conversation workload sends, apart from the model's answers: one system prompt shared by
-    every conversation, and each conversation's user tokens of each turn (`user[c][t]`)."""
-    system: tuple[int, ...]
+    """The token ids a conversation workload sends, apart from the model's answers: each conversation's system
+    prompt (`system[c]`: the same for all, or each its own) and its user tokens of each turn (`user[c][t]`)."""
+    system: tuple[tuple[int, ...], ...]
     user: tuple[tuple[tuple[int, ...], ...], ...]
 
     def prompt(self, c: int, turn: int, history: list[int]) -> list[int]:
-        """Conversation c's prompt at `turn` (0-based): the conversation so far (turn 0: the system prompt; later:
+        """Conversation c's prompt at `turn` (0-based): the conversation so far (turn 0: its system prompt; later:
         the last turn's prompt followed by its output), then this turn's user tokens."""
-        return (list(self.system) if turn == 0 else list(history)) + list(self.user[c][turn])
+        return (list(self.system[c]) if turn == 0 else list(history)) + list(self.user[c][turn])
 
     def salted(self, salt: int) -> "Conversations":
-        return Conversations(tuple(_rotate(self.system, salt)),
+        return Conversations(tuple(tuple(_rotate(s, salt)) for s in self.system),
                              tuple(tuple(tuple(_rotate(u, salt)) for u in conv) for conv in self.user))
 
 
 def conversations_for(w: Workload, vocab_size: int, seed: int = 0) -> Conversations:
-    """w's conversations: a system prompt of w.prompt_tokens random ids in [1, vocab) and w.turn_tokens random ids
-    per conversation and turn, the same for every path and drafter (conversation c's the same at any concurrency)."""
+    """w's conversations: a system prompt of w.prompt_tokens random ids in [1, vocab) (one for all, or one per
+    conversation: w.shared_system) and w.turn_tokens random ids per conversation and turn, the same for every path
+    and drafter (conversation c's the same at any concurrency)."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + 7_777 + w.prompt_tokens)
-    system = torch.randint(1, vocab_size, (w.prompt_tokens,), generator=g).tolist()
+    shared = torch.randint(1, vocab_size, (w.prompt_tokens,), generator=g).tolist()
+    g = torch.Generator().manual_seed(seed * 1_000_003 + 9_999 + w.prompt_tokens)
+    own = [shared] + torch.randint(1, vocab_size, (w.concurrency - 1, w.prompt_tokens), generator=g).tolist()
+    system = [tuple(shared)] * w.concurrency if w.shared_system else [tuple(s) for s in own]
     g = torch.Generator().manual_seed(seed * 1_000_003 + 8_888 + w.turn_tokens)
     user = torch.randint(1, vocab_size, (w.concurrency, w.turns, w.turn_tokens), generator=g).tolist()
     return Conversations(tuple(system), tuple(tuple(tuple(t) for t in conv) for conv in user))

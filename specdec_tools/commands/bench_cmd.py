@@ -69,6 +69,9 @@ def add_parser(sub) -> None:
     p.add_argument("--system-tokens", type=int, default=None, metavar="N",
                    help="conversation workloads: tokens of the system prompt every conversation starts with "
                         "(replaces the preset's 4096; --prompt-tokens filters on the preset's)")
+    p.add_argument("--own-system-prompts", action="store_true",
+                   help="conversation workloads: each conversation a system prompt of its own (its turn 1 a cold "
+                        "prefill) instead of one shared by all")
     p.add_argument("--no-prefix-caching", action="store_true",
                    help="gateway and colocated paths: also run every workload on a verifier started with "
                         "--no-prefix-caching (label +nocache), after the workloads of its stack: the prefix cache "
@@ -129,12 +132,13 @@ def build_config(args: argparse.Namespace):
             raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {value}")
     chosen = wl.select(make(), args.paths, args.drafters, args.concurrency, args.prompt_tokens, args.temperatures,
                        args.max_tokens, args.draft_vocab, no_prefix_cache=args.no_prefix_caching, turns=args.turns,
-                       turn_tokens=args.turn_tokens, system_tokens=args.system_tokens)
+                       turn_tokens=args.turn_tokens, system_tokens=args.system_tokens,
+                       own_system_prompts=args.own_system_prompts)
     if not chosen:
         raise ValueError("the filters (--paths/--drafters/--concurrency/--prompt-tokens/--temperatures) leave no "
                          f"workload of preset {args.preset!r}")
     shape = [f"--{n.replace('_', '-')}" for n in ("turns", "turn_tokens", "system_tokens")
-             if getattr(args, n) is not None]
+             if getattr(args, n) is not None] + (["--own-system-prompts"] if args.own_system_prompts else [])
     if shape and not any(w.turns for w in chosen):
         raise ValueError(f"{' / '.join(shape)} shape conversation workloads: the chosen ones have none "
                          "(--preset multiturn)")
@@ -165,6 +169,7 @@ def build_config(args: argparse.Namespace):
                                                      "temperatures", "max_tokens", "draft_vocab", "turns",
                                                      "turn_tokens", "system_tokens") if getattr(args, n)]
     filters += ["--no-prefix-caching"] if args.no_prefix_caching else []
+    filters += ["--own-system-prompts"] if args.own_system_prompts else []
     return BenchConfig(
         model=model, device=device, dtype=dtype, preset=args.preset, workloads=tuple(chosen),
         cut=tuple(cut) + (("filtered: " + ", ".join(filters),) if filters else ()), out_dir=args.out, tag=args.tag,
