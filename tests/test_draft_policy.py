@@ -110,6 +110,27 @@ def test_a_new_sequence_takes_the_engine_rate_and_opted_out_ones_count_as_one_to
     assert DraftPolicy(K, True, wide).choose([engine_good], engine_good, opted_out=0).k == 3
 
 
+def test_the_engine_rate_holds_through_steps_that_verify_nothing():
+    """The engine-wide rate forgets observations as new ones come, not steps: after a long run of k = 0 (every
+    sequence out of the drafter, or none decoding) a new request still starts from the low rate the engine last
+    saw, and probes with one draft instead of verifying k."""
+    table = costs([1.0, 1.1, 1.2, 1.3])
+    policy, engine = DraftPolicy(K, True, table), stats_with(0, 100)
+    assert policy.choose([AcceptanceStats()], engine).k == 0          # a new request at a bad engine rate
+    for _ in range(500):                                              # nothing verified: the counts stand still
+        policy.choose([], engine)
+        policy.choose([stats_with(0, 2 * MIN_OBSERVATIONS)], engine)  # judged, so no probe: k = 0
+    assert policy.choose([AcceptanceStats()], engine).k == 0
+    fresh = DraftPolicy(K, True, table)
+    assert fresh.choose([AcceptanceStats()], AcceptanceStats()).k == 3    # p0 = 0.5 with nothing seen: k = 3
+    # new observations still move it: the engine accepts everything from now on
+    good = stats_with(0, 100)
+    for _ in range(40):
+        good.record(K, K, K + 1)
+        policy.choose([stats_with(30, 0)], good)
+    assert policy.choose([AcceptanceStats()], good).k == 3
+
+
 def test_k_zero_explores_one_draft_now_and_then():
     policy = DraftPolicy(K, True, costs([1.0, 5.0, 9.0, 13.0]))
     chosen = [policy.choose([AcceptanceStats()], AcceptanceStats()).k for _ in range(2 * EXPLORE_EVERY)]
