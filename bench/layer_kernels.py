@@ -141,7 +141,7 @@ def moe_rows(s: dict, batch: int, n: int, device, copy_bw: float) -> list[dict]:
     reached = int(ids.unique().numel())
     moved = reached * 3 * inter * hdim * 2 + 2 * x.numel() * 2
     args = (x, gate_up, down, weights, ids)
-    ours = triton_experts(experts_kernel(ids.numel(), e))
+    ours = triton_experts(experts_kernel(t, top, e))
     return ours_and_reference("moe-experts", f"b{batch} n{n} E{e} top{top}", lambda: ours(*args),
                  lambda: moe_experts_ref(*args), moved, device, copy_bw)
 

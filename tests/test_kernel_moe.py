@@ -104,11 +104,15 @@ def test_decode_kernels_fuse_only_a_plain_shared_expert_of_the_experts_width():
     assert not triton_moe_decode.fuses(SharedExpert(gate, output=torch.zeros(1, 40)), gate_up)
 
 
-@pytest.mark.parametrize("num_pairs,num_experts,kernel", [
-    (8, 64, "decode"), (64, 64, "decode"), (65, 64, "scan"), (160, 512, "decode"), (264, 512, "scan"),
-    (1024, 64, "scan"), (1025, 512, "grouped"), (4, 2, "scan"), (2, 2, "decode")])
-def test_dispatch_rule(num_pairs, num_experts, kernel):
-    assert experts_kernel(num_pairs, num_experts) == kernel
+@pytest.mark.parametrize("num_tokens,top_k,num_experts,kernel", [
+    (1, 8, 64, "decode"), (2, 8, 64, "decode"), (3, 8, 64, "scan"), (4, 8, 64, "scan"), (128, 8, 64, "scan"),
+    (129, 8, 64, "grouped"), (1, 10, 512, "decode"), (8, 10, 512, "decode"), (12, 10, 512, "decode"),
+    (13, 10, 512, "scan"), (16, 10, 512, "scan"), (8, 32, 4096, "decode"), (9, 32, 4096, "scan"),
+    (1, 300, 512, "scan"), (103, 10, 512, "grouped"), (1, 2, 2, "decode"), (2, 1, 2, "scan")])
+def test_dispatch_rule(num_tokens, top_k, num_experts, kernel):
+    """A GEMV per pair for one token or P <= E / 4 (and P <= 256), the scan kernels up to 1024 pairs, then the
+    grouped GEMMs (the crossovers measured: bench/README.md, "MoE decode")."""
+    assert experts_kernel(num_tokens, top_k, num_experts) == kernel
 
 
 @pytest.mark.parametrize("kernel", list(KERNELS))
@@ -245,7 +249,7 @@ def test_gpu_each_kernel_matches_reference(kernel, num_tokens):
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_tokens,kernel", [(2, "decode"), (48, "scan"), (200, "grouped")])
 def test_gpu_moe_replays_in_a_cuda_graph(num_tokens, kernel):
-    assert experts_kernel(num_tokens * 8, 256) == kernel
+    assert experts_kernel(num_tokens, 8, 256) == kernel
     x, gate_up, down, weights, ids = _gpu_case(num_tokens)
     gate, s_gate_up, s_down = make_shared(num_tokens, 2048, 512, dtype=x.dtype, device="cuda")
     static = [t.clone() for t in (x, weights, ids, gate)]
