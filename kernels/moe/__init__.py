@@ -10,7 +10,7 @@ everything else runs the torch loop over experts. Crossovers measured on an H100
 """
 import torch
 
-from .reference import SharedExpert, moe_experts_ref
+from .reference import ExpertScales, SharedExpert, moe_experts_ref
 
 DECODE_MAX_PAIRS = 256
 SCAN_MAX_PAIRS = 1024
@@ -39,15 +39,17 @@ def triton_experts(kernel: str):
 
 
 def moe_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor,
-                topk_ids: torch.Tensor, shared: SharedExpert | None = None) -> torch.Tensor:
+                topk_ids: torch.Tensor, shared: SharedExpert | None = None,
+                scales: ExpertScales | None = None) -> torch.Tensor:
     """x [T, H], gate_up [E, 2I, H], down [E, H, I], topk_weights [T, K] fp32, topk_ids [T, K] (and the block's
-    shared expert) → [T, H]:  Σ_j w_j · down_e_j(silu(gate_e_j(x)) · up_e_j(x))  [+ sigmoid(g) · shared(x)].
+    shared expert; `scales` for FP8 experts) → [T, H]:
+        Σ_j w_j · down_e_j(silu(gate_e_j(x)) · up_e_j(x))  [+ sigmoid(g) · shared(x)].
     The ids must be experts in [0, E), as kernels.moe_route gives them: the kernels index weights with them."""
     if x.is_cuda:
         kernel = triton_experts(experts_kernel(topk_ids.shape[0], topk_ids.shape[1], gate_up.shape[0]))
-        return kernel(x, gate_up, down, topk_weights, topk_ids, shared)
-    return moe_experts_ref(x, gate_up, down, topk_weights, topk_ids, shared)
+        return kernel(x, gate_up, down, topk_weights, topk_ids, shared, scales)
+    return moe_experts_ref(x, gate_up, down, topk_weights, topk_ids, shared, scales)
 
 
-__all__ = ["DECODE_MAX_PAIRS", "SCAN_MAX_PAIRS", "SharedExpert", "experts_kernel", "moe_experts", "moe_experts_ref",
-           "triton_experts"]
+__all__ = ["DECODE_MAX_PAIRS", "SCAN_MAX_PAIRS", "ExpertScales", "SharedExpert", "experts_kernel", "moe_experts",
+           "moe_experts_ref", "triton_experts"]

@@ -12,13 +12,15 @@ pairs sorted by expert (triton_moe.py, a dozen small launches to sort): per prog
                                                      [+ sigmoid(g_t) · s_t]
 A shared expert given as weights of the experts' width is program E of kernels 1 and 2, whose rows are every token
 (rows P + t); otherwise its output is added in kernel 3. An expert no pair reached scans and stores nothing.
-Rounding follows the grouped kernels and the reference.
+FP8 experts' tiles are scaled into the model's dtype as they are read (fp8_blocks.py). Rounding follows the
+grouped kernels and the reference.
 """
 import torch
 import triton
 import triton.language as tl
 
-from .reference import SharedExpert
+from .fp8_blocks import block_k_for, row_scales, scale_operands
+from .reference import ExpertScales, SharedExpert
 from .triton_moe_decode import shared_operands
 
 
@@ -57,10 +59,11 @@ def _rows(p, mine, rank, start, is_shared, num_pairs, num_tokens, TOP_K: tl.cons
 
 # num_pairs varies per step: not specialised on it, so a new value never compiles a new variant
 @triton.jit(do_not_specialize=["num_pairs", "num_tokens"])
-def _gate_up_scan_kernel(x_ptr, w_ptr, shared_w_ptr, ids_ptr, inter_ptr, num_pairs, num_tokens, num_experts, hidden,
-                         inter_size, stride_xt, stride_we, stride_wn, stride_sn, stride_ir,
-                         TOP_K: tl.constexpr, P_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
+def _gate_up_scan_kernel(x_ptr, w_ptr, shared_w_ptr, ids_ptr, inter_ptr, scale_ptr, num_pairs, num_tokens,
+                         num_experts, hidden, inter_size, stride_xt, stride_we, stride_wn, stride_sn, stride_ir,
+                         stride_se, stride_sr, TOP_K: tl.constexpr, P_PAD: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr, SCALED: tl.constexpr,
+                         B0: tl.constexpr, B1: tl.constexpr):
     expert, p, mine, rank, count = _scan(ids_ptr, num_pairs, P_PAD)
     is_shared = expert == num_experts                       # the program past the experts: the shared expert
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -85,6 +88,11 @@ def _gate_up_scan_kernel(x_ptr, w_ptr, shared_w_ptr, ids_ptr, inter_ptr, num_pai
             w_mask = k_ok[:, None] & n_ok[None, :]
             b_g = tl.load(p_gate + k[:, None], mask=w_mask, other=0.0)                        # [BLOCK_K, BLOCK_N]
             b_u = tl.load(p_up + k[:, None], mask=w_mask, other=0.0)
+            if SCALED:   # FP8 experts (the shared expert's program exists only when it is plain)
+                s_g = row_scales(scale_ptr, expert, n, n_ok, k0, stride_se, stride_sr, B0, B1)
+                s_u = row_scales(scale_ptr, expert, n + inter_size, n_ok, k0, stride_se, stride_sr, B0, B1)
+                b_g = (b_g.to(tl.float32) * s_g[None, :]).to(dtype)
+                b_u = (b_u.to(tl.float32) * s_u[None, :]).to(dtype)
             if IEEE:
                 acc_g += tl.dot(a, b_g, input_precision="ieee")
                 acc_u += tl.dot(a, b_u, input_precision="ieee")
@@ -99,10 +107,11 @@ def _gate_up_scan_kernel(x_ptr, w_ptr, shared_w_ptr, ids_ptr, inter_ptr, num_pai
 
 # num_pairs varies per step: not specialised on it, so a new value never compiles a new variant
 @triton.jit(do_not_specialize=["num_pairs", "num_tokens"])
-def _down_scan_kernel(inter_ptr, w_ptr, shared_w_ptr, ids_ptr, topk_weights_ptr, pair_out_ptr, num_pairs, num_tokens,
-                      num_experts, hidden, inter_size, stride_ir, stride_we, stride_wn, stride_sn, stride_pr,
-                      TOP_K: tl.constexpr, P_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      BLOCK_K: tl.constexpr, IEEE: tl.constexpr):
+def _down_scan_kernel(inter_ptr, w_ptr, shared_w_ptr, ids_ptr, topk_weights_ptr, pair_out_ptr, scale_ptr, num_pairs,
+                      num_tokens, num_experts, hidden, inter_size, stride_ir, stride_we, stride_wn, stride_sn,
+                      stride_pr, stride_se, stride_sr, TOP_K: tl.constexpr, P_PAD: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, IEEE: tl.constexpr,
+                      SCALED: tl.constexpr, B0: tl.constexpr, B1: tl.constexpr):
     expert, p, mine, rank, count = _scan(ids_ptr, num_pairs, P_PAD)
     is_shared = expert == num_experts
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -122,6 +131,9 @@ def _down_scan_kernel(inter_ptr, w_ptr, shared_w_ptr, ids_ptr, topk_weights_ptr,
             a = tl.load(inter_ptr + row[:, None] * stride_ir + k[None, :], mask=row_ok[:, None] & k_ok[None, :],
                         other=0.0)
             b = tl.load(p_w + k[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0.0)        # [BLOCK_K, BLOCK_N]
+            if SCALED:
+                s = row_scales(scale_ptr, expert, n, n_ok, k0, stride_se, stride_sr, B0, B1)
+                b = (b.to(tl.float32) * s[None, :]).to(dtype)
             if IEEE:
                 acc += tl.dot(a, b, input_precision="ieee")
             else:
@@ -163,6 +175,7 @@ def moe_experts_scan_triton(
     topk_weights: torch.Tensor,  # [T, K] fp32
     topk_ids: torch.Tensor,      # [T, K]
     shared: SharedExpert | None = None,
+    scales: ExpertScales | None = None,   # FP8 experts' block scales
     block_n: int = 64,           # 64 x 64 tiles: the best or near it in a sweep at both MoE shapes (bench/README.md)
     block_k: int = 64,
 ) -> torch.Tensor:               # [T, H]
@@ -172,22 +185,29 @@ def moe_experts_scan_triton(
     if num_pairs == 0:
         out = torch.zeros_like(x)
         return out if shared is None else shared.added(out, x)
+    block_k = block_k_for(scales, block_k)
+    fp8 = scale_operands(scales, gate_up, down, block_k)
     ids = topk_ids.reshape(-1).contiguous()                                                   # [P]
     weights = topk_weights.reshape(-1).float().contiguous()                                   # [P]
-    ops = shared_operands(shared, x, gate_up, down, weights)
+    ops = shared_operands(shared, x, gate_up, down, weights, fp8.scaled)
     rows = num_pairs + (num_tokens if ops.fused else 0)                                       # pairs, then shared
     inter = torch.empty(rows, inter_size, dtype=x.dtype, device=x.device)                     # [rows, I]
     pair_out = torch.empty(rows, hidden, dtype=torch.float32, device=x.device)                # [rows, H]
     out = torch.empty_like(x)                                                                 # [T, H]
     programs = num_experts + (1 if ops.fused else 0)                                          # + the shared expert
     common = dict(P_PAD=triton.next_power_of_2(num_pairs), BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
-                  IEEE=x.dtype == torch.float32, TOP_K=top_k, num_warps=4)
+                  IEEE=x.dtype == torch.float32, TOP_K=top_k, SCALED=fp8.scaled, B0=fp8.block[0], B1=fp8.block[1],
+                  num_warps=4)
+    gu_scale, gu_se, gu_sr = fp8.gate_up_args()
+    d_scale, d_se, d_sr = fp8.down_args()
     _gate_up_scan_kernel[(programs, triton.cdiv(inter_size, block_n))](
-        x, gate_up, ops.gate_up, ids, inter, num_pairs, num_tokens, num_experts, hidden, inter_size, x.stride(0),
-        gate_up.stride(0), gate_up.stride(1), ops.gate_up.stride(0), inter.stride(0), **common)
+        x, gate_up, ops.gate_up, ids, inter, gu_scale, num_pairs, num_tokens, num_experts, hidden, inter_size,
+        x.stride(0), gate_up.stride(0), gate_up.stride(1), ops.gate_up.stride(0), inter.stride(0), gu_se, gu_sr,
+        **common)
     _down_scan_kernel[(programs, triton.cdiv(hidden, block_n))](
-        inter, down, ops.down, ids, weights, pair_out, num_pairs, num_tokens, num_experts, hidden, inter_size,
-        inter.stride(0), down.stride(0), down.stride(1), ops.down.stride(0), pair_out.stride(0), **common)
+        inter, down, ops.down, ids, weights, pair_out, d_scale, num_pairs, num_tokens, num_experts, hidden,
+        inter_size, inter.stride(0), down.stride(0), down.stride(1), ops.down.stride(0), pair_out.stride(0), d_se,
+        d_sr, **common)
     _combine_kernel[(num_tokens, triton.cdiv(hidden, 256))](
         pair_out, ops.output, ops.gate, out, num_pairs, hidden, pair_out.stride(0), ops.output.stride(0),
         ops.gate.stride(0), out.stride(0), TOP_K=top_k, BLOCK_N=256, SHARED=ops.mode, num_warps=4)

@@ -15,8 +15,9 @@ name starts with an entry of modules_to_not_convert. Quantizing (`quantize_block
 scale_inv = max|W| over the block / 448 (the largest e4m3 value), weight = W / scale_inv rounded to e4m3.
 
 This module reads and writes the format. The loader dequantizes FP8 tensors into the model's dtype (the CPU's path,
-and everywhere for the MoE routed experts and the MTP head), and `--quantization fp8` rounds a bf16 checkpoint's
-weights through the same format; on a GPU the linears keep their FP8 bytes instead (fp8_linear.py).
+and everywhere for the MTP head), and `--quantization fp8` rounds a bf16 checkpoint's weights through the same
+format; on a GPU the linears keep their FP8 bytes instead (fp8_linear.py), and the MoE routed experts are quantized
+back into it (mlp.py: SparseMoE.keep_experts_fp8).
 """
 from __future__ import annotations
 

@@ -2,9 +2,9 @@
 
 Reads `config.json` and `model.safetensors` or a sharded `model.safetensors.index.json`; renames and
 re-lays-out tensors (checkpoint_keys), checks every name and shape against the model before assigning,
-and keeps the `mtp.*` tensors apart for the MTP drafter. FP8 checkpoints (fp8.py) keep their linears in FP8 on a
-GPU (fp8_linear.py) and are dequantized into the model's dtype elsewhere; `quantization="fp8"` quantizes a bf16
-checkpoint's linears the same way at load time. Problems raise one CheckpointError naming them.
+and keeps the `mtp.*` tensors apart for the MTP drafter. FP8 checkpoints (fp8.py) keep their linears (fp8_linear.py)
+and their MoE routed experts (mlp.py) in FP8 on a GPU and are dequantized into the model's dtype elsewhere;
+`quantization="fp8"` quantizes a bf16 checkpoint's the same way at load time. Problems raise one CheckpointError naming them.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from .fp8 import QUANTIZATIONS, SCALE_SUFFIX, Fp8Format, dequantize_checkpoint, 
 from .fp8_linear import to_fp8_linears
 from .fused_linear import fuse_projections
 from .hybrid_model import HybridModel
+from .mlp import SparseMoE
 from .model_config import CheckpointError, ModelConfig
 from .tensor_parallel import Shard, TensorParallel, shard_of, take
 
@@ -206,12 +207,14 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device:
         model.lm_head.weight = model.embed_tokens.weight
     model.requires_grad_(False).eval()
     num_fp8 = 0
+    num_experts_fp8 = 0
     if keep_fp8:   # an FP8 checkpoint: exactly the linears it stores in FP8; --quantization fp8: what Qwen's would
         num_fp8 = to_fp8_linears(model, fp8 or Fp8Format(), stored, only_stored=fp8 is not None)
+        num_experts_fp8 = experts_to_fp8(model, fp8 or Fp8Format())
     stored.clear()
     fuse_projections(model)
-    outcome = (f", {num_fp8} linears in FP8" if keep_fp8 else ", FP8 checkpoint dequantized" if fp8
-               else ", weights rounded through FP8" if quantized else "")
+    outcome = (f", {num_fp8} linears and {num_experts_fp8} MoE layers' experts in FP8" if keep_fp8
+               else ", FP8 checkpoint dequantized" if fp8 else ", weights rounded through FP8" if quantized else "")
     log.info("loaded %s (%s, %d layers, %s%s) from %s; %d mtp tensors%s", config.model_type, config.family,
              config.num_hidden_layers, torch_dtype, outcome, folder, len(mtp),
              f"; tensor-parallel rank {tp.rank} of {tp.size}" if tp.active else "")
@@ -239,6 +242,18 @@ def load_drafter_weights(folder: str | Path, dtype: str | torch.dtype = "float32
         if name not in weights:
             raise CheckpointError(f"{folder}: missing tensor {name}")
     return config, mtp, weights
+
+
+def experts_to_fp8(model: nn.Module, fmt: Fp8Format) -> int:
+    """Hold the routed experts of each MoE layer in FP8 where `fmt` converts them (not in modules_to_not_convert)
+    and the fused gate_up's blocks fall as the checkpoint's gate and up blocks do (expert width a multiple of the
+    block's rows, as in every Qwen MoE model; else they stay dequantized); returns how many layers."""
+    moe = [(name, m) for name, m in model.named_modules() if isinstance(m, SparseMoE)
+           and fmt.converts(f"{name}.experts.gate_up_proj", tuple(m.experts_gate_up.shape))
+           and m.experts_down.shape[2] % fmt.block[0] == 0]
+    for _, m in moe:
+        m.keep_experts_fp8(fmt.block)
+    return len(moe)
 
 
 def fp8_kernels_run(device: torch.device) -> bool:

@@ -4,9 +4,10 @@ import torch
 from torch import nn
 
 from kernels.activation import silu_mul
-from kernels.moe import SharedExpert, moe_experts
+from kernels.moe import ExpertScales, SharedExpert, moe_experts
 from kernels.moe_route import moe_route
 
+from .fp8 import quantize_blocks
 from .fused_linear import FusedLinear
 from .model_config import ModelConfig
 
@@ -26,7 +27,8 @@ class SwiGLU(nn.Module):
 class SparseMoE(nn.Module):
     """Softmax router → top-k experts (weights renormalised when norm_topk_prob) + shared expert × sigmoid gate.
 
-    Experts are stored fused: gate_up [E, 2I, H] (gate rows first), down [E, H, I]. The router and the shared
+    Experts are stored fused: gate_up [E, 2I, H] (gate rows first), down [E, H, I], in the model's dtype or, after
+    `keep_experts_fp8`, as FP8 with block scales (the kernels scale them as they read). The router and the shared
     expert's gate run as one GEMM ([T, E + 1]). On a GPU, without a host sync: `kernels.moe_route` picks each
     token's experts in one launch, `kernels.moe.moe_experts` runs them with the shared expert and its gate
     (per-pair GEMVs or per-expert scan kernels, the shared expert fused in, for decode and verify steps; grouped
@@ -43,12 +45,30 @@ class SparseMoE(nn.Module):
         self.shared_expert = SwiGLU(hidden, config.shared_expert_intermediate_size)
         self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
         self.router = FusedLinear(self.gate, self.shared_expert_gate)
+        self.fp8_block: tuple[int, int] | None = None       # set by keep_experts_fp8
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [T, H]
         logits = self.router.joined(x)                                                   # [T, E + 1]
         weights, chosen = moe_route(logits[:, :self.num_experts], self.top_k, self.renormalise)  # [T, top_k]
+        scales = None if self.fp8_block is None else ExpertScales(
+            self.experts_gate_up_scale_inv, self.experts_down_scale_inv, self.fp8_block)
         return moe_experts(x, self.experts_gate_up, self.experts_down, weights, chosen,  # [T, H]
-                           self._shared(x, logits[:, self.num_experts:]))
+                           self._shared(x, logits[:, self.num_experts:]), scales)
+
+    def keep_experts_fp8(self, block: tuple[int, int], experts_per_call: int = 16) -> None:
+        """Hold the routed experts as FP8 (float8_e4m3fn, one float32 scale per `block`), quantized from the loaded
+        weights a few experts at a time (scale = max |w| of the block / 448, as Qwen's checkpoints store them: an
+        FP8 checkpoint's experts, dequantized at load, quantize back to their own bytes)."""
+        parts = {}
+        for name in ("experts_gate_up", "experts_down"):
+            w = getattr(self, name).detach()
+            q, s = zip(*(quantize_blocks(w[e:e + experts_per_call], block)
+                         for e in range(0, w.shape[0], experts_per_call)))
+            parts[name] = (torch.cat(q), torch.cat(s))
+        for name, (q, s) in parts.items():
+            setattr(self, name, nn.Parameter(q, requires_grad=False))              # [E, out, in] e4m3
+            self.register_buffer(f"{name}_scale_inv", s)                             # [E, out/b0, in/b1] float32
+        self.fp8_block = block
 
     def _shared(self, x: torch.Tensor, gate: torch.Tensor) -> SharedExpert:  # gate [T, 1]
         """The shared expert as its weights when they are plain tensors (the kernels may fuse it), else (FP8) its

@@ -9,7 +9,8 @@
                 + Σ_seq conv columns read and written
 with d the drafts verified per sequence. FP8 linears (an FP8 checkpoint or --quantization fp8) count one byte per
 weight plus their fp32 block scales, as a GPU reads them (a CPU dequantizes them: its bytes are undercounted; the
-zero rows that align fused FP8 parts are not counted); the MoE routed experts are dequantized and count in --dtype.
+zero rows that align fused FP8 parts are not counted), and so do MoE routed experts the loader keeps in FP8 (their
+width a multiple of the block's rows: loader.experts_to_fp8).
 Shapes come from the checkpoint's safetensors headers and config.json
 (a folder with config.json only, for --load-format dummy: from the model's shapes), so nothing is loaded. An MoE
 model's routed experts count by the share a step's tokens reach: with top-k of E experts and n = batch · (1 + d)
@@ -61,10 +62,15 @@ class ModelTraffic:
         linears = tuple((s[0], s[1]) for k, s in sorted(body.items(), key=lambda kv: _layer_order(kv[0]))
                         if len(s) == 2 and k.endswith(".weight")) + ((head[0], head[1]),)
         attn, gdn = len(config.attention_layers), len(config.gdn_layers)
-        experts = sum(math.prod(s) for k, s in body.items() if ".experts" in k) * elem
-        fp8 = [s for k, s in body.items() if fmt and len(s) == 2 and ".experts" not in k and fmt.converts(k, s)]
-        saved = sum(math.prod(s) * (elem - 1) - math.ceil(s[0] / fmt.block[0]) * math.ceil(s[1] / fmt.block[1]) * 4
-                    for s in fp8)
+        experts = {k: s for k, s in body.items() if ".experts" in k}
+        expert_numel = sum(math.prod(s) for s in experts.values())
+        fp8 = [s for k, s in body.items() if fmt and len(s) == 2 and k not in experts and fmt.converts(k, s)]
+        saved = sum(math.prod(s) * elem - _fp8_bytes(s, fmt.block) for s in fp8)
+        expert_bytes = expert_numel * elem
+        if fmt and config.num_experts and config.moe_intermediate_size % fmt.block[0] == 0 and any(
+                fmt.converts(_checkpoint_name(k), s) for k, s in experts.items()):   # loader.experts_to_fp8
+            expert_bytes = sum(_fp8_bytes(s[-2:], fmt.block) * math.prod(s[:-2]) for s in experts.values())
+            saved += expert_numel * elem - expert_bytes
         return cls(
             weight_bytes=numel * elem - saved, linear_shapes=linears,
             kv_bytes_per_token=2 * attn * config.num_key_value_heads * config.head_dim * elem,
@@ -72,8 +78,8 @@ class ModelTraffic:
             * config.linear_value_head_dim * 4,
             conv_bytes_per_column=gdn * config.gdn_conv_dim * elem, conv_kernel=config.linear_conv_kernel_dim,
             num_params=numel + (math.prod(shapes[EMBED]) if LM_HEAD in shapes else 0),
-            expert_bytes=experts, num_experts=config.num_experts, experts_per_token=config.num_experts_per_tok,
-            active_params=sum(o * i for o, i in linears[:-1]) + (experts // elem * config.num_experts_per_tok
+            expert_bytes=expert_bytes, num_experts=config.num_experts, experts_per_token=config.num_experts_per_tok,
+            active_params=sum(o * i for o, i in linears[:-1]) + (expert_numel * config.num_experts_per_tok
                                                                  // config.num_experts if config.num_experts else 0),
             attention_width=attn * config.num_attention_heads * config.head_dim)
 
@@ -144,3 +150,13 @@ def utilisation(step_bytes: float, step_seconds: float | None, copy_gbs: float |
     return {"bytes_per_step": round(step_bytes), "achieved_gbs": round_sig(achieved),
             "vs_copy": round_sig(achieved / copy_gbs) if copy_gbs else None,
             "vs_chain": round_sig(achieved / chain_gbs) if chain_gbs else None}
+
+
+def _fp8_bytes(shape: tuple[int, ...], block: tuple[int, int]) -> int:
+    """Bytes of one FP8 matrix [out, in]: a byte a weight and a float32 scale a block."""
+    return math.prod(shape) + math.ceil(shape[0] / block[0]) * math.ceil(shape[1] / block[1]) * 4
+
+
+def _checkpoint_name(key: str) -> str:
+    """A routed experts' tensor under the checkpoint's name (the model's fused names have no .weight / _proj)."""
+    return key.replace("experts_gate_up", "experts.gate_up_proj").replace("experts_down", "experts.down_proj")

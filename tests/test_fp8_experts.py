@@ -1,0 +1,121 @@
+"""MoE routed experts kept in FP8 (issue 37): where FP8 weights stay FP8 (a GPU; here `fp8_weights=True` on the
+CPU, through the dequantizing reference), each MoE layer holds its experts as float8_e4m3fn with block scales. From
+an FP8 checkpoint they are its own bytes; from a bf16 one (`--quantization fp8`) the bytes an FP8 checkpoint of the
+same weights stores. Logits equal the dequantized model's and speculation stays lossless."""
+import pytest
+import torch
+from safetensors import safe_open
+
+from specdec.models.checkpoint_keys import strip_prefix
+from specdec.models.loader import load_model
+from specdec.models.mlp import SparseMoE
+from specdec.sampling_params import SamplingParams
+from specdec_tools.commands.in_process_drafter import in_process_drafter
+from specdec_tools.tiny import make_tiny
+from verifier_service.builder import VerifierConfig, build_engine
+
+PROMPTS = [[5, 17, 3, 99, 42], [7, 7, 7, 7, 7, 7, 7, 7], [200, 1, 30], [11, 12, 13, 14]]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """qwen3_5_moe tiny with experts 128 wide (gate and up each a whole 128-row block): FP8 and bf16 of the same
+    weights."""
+    root = tmp_path_factory.mktemp("fp8-experts")
+    kwargs = dict(family="qwen3_5_moe", preset="tiny", seed=5, progress=False,
+                  overrides={"vocab_size": 300, "moe_intermediate_size": 128})
+    return make_tiny(root / "fp8", quantization="fp8", **kwargs), make_tiny(root / "bf16", **kwargs)
+
+
+def moe_layers(loaded) -> dict[str, SparseMoE]:
+    return {name: m for name, m in loaded.model.named_modules() if isinstance(m, SparseMoE)}
+
+
+def logits(loaded, prompt: list[int]) -> torch.Tensor:
+    from verifier_service.executor import Executor
+    from verifier_service.model_runner import ModelRunner
+    from verifier_service.sequence import Sequence
+    executor = Executor(ModelRunner(loaded, num_blocks=16, block_size=16, max_seqs=2, max_drafts=3))
+    return executor.forward([Sequence(0, list(prompt), len(prompt))], [prompt], logits="all")[1].clone()
+
+
+def test_an_fp8_checkpoints_experts_stay_its_bytes(checkpoints):
+    fp8_dir, _ = checkpoints
+    kept, dequantized = load_model(fp8_dir, fp8_weights=True), load_model(fp8_dir)
+    layers = moe_layers(kept)
+    assert layers and all(m.experts_gate_up.dtype == torch.float8_e4m3fn and m.fp8_block == (128, 128)
+                          for m in layers.values())
+    assert all(m.fp8_block is None and m.experts_gate_up.dtype == torch.float32
+               for m in moe_layers(dequantized).values())
+    with safe_open(str(fp8_dir / "model.safetensors"), framework="pt") as reader:
+        names = {strip_prefix(k): k for k in reader.keys()}
+        for name, m in layers.items():
+            for e in range(m.num_experts):
+                for part, rows in (("gate_proj", slice(0, 128)), ("up_proj", slice(128, 256))):
+                    key = names[f"{name}.experts.{e}.{part}.weight"]
+                    assert torch.equal(m.experts_gate_up[e, rows].view(torch.uint8),
+                                       reader.get_tensor(key).view(torch.uint8)), (name, e, part)
+                    assert torch.equal(m.experts_gate_up_scale_inv[e, rows.start // 128],
+                                       reader.get_tensor(key + "_scale_inv")[0])
+                key = names[f"{name}.experts.{e}.down_proj.weight"]
+                assert torch.equal(m.experts_down[e].view(torch.uint8), reader.get_tensor(key).view(torch.uint8))
+                assert torch.equal(m.experts_down_scale_inv[e], reader.get_tensor(key + "_scale_inv"))
+    prompt = PROMPTS[1] + PROMPTS[0]
+    assert torch.allclose(logits(kept, prompt), logits(dequantized, prompt), atol=1e-5, rtol=1e-5)
+
+
+def test_load_time_quantization_gives_the_fp8_checkpoints_experts(checkpoints):
+    fp8_dir, bf16_dir = checkpoints
+    stored, quantized = moe_layers(load_model(fp8_dir, fp8_weights=True)), \
+        moe_layers(load_model(bf16_dir, quantization="fp8", fp8_weights=True))
+    for name, m in stored.items():
+        q = quantized[name]
+        assert torch.equal(q.experts_gate_up.view(torch.uint8), m.experts_gate_up.view(torch.uint8))
+        assert torch.equal(q.experts_down_scale_inv, m.experts_down_scale_inv)
+
+
+def test_experts_not_converted_or_not_block_aligned_stay_dequantized(checkpoints, tmp_path):
+    import json
+    fp8_dir, _ = checkpoints
+    config = json.loads((fp8_dir / "config.json").read_text())
+    config["quantization_config"]["modules_to_not_convert"] = ["layers.0.mlp.experts"]
+    for f in fp8_dir.iterdir():
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    layers = moe_layers(load_model(tmp_path, fp8_weights=True))
+    assert layers["layers.0.mlp"].fp8_block is None and layers["layers.1.mlp"].fp8_block == (128, 128)
+    narrow = make_tiny(tmp_path / "narrow", family="qwen3_5_moe", preset="tiny", seed=5, progress=False,
+                       quantization="fp8", overrides={"vocab_size": 300})       # experts 32 wide: gate, up share a block
+    assert all(m.fp8_block is None for m in moe_layers(load_model(narrow, fp8_weights=True)).values())
+
+
+@pytest.mark.parametrize("kind", ["mtp", "ngram"])
+def test_speculation_with_fp8_experts_is_lossless(checkpoints, kind):
+    fp8_dir, _ = checkpoints
+
+    def engine(drafter):
+        config = VerifierConfig(model_dir=str(fp8_dir), num_drafts=3 if drafter else 0, in_process_drafter=drafter,
+                                max_context=128, max_running=4, max_batched_tokens=64, prefill_chunk=16,
+                                warm_up=False)
+        return build_engine(config, in_process_drafter(drafter) if drafter else None,
+                            load_model(fp8_dir, fp8_weights=True))
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    spec = engine(kind)
+    assert all(m.fp8_block for m in spec.executor.runner.model.modules() if isinstance(m, SparseMoE))
+    assert spec.generate(PROMPTS, params) == engine(None).generate(PROMPTS, params)
+    assert spec.stats.drafted > 0
+
+
+def test_bench_traffic_counts_fp8_experts_at_a_byte_a_weight(checkpoints):
+    """The roofline's routed-expert bytes: what the loaded FP8 experts hold (a byte a weight, float32 scales)."""
+    from specdec_tools.bench.traffic import ModelTraffic
+    fp8_dir, bf16_dir = checkpoints
+    plain = ModelTraffic.from_checkpoint(bf16_dir, "bfloat16")
+    quantized = ModelTraffic.from_checkpoint(bf16_dir, "bfloat16", "fp8")
+    layers = moe_layers(load_model(bf16_dir, quantization="fp8", fp8_weights=True)).values()
+    held = sum(m.experts_gate_up.numel() + m.experts_down.numel()
+               + 4 * (m.experts_gate_up_scale_inv.numel() + m.experts_down_scale_inv.numel()) for m in layers)
+    assert quantized.expert_bytes == held and plain.expert_bytes == 2 * sum(
+        m.experts_gate_up.numel() + m.experts_down.numel() for m in layers)
+    assert ModelTraffic.from_checkpoint(fp8_dir, "bfloat16").expert_bytes == held
+    assert plain.active_params == quantized.active_params
