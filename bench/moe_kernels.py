@@ -5,7 +5,8 @@ width 512) and `next-80b` (Qwen3-Next-80B-A3B: hidden 2048, 512 experts, top 10,
   route      torch (softmax, topk, renormalise) vs ours (one Triton launch)
   experts    grouped (pairs sorted by expert, grouped GEMMs), decode (a GEMV per pair; up to 256 pairs), scan (each
              expert finds its pairs; up to 2048 pairs) and ours (what kernels.moe dispatches to); with --sweep, the
-             decode GEMVs and the scan kernels at other tiles
+             decode GEMVs and the scan kernels at other tiles; "fp8 ..." rows: the same kernels on the experts in
+             FP8 (128 x 128 block scales; bytes a byte a weight plus the scales), with --sweep the decode tiles
   block      the whole SparseMoE forward as before the decode kernels (router and shared gate GEMMs, torch
              routing, grouped experts, shared expert and combine in torch) vs now (one GEMM for both gates, Triton
              routing, dispatched experts with the shared expert fused in); up to 256 pairs also now on the per-pair
@@ -51,6 +52,12 @@ class MoEBlockCase:
         self.logits, self.calls = logits, 0
         reached = int(self.ids.unique().numel())
         self.expert_bytes = reached * 3 * i * h * 2 + 2 * self.x.numel() * 2
+        from kernels.moe import ExpertScales
+        from specdec.models.fp8 import quantize_blocks
+        fp8 = [(quantize_blocks(gu, (128, 128)), quantize_blocks(d, (128, 128))) for gu, d in self.experts]
+        self.fp8_experts = [(gu[0], d[0], ExpertScales(gu[1], d[1], (128, 128))) for gu, d in fp8]
+        scale_bytes = (fp8[0][0][1].numel() + fp8[0][1][1].numel()) // e * 4
+        self.fp8_expert_bytes = reached * (3 * i * h + scale_bytes) + 2 * self.x.numel() * 2
         self.block_bytes = self.expert_bytes + (self.router.numel() + self.shared_gate_up.numel()
                                                 + self.shared_down.numel() + self.shared_gate.numel()) * 2
 
@@ -58,6 +65,11 @@ class MoEBlockCase:
         """The copy of the experts this call reads (alternating: a captured run of calls cycles through both)."""
         self.calls += 1
         return self.experts[self.calls % 2]
+
+    def next_fp8(self):
+        """(gate_up, down, scales) of the FP8 copy this call reads."""
+        self.calls += 1
+        return self.fp8_experts[self.calls % 2]
 
     def shared_output(self, x):
         from kernels.activation import silu_mul
@@ -124,6 +136,7 @@ def moe_rows(tokens_list: list[int], device, copy_bw: float, sweep: bool, smoke:
                     out.append(row("moe-experts", case, label, None, note=f"{type(e).__name__}: {str(e)[:80]}"))
                     continue
                 out.append(row("moe-experts", case, label, ms, mode, c.expert_bytes, copy_bw))
+            out += fp8_rows(c, case, t, device, copy_bw, sweep)
             blocks = [("before", c.block_before), ("now", c.block_now)]
             if t * c.top_k <= 256:    # the decode / scan boundary, each with the shared expert fused
                 blocks += [("now, per-pair", lambda: c.block_now(moe_experts_decode_triton)),
@@ -133,4 +146,27 @@ def moe_rows(tokens_list: list[int], device, copy_bw: float, sweep: bool, smoke:
                 out.append(row("moe-block", case, impl, ms, mode, c.block_bytes, copy_bw))
             print(f"moe {case} done", flush=True)
             del c
+    return out
+
+
+def fp8_rows(c: MoEBlockCase, case: str, t: int, device, copy_bw: float, sweep: bool) -> list[dict]:
+    """The routed experts in FP8 on each kernel (and, with --sweep up to 64 pairs, the decode GEMVs' tiles)."""
+    from kernels.moe import moe_experts, triton_experts
+    from kernels.moe.triton_moe_decode import moe_experts_decode_triton
+
+    def run(fn, **kw):
+        gate_up, down, scales = c.next_fp8()
+        return fn(c.x, gate_up, down, c.weights, c.ids, None, scales, **kw)
+    out = []
+    kernels = [("grouped", triton_experts("grouped"))] + ([("decode", triton_experts("decode"))] if t * c.top_k <= 256
+                                                          else []) + [("scan", triton_experts("scan"))]
+    for impl, fn in kernels + [("ours", moe_experts)]:
+        ms, mode = time_ms(lambda: run(fn), device)
+        out.append(row("moe-experts", case, f"fp8 {impl}", ms, mode, c.fp8_expert_bytes, copy_bw))
+    for tiles in tile_candidates() if sweep and t * c.top_k <= 64 else []:
+        if tiles.block_k > 128:
+            continue                     # a tile stays inside one 128-column scale block
+        label = f"fp8 decode n{tiles.block_n}k{tiles.block_k}w{tiles.num_warps}"
+        ms, mode = time_ms(lambda: run(moe_experts_decode_triton, tiles=(tiles, tiles)), device)
+        out.append(row("moe-experts", case, label, ms, mode, c.fp8_expert_bytes, copy_bw))
     return out

@@ -303,5 +303,6 @@ def test_bench_moe_rows_time_every_kernel_and_both_sides_of_the_boundary(monkeyp
     got = {(r["section"], r["impl"]) for r in rows}
     assert {("moe-route", "torch"), ("moe-route", "ours"), ("moe-experts", "grouped"), ("moe-experts", "decode"),
             ("moe-experts", "scan"), ("moe-block", "before"), ("moe-block", "now"), ("moe-block", "now, per-pair"),
-            ("moe-block", "now, scan")} <= got
+            ("moe-block", "now, scan"), ("moe-experts", "fp8 grouped"), ("moe-experts", "fp8 decode"),
+            ("moe-experts", "fp8 scan"), ("moe-experts", "fp8 ours")} <= got
     assert all(r["ms"] is not None and r["ms"] > 0 for r in rows)

@@ -128,9 +128,10 @@ def _down_gemv_kernel(inter_ptr, w_ptr, ids_ptr, topk_weights_ptr, shared_w_ptr,
 
 def choose_tiles(num_rows: int, num_cols: int, scales: ExpertScales | None = None) -> GemvTiles:
     """Tiles of a GEMV with `num_rows` outputs over `num_cols` inputs: 8 x 128, 8 warps, the best of a sweep at
-    both MoE shapes, 1-16 tokens (bench/README.md, "MoE decode"); narrower K tiles for tiny models and for FP8
-    blocks of fewer columns."""
-    return GemvTiles(block_n=8, block_k=block_k_for(scales, min(128, triton.next_power_of_2(num_cols))), num_warps=8)
+    both MoE shapes, 1-16 tokens (bench/README.md, "MoE decode"); FP8 weights twice the rows, so that a tile
+    moves as many bytes; narrower K tiles for tiny models and for FP8 blocks of fewer columns."""
+    return GemvTiles(block_n=8 if scales is None else 16,
+                     block_k=block_k_for(scales, min(128, triton.next_power_of_2(num_cols))), num_warps=8)
 
 
 def fuses(shared: SharedExpert | None, gate_up: torch.Tensor) -> bool:
