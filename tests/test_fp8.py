@@ -177,10 +177,9 @@ def test_load_time_fp8_linears_quantize_the_bf16_weights(checkpoints):
                        _logits(load_model(fp8_dir, fp8_weights=True), prompt))
 
 
-@pytest.mark.parametrize("kind", ["mtp", "ngram"])
-def test_speculation_with_fp8_linears_is_lossless(checkpoints, kind):
-    fp8_dir, _ = checkpoints
-
+def speculation_matches_plain(fp8_dir, kind: str):
+    """Engines on `fp8_dir` with its FP8 weights kept, with the `kind` drafter and without: the same greedy tokens
+    for PROMPTS, drafts verified. Returns the speculating engine."""
     def engine(drafter):
         config = VerifierConfig(model_dir=str(fp8_dir), num_drafts=3 if drafter else 0, in_process_drafter=drafter,
                                 max_context=128, max_running=4, max_batched_tokens=64, prefill_chunk=16,
@@ -191,6 +190,12 @@ def test_speculation_with_fp8_linears_is_lossless(checkpoints, kind):
     spec = engine(kind)
     assert spec.generate(PROMPTS, params) == engine(None).generate(PROMPTS, params)
     assert spec.stats.drafted > 0
+    return spec
+
+
+@pytest.mark.parametrize("kind", ["mtp", "ngram"])
+def test_speculation_with_fp8_linears_is_lossless(checkpoints, kind):
+    speculation_matches_plain(checkpoints[0], kind)
 
 
 def _logits(loaded, prompt: list[int]) -> torch.Tensor:

@@ -5,16 +5,12 @@ same weights stores. Logits equal the dequantized model's and speculation stays 
 import pytest
 import torch
 from safetensors import safe_open
+from test_fp8 import PROMPTS, speculation_matches_plain
 
 from specdec.models.checkpoint_keys import strip_prefix
 from specdec.models.loader import load_model
 from specdec.models.mlp import SparseMoE
-from specdec.sampling_params import SamplingParams
-from specdec_tools.commands.in_process_drafter import in_process_drafter
 from specdec_tools.tiny import make_tiny
-from verifier_service.builder import VerifierConfig, build_engine
-
-PROMPTS = [[5, 17, 3, 99, 42], [7, 7, 7, 7, 7, 7, 7, 7], [200, 1, 30], [11, 12, 13, 14]]
 
 
 @pytest.fixture(scope="module")
@@ -91,19 +87,8 @@ def test_experts_not_converted_or_not_block_aligned_stay_dequantized(checkpoints
 
 @pytest.mark.parametrize("kind", ["mtp", "ngram"])
 def test_speculation_with_fp8_experts_is_lossless(checkpoints, kind):
-    fp8_dir, _ = checkpoints
-
-    def engine(drafter):
-        config = VerifierConfig(model_dir=str(fp8_dir), num_drafts=3 if drafter else 0, in_process_drafter=drafter,
-                                max_context=128, max_running=4, max_batched_tokens=64, prefill_chunk=16,
-                                warm_up=False)
-        return build_engine(config, in_process_drafter(drafter) if drafter else None,
-                            load_model(fp8_dir, fp8_weights=True))
-    params = SamplingParams(max_tokens=24, ignore_eos=True)
-    spec = engine(kind)
+    spec = speculation_matches_plain(checkpoints[0], kind)
     assert all(m.fp8_block for m in spec.executor.runner.model.modules() if isinstance(m, SparseMoE))
-    assert spec.generate(PROMPTS, params) == engine(None).generate(PROMPTS, params)
-    assert spec.stats.drafted > 0
 
 
 def test_bench_traffic_counts_fp8_experts_at_a_byte_a_weight(checkpoints):
