@@ -29,7 +29,7 @@ def fp8_experts(num_tokens, hidden, inter, num_experts, top_k, block=BLOCK, dtyp
     weights, ids = torch.randn(num_tokens, num_experts, generator=gen).softmax(-1).topk(top_k, dim=-1)
     weights = weights / weights.sum(-1, keepdim=True)
     scales = ExpertScales(s_gu.to(device), s_d.to(device), block)
-    plain = (dequantize_blocks(q_gu, s_gu, block, dtype).to(device), dequantize_blocks(q_d, s_d, block, dtype).to(device))
+    plain = tuple(dequantize_blocks(q, s, block, dtype).to(device) for q, s in ((q_gu, s_gu), (q_d, s_d)))
     return (x.to(device, dtype), q_gu.to(device), q_d.to(device), weights.to(device), ids.to(device), scales, plain)
 
 

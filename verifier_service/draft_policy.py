@@ -21,8 +21,9 @@ between the two, P(B) + (d / B) (T(B, k) - P(B)), when its cost is proportional:
 grow with the sequences in it (a drafter that drafts on the device). A drafter of host tokens makes a step that asks
 it synchronous for the whole batch: such a step costs T(B, k) whatever d is.
 
-"recent": each new observation weighs the engine's earlier ones RECENT_DECAY times (the rate of about the last
-1 / (1 - RECENT_DECAY) draft tokens judged). Steps that verify nothing leave it as it was, so that requests admitted
+"recent": each new observation weighs the engine's earlier ones RECENT_DECAY times, a step's own observations
+counted whole (the rate of about the last max(1 / (1 - RECENT_DECAY), one step's) draft tokens judged: at c64 the
+last step or so). Steps that verify nothing leave it as it was, so that requests admitted
 after a long run of k = 0 (or after the drafter had nobody to draft for) start from the rate the engine last saw,
 not from p0. A run of EXPLORE_EVERY steps
 chosen k = 0 is followed by EXPLORE_STEPS steps of one draft (a drafter drafts for the step after the one that
@@ -62,7 +63,7 @@ PRIOR_RATE = 0.5            # the rate before any draft was verified (p0)
 EXPLORE_EVERY = 128         # steps chosen k = 0 in a row before drafts are tried again
 EXPLORE_STEPS = 3           # steps of one draft each then
 MARGIN = 0.03               # k* replaces K only when its expected tokens per second are this much higher
-RECENT_DECAY = 0.98         # the engine-wide rate forgets old observations (about the last 50 count)
+RECENT_DECAY = 0.98         # the engine-wide rate forgets old observations (about the last 50, or a step's)
 MIN_OBSERVATIONS = 8        # a sequence's own observations before it may leave the drafter (5 to 8 steps)
 LEAVE_MARGIN = 0.02         # it leaves unless the drafter beats plain decoding by this much (a near tie: plain)
 

@@ -28,9 +28,9 @@ class ScaleOperands:
     """What the kernels take for FP8 experts: SCALED, the two scale tensors (the weights themselves when not
     scaled: never read then), their expert and row strides, and the block (b0, b1)."""
     scaled: bool
-    gate_up: torch.Tensor
-    down: torch.Tensor
-    block: tuple[int, int]
+    gate_up: torch.Tensor    # [E, ceil(2I / b0), ceil(H / b1)] float32 scales (scaled), else the gate_up weights
+    down: torch.Tensor       # [E, ceil(H / b0), ceil(I / b1)] float32 scales (scaled), else the down weights
+    block: tuple[int, int]   # (b0, b1); (1, 1) when not scaled
 
     def gate_up_args(self) -> tuple:
         return (self.gate_up, self.gate_up.stride(0), self.gate_up.stride(1)) if self.scaled else (self.gate_up, 0, 0)

@@ -7,9 +7,8 @@ here so that the decode and scan kernels can run the shared expert as one more r
 Experts are stored fused: gate_up [E, 2I, H] (gate rows first), down [E, H, I], in the model's dtype or as FP8
 (float8_e4m3fn with `ExpertScales`: the real weight is w[e, i, j] · scale[e, i // b0, j // b1], the fused matrix
 blocked as one, partial edge blocks included; the reference dequantizes a reached expert into x's dtype, as the
-kernels do tile by tile). The loop over the experts that
-were chosen reads their ids on the host (`.unique().tolist()`): fine on a CPU, a host sync on a GPU — which is
-why CUDA tensors take the Triton path.
+kernels do tile by tile). The loop over the experts that were chosen reads their ids on the host
+(`.unique().tolist()`): fine on a CPU, a host sync on a GPU — which is why CUDA tensors take the Triton path.
 """
 from dataclasses import dataclass
 

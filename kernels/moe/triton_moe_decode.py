@@ -11,9 +11,9 @@ decode step's expert GEMVs. With few pairs each expert is reached by about one p
 A shared expert given as weights of the experts' width is one more row per token: row P + t of kernel 1 (its
 gate_up), and kernel 2 runs its down projection after the routed ones; so a MoE block's experts are two launches.
 Each program reads its weight rows once, as [BLOCK_N, BLOCK_K] tiles multiplied by the input in fp32 and
-summed along K at the end; FP8 experts' tiles are scaled into the model's dtype as they are read (fp8_blocks.py). Rounding follows the grouped kernels and the torch reference: gate and up rounded
-to the model dtype before silu·up, each expert's down output before its routing weight, the routed sum before
-the shared expert is added.
+summed along K at the end; FP8 experts' tiles are scaled into the model's dtype as they are read (fp8_blocks.py).
+Rounding follows the grouped kernels and the torch reference: gate and up rounded to the model dtype before silu·up,
+each expert's down output before its routing weight, the routed sum before the shared expert is added.
 """
 from dataclasses import dataclass
 

@@ -4,7 +4,8 @@ Reads `config.json` and `model.safetensors` or a sharded `model.safetensors.inde
 re-lays-out tensors (checkpoint_keys), checks every name and shape against the model before assigning,
 and keeps the `mtp.*` tensors apart for the MTP drafter. FP8 checkpoints (fp8.py) keep their linears (fp8_linear.py)
 and their MoE routed experts (mlp.py) in FP8 on a GPU and are dequantized into the model's dtype elsewhere;
-`quantization="fp8"` quantizes a bf16 checkpoint's the same way at load time. Problems raise one CheckpointError naming them.
+`quantization="fp8"` quantizes a bf16 checkpoint's weights the same way at load time. Problems raise one
+CheckpointError naming them.
 """
 from __future__ import annotations
 
@@ -136,15 +137,16 @@ def dummy_tensors(shapes: dict[str, torch.Size], dtype: torch.dtype, device: tor
     return out
 
 
-def _checkpoint_name(name: str) -> str:
+def checkpoint_name(name: str) -> str:
+    """A parameter's name as checkpoints spell it (the model's conv1d_weight / experts_gate_up / experts_down)."""
     return (name.replace("conv1d_weight", "conv1d.weight").replace("experts_gate_up", "experts.gate_up_proj")
             .replace("experts_down", "experts.down_proj"))
 
 
 def check_against(expected: dict[str, torch.Size], given: dict[str, torch.Tensor], where: str) -> None:
-    problems = [f"missing tensor {_checkpoint_name(k)}" for k in expected if k not in given]
-    problems += [f"unexpected tensor {_checkpoint_name(k)}" for k in given if k not in expected]
-    problems += [f"tensor {_checkpoint_name(k)} has shape {tuple(given[k].shape)}, expected {tuple(shape)}"
+    problems = [f"missing tensor {checkpoint_name(k)}" for k in expected if k not in given]
+    problems += [f"unexpected tensor {checkpoint_name(k)}" for k in given if k not in expected]
+    problems += [f"tensor {checkpoint_name(k)} has shape {tuple(given[k].shape)}, expected {tuple(shape)}"
                  for k, shape in expected.items() if k in given and given[k].shape != shape]
     if problems:
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
@@ -158,8 +160,9 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device:
     """The target in `folder`. Under tensor parallelism (`tp`) only this rank's shard is read, and the mtp.* tensors
     are left to the drafter service. load_format "dummy": random weights of the config's shapes, no files read.
     quantization "fp8": the weights an FP8 checkpoint would store are rounded through FP8 blocks (an FP8
-    checkpoint is read as it is either way). fp8_weights (default: on CUDA): those linears keep their FP8 weights
-    and run FP8 kernels (fp8_linear.py); else they are dequantized into `dtype` (the reference path)."""
+    checkpoint is read as it is either way). fp8_weights (default: on CUDA): those linears and the MoE routed experts
+    keep their FP8 weights and run FP8 kernels (fp8_linear.py, mlp.py); else they are dequantized into `dtype`
+    (the reference path)."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load format must be one of {', '.join(LOAD_FORMATS)}, not {load_format!r}")
     if quantization not in QUANTIZATIONS:
@@ -174,6 +177,7 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device:
     quantized = fp8 is not None or quantization == "fp8"
     keep_fp8 = quantized and (fp8_kernels_run(torch.device(device)) if fp8_weights is None else fp8_weights)
     stored: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}   # an FP8 checkpoint's linears: (e4m3 [out, in], scales)
+    stored_experts: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}   # its routed experts, stacked alike
     with torch.device("meta"):
         model = HybridModel(config, tp)
     expected = {k: p.shape for k, p in model.state_dict().items()}
@@ -193,6 +197,7 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device:
             if keep_fp8:   # (read_tensors cast the e4m3 values into torch_dtype: exactly, so back again)
                 stored = {name: (tensors[name].to(torch.float8_e4m3fn), tensors[name + SCALE_SUFFIX])
                           for name in linears if name + SCALE_SUFFIX in tensors}
+                stored_experts = _stored_experts(config, tensors)
             tensors = dequantize_checkpoint(tensors, fp8, torch_dtype)
         elif quantization == "fp8":   # (quantizing a rounded weight again gives the same bytes, for the linears)
             tensors = round_through_fp8(tensors, Fp8Format())
@@ -210,8 +215,9 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device:
     num_experts_fp8 = 0
     if keep_fp8:   # an FP8 checkpoint: exactly the linears it stores in FP8; --quantization fp8: what Qwen's would
         num_fp8 = to_fp8_linears(model, fp8 or Fp8Format(), stored, only_stored=fp8 is not None)
-        num_experts_fp8 = experts_to_fp8(model, fp8 or Fp8Format())
+        num_experts_fp8 = experts_to_fp8(model, fp8 or Fp8Format(), stored_experts)
     stored.clear()
+    stored_experts.clear()
     fuse_projections(model)
     outcome = (f", {num_fp8} linears and {num_experts_fp8} MoE layers' experts in FP8" if keep_fp8
                else ", FP8 checkpoint dequantized" if fp8 else ", weights rounded through FP8" if quantized else "")
@@ -244,16 +250,32 @@ def load_drafter_weights(folder: str | Path, dtype: str | torch.dtype = "float32
     return config, mtp, weights
 
 
-def experts_to_fp8(model: nn.Module, fmt: Fp8Format) -> int:
+def experts_to_fp8(model: nn.Module, fmt: Fp8Format,
+                   stored: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None) -> int:
     """Hold the routed experts of each MoE layer in FP8 where `fmt` converts them (not in modules_to_not_convert)
     and the fused gate_up's blocks fall as the checkpoint's gate and up blocks do (expert width a multiple of the
-    block's rows, as in every Qwen MoE model; else they stay dequantized); returns how many layers."""
+    block's rows, as in every Qwen MoE model; else they stay dequantized): an FP8 checkpoint's own bytes and scales
+    where `stored` has them, else quantized from the loaded weights. Returns how many layers."""
+    stored = stored or {}
     moe = [(name, m) for name, m in model.named_modules() if isinstance(m, SparseMoE)
            and fmt.converts(f"{name}.experts.gate_up_proj", tuple(m.experts_gate_up.shape))
            and m.experts_down.shape[2] % fmt.block[0] == 0]
-    for _, m in moe:
-        m.keep_experts_fp8(fmt.block)
+    for name, m in moe:
+        gate_up, down = stored.get(f"{name}.experts_gate_up"), stored.get(f"{name}.experts_down")
+        m.keep_experts_fp8(fmt.block, (*gate_up, *down) if gate_up and down else None)
     return len(moe)
+
+
+def _stored_experts(config: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, ...]]:
+    """An FP8 checkpoint's routed experts of the target as it stores them, under our names: experts_gate_up /
+    experts_down → (e4m3 [E, out, in], float32 scales [E, out / b0, in / b1]), gate and up stacked as their weights
+    are (to_canonical), so that their scales line up when the expert width is a multiple of b0."""
+    names = [k for k in tensors if ".experts" in k and not k.startswith("mtp.") and k + SCALE_SUFFIX in tensors]
+    if not names:
+        return {}
+    weights = to_canonical(config, {k: tensors[k] for k in names})
+    scales = to_canonical(config, {k: tensors[k + SCALE_SUFFIX] for k in names})
+    return {k: (weights[k].to(torch.float8_e4m3fn), scales[k].float()) for k in weights if k in scales}
 
 
 def fp8_kernels_run(device: torch.device) -> bool:

@@ -55,19 +55,28 @@ class SparseMoE(nn.Module):
         return moe_experts(x, self.experts_gate_up, self.experts_down, weights, chosen,  # [T, H]
                            self._shared(x, logits[:, self.num_experts:]), scales)
 
-    def keep_experts_fp8(self, block: tuple[int, int], experts_per_call: int = 16) -> None:
-        """Hold the routed experts as FP8 (float8_e4m3fn, one float32 scale per `block`), quantized from the loaded
-        weights a few experts at a time (scale = max |w| of the block / 448, as Qwen's checkpoints store them: an
-        FP8 checkpoint's experts, dequantized at load, quantize back to their own bytes)."""
+    def keep_experts_fp8(self, block: tuple[int, int], stored: tuple[torch.Tensor, ...] | None = None,
+                         num_experts_per_call: int = 16) -> None:
+        """Hold the routed experts as FP8 (float8_e4m3fn, one float32 scale per `block`): `stored` = an FP8
+        checkpoint's (gate_up, its scales, down, its scales) as they are, else quantized from the loaded weights a
+        few experts at a time (scale = max |w| of the block / 448, as Qwen's checkpoints store them)."""
+        if self.fp8_block is not None:
+            raise RuntimeError("SparseMoE: the experts are FP8 already")
         parts = {}
-        for name in ("experts_gate_up", "experts_down"):
+        for i, name in enumerate(("experts_gate_up", "experts_down")):
+            if stored is not None:
+                parts[name] = (stored[2 * i].to(self.gate.weight.device), stored[2 * i + 1].to(self.gate.weight.device))
+                continue
             w = getattr(self, name).detach()
-            q, s = zip(*(quantize_blocks(w[e:e + experts_per_call], block)
-                         for e in range(0, w.shape[0], experts_per_call)))
+            q, s = zip(*(quantize_blocks(w[e:e + num_experts_per_call], block)
+                         for e in range(0, w.shape[0], num_experts_per_call)))
             parts[name] = (torch.cat(q), torch.cat(s))
         for name, (q, s) in parts.items():
+            if q.shape != getattr(self, name).shape:
+                raise ValueError(f"SparseMoE: FP8 {name} of shape {tuple(q.shape)}, the layer's is "
+                                 f"{tuple(getattr(self, name).shape)}")
             setattr(self, name, nn.Parameter(q, requires_grad=False))              # [E, out, in] e4m3
-            self.register_buffer(f"{name}_scale_inv", s)                             # [E, out/b0, in/b1] float32
+            self.register_buffer(f"{name}_scale_inv", s)                # [E, ceil(out/b0), ceil(in/b1)] float32
         self.fp8_block = block
 
     def _shared(self, x: torch.Tensor, gate: torch.Tensor) -> SharedExpert:  # gate [T, 1]

@@ -27,7 +27,7 @@ from safetensors import safe_open
 
 from specdec.models.checkpoint_keys import strip_prefix
 from specdec.models.fp8 import SCALE_SUFFIX, Fp8Format
-from specdec.models.loader import checkpoint_files, fp8_format, parse_dtype
+from specdec.models.loader import checkpoint_files, checkpoint_name, fp8_format, parse_dtype
 from specdec.models.model_config import CheckpointError, ModelConfig
 
 EMBED, LM_HEAD = "embed_tokens.weight", "lm_head.weight"
@@ -66,11 +66,11 @@ class ModelTraffic:
         expert_numel = sum(math.prod(s) for s in experts.values())
         fp8 = [s for k, s in body.items() if fmt and len(s) == 2 and k not in experts and fmt.converts(k, s)]
         saved = sum(math.prod(s) * elem - _fp8_bytes(s, fmt.block) for s in fp8)
-        expert_bytes = expert_numel * elem
-        if fmt and config.num_experts and config.moe_intermediate_size % fmt.block[0] == 0 and any(
-                fmt.converts(_checkpoint_name(k), s) for k, s in experts.items()):   # loader.experts_to_fp8
-            expert_bytes = sum(_fp8_bytes(s[-2:], fmt.block) * math.prod(s[:-2]) for s in experts.values())
-            saved += expert_numel * elem - expert_bytes
+        aligned = bool(fmt) and config.moe_intermediate_size % fmt.block[0] == 0          # loader.experts_to_fp8
+        expert_bytes = sum(_fp8_bytes(s[-2:], fmt.block) * math.prod(s[:-2])
+                           if aligned and fmt.converts(checkpoint_name(k), s) else math.prod(s) * elem
+                           for k, s in experts.items())
+        saved += expert_numel * elem - expert_bytes
         return cls(
             weight_bytes=numel * elem - saved, linear_shapes=linears,
             kv_bytes_per_token=2 * attn * config.num_key_value_heads * config.head_dim * elem,
@@ -156,7 +156,3 @@ def _fp8_bytes(shape: tuple[int, ...], block: tuple[int, int]) -> int:
     """Bytes of one FP8 matrix [out, in]: a byte a weight and a float32 scale a block."""
     return math.prod(shape) + math.ceil(shape[0] / block[0]) * math.ceil(shape[1] / block[1]) * 4
 
-
-def _checkpoint_name(key: str) -> str:
-    """A routed experts' tensor under the checkpoint's name (the model's fused names have no .weight / _proj)."""
-    return key.replace("experts_gate_up", "experts.gate_up_proj").replace("experts_down", "experts.down_proj")
