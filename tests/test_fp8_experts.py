@@ -108,3 +108,25 @@ def test_bench_traffic_counts_fp8_experts_at_a_byte_a_weight(checkpoints):
         m.experts_gate_up.numel() + m.experts_down.numel() for m in layers)
     assert ModelTraffic.from_checkpoint(fp8_dir, "bfloat16").expert_bytes == held
     assert plain.active_params == quantized.active_params
+
+
+def test_experts_kept_in_fp8_are_never_dequantized(checkpoints, monkeypatch):
+    """Loading does not make a --dtype copy of the experts it keeps in FP8 (the peak stays near the FP8 size): they
+    are read as e4m3 and go to the layers as they are; the MTP head's experts and every other FP8 tensor are
+    dequantized as before."""
+    import specdec.models.loader as loader
+    fp8_dir, _ = checkpoints
+    seen = []
+    dequantize = loader.dequantize_checkpoint
+
+    def spy(tensors, fmt, dtype):
+        seen.append(set(tensors))
+        return dequantize(tensors, fmt, dtype)
+    monkeypatch.setattr(loader, "dequantize_checkpoint", spy)
+    load_model(fp8_dir, "bfloat16", fp8_weights=True)
+    kept, = seen
+    assert not [k for k in kept if ".experts." in k and not k.startswith("mtp.")]
+    assert [k for k in kept if k.startswith("mtp.") and ".experts." in k]
+    assert [k for k in kept if k.endswith("in_proj_qkv.weight")]
+    load_model(fp8_dir, "bfloat16")
+    assert [k for k in seen[1] if ".experts." in k and not k.startswith("mtp.")]

@@ -75,7 +75,7 @@ def read_tensors(files: list[Path], dtype: torch.dtype, device: torch.device | s
                  progress: bool | None, keep: Callable[[str], bool] | None = None,
                  shard: Callable[[str], Shard | None] | None = None) -> dict[str, torch.Tensor]:
     """Tensors of the checkpoint (those whose prefix-stripped name `keep` accepts; all by default) under
-    prefix-stripped names, cast to `dtype` on `device`. `shard`: the part of each tensor to read (a tensor-parallel
+    prefix-stripped names, cast to `dtype` on `device` (FP8 weights and their scales as stored). `shard`: the part of each tensor to read (a tensor-parallel
     rank's slices: only their bytes are read)."""
     total = sum(f.stat().st_size for f in files)
     show = progress if progress is not None else total >= PROGRESS_BYTES
@@ -92,7 +92,9 @@ def read_tensors(files: list[Path], dtype: torch.dtype, device: torch.device | s
                         part = shard(name) if shard is not None else None
                         t = reader.get_tensor(key) if part is None else _read_slices(reader, key, part)
                         bar.update(t.numel() * t.element_size())
-                        cast = t.is_floating_point() and not name.endswith(SCALE_SUFFIX)   # FP8 scales stay fp32
+                        # FP8 weights stay e4m3 (a byte each) and their scales fp32; the rest is cast
+                        cast = t.is_floating_point() and t.dtype != torch.float8_e4m3fn \
+                            and not name.endswith(SCALE_SUFFIX)
                         out[name] = t.to(device=device, dtype=dtype if cast else t.dtype)
             except (SafetensorError, OSError) as e:
                 raise CheckpointError(f"{f}: not a readable safetensors file ({e})") from e
@@ -194,14 +196,17 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device:
         shard = (lambda name: shard_of(config, tp, name)) if tp.active else None  # noqa: E731
         tensors = read_tensors(checkpoint_files(folder), torch_dtype, device, progress, keep, shard)
         if fp8 is not None:
-            if keep_fp8:   # (read_tensors cast the e4m3 values into torch_dtype: exactly, so back again)
-                stored = {name: (tensors[name].to(torch.float8_e4m3fn), tensors[name + SCALE_SUFFIX])
+            if keep_fp8:
+                stored = {name: (tensors[name], tensors[name + SCALE_SUFFIX])
                           for name in linears if name + SCALE_SUFFIX in tensors}
-                stored_experts = _stored_experts(config, tensors)
+                stored_experts, consumed = _stored_experts(config, fp8, tensors)
+                for name in consumed:   # never dequantized: the layers take the e4m3 tensors below
+                    del tensors[name]
             tensors = dequantize_checkpoint(tensors, fp8, torch_dtype)
+            tensors |= {k: q for k, (q, _) in stored_experts.items()}
         elif quantization == "fp8":   # (quantizing a rounded weight again gives the same bytes, for the linears)
             tensors = round_through_fp8(tensors, Fp8Format())
-        canonical = to_canonical(model.config, tensors)
+        canonical = to_canonical(model.config, tensors)      # (stored experts already under our names)
         mtp = {k[len("mtp."):]: v for k, v in canonical.items() if k.startswith("mtp.")}
         target = {k: v for k, v in canonical.items() if not k.startswith("mtp.")}
     if config.tie_word_embeddings:
@@ -258,24 +263,35 @@ def experts_to_fp8(model: nn.Module, fmt: Fp8Format,
     where `stored` has them, else quantized from the loaded weights. Returns how many layers."""
     stored = stored or {}
     moe = [(name, m) for name, m in model.named_modules() if isinstance(m, SparseMoE)
-           and fmt.converts(f"{name}.experts.gate_up_proj", tuple(m.experts_gate_up.shape))
-           and m.experts_down.shape[2] % fmt.block[0] == 0]
+           and _experts_in_fp8(fmt, name, tuple(m.experts_gate_up.shape))]
     for name, m in moe:
         gate_up, down = stored.get(f"{name}.experts_gate_up"), stored.get(f"{name}.experts_down")
         m.keep_experts_fp8(fmt.block, (*gate_up, *down) if gate_up and down else None)
     return len(moe)
 
 
-def _stored_experts(config: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, ...]]:
-    """An FP8 checkpoint's routed experts of the target as it stores them, under our names: experts_gate_up /
-    experts_down → (e4m3 [E, out, in], float32 scales [E, out / b0, in / b1]), gate and up stacked as their weights
-    are (to_canonical), so that their scales line up when the expert width is a multiple of b0."""
+def _experts_in_fp8(fmt: Fp8Format, mlp: str, gate_up_shape: tuple[int, ...]) -> bool:
+    """Whether the MoE layer `mlp` holds its routed experts in FP8: `fmt` converts them and the expert width I
+    (gate_up [E, 2I, H]) is a multiple of the block's rows, so that gate and up keep their own blocks when fused."""
+    return fmt.converts(f"{mlp}.experts.gate_up_proj", gate_up_shape) and gate_up_shape[1] // 2 % fmt.block[0] == 0
+
+
+def _stored_experts(config: ModelConfig, fmt: Fp8Format, tensors: dict[str, torch.Tensor]
+                    ) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], list[str]]:
+    """An FP8 checkpoint's routed experts of the target layers that hold them in FP8 (_experts_in_fp8), as it stores
+    them, under our names: experts_gate_up / experts_down → (e4m3 [E, out, in], float32 scales [E, out/b0, in/b1]),
+    gate and up stacked as their weights are (to_canonical); and the checkpoint tensors they were made of."""
     names = [k for k in tensors if ".experts" in k and not k.startswith("mtp.") and k + SCALE_SUFFIX in tensors]
     if not names:
-        return {}
+        return {}, []
     weights = to_canonical(config, {k: tensors[k] for k in names})
     scales = to_canonical(config, {k: tensors[k + SCALE_SUFFIX] for k in names})
-    return {k: (weights[k].to(torch.float8_e4m3fn), scales[k].float()) for k in weights if k in scales}
+    layers = {k.rsplit(".", 1)[0] for k in weights if k.endswith(".experts_gate_up")
+              and _experts_in_fp8(fmt, k.rsplit(".", 1)[0], tuple(weights[k].shape))}
+    kept = {k: (weights[k].to(torch.float8_e4m3fn), scales[k].float()) for k in weights
+            if k.rsplit(".", 1)[0] in layers and k in scales}
+    consumed = [k for k in names if k.split(".experts", 1)[0] in layers]
+    return kept, consumed + [k + SCALE_SUFFIX for k in consumed]
 
 
 def fp8_kernels_run(device: torch.device) -> bool:
