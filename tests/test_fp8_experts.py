@@ -74,15 +74,22 @@ def test_load_time_quantization_gives_the_fp8_checkpoints_experts(checkpoints):
         assert torch.equal(q.experts_down_scale_inv, m.experts_down_scale_inv)
 
 
-def test_experts_not_converted_or_not_block_aligned_stay_dequantized(checkpoints, tmp_path):
+def copied_with_config(source, folder, edit):
+    """`source`'s files in `folder`, its config.json changed by edit(config)."""
     import json
+    config = json.loads((source / "config.json").read_text())
+    edit(config)
+    for f in source.iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_experts_not_converted_or_not_block_aligned_stay_dequantized(checkpoints, tmp_path):
     fp8_dir, _ = checkpoints
-    config = json.loads((fp8_dir / "config.json").read_text())
-    config["quantization_config"]["modules_to_not_convert"] = ["layers.0.mlp.experts"]
-    for f in fp8_dir.iterdir():
-        (tmp_path / f.name).write_bytes(f.read_bytes())
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    layers = moe_layers(load_model(tmp_path, fp8_weights=True))
+    folder = copied_with_config(fp8_dir, tmp_path, lambda c: c["quantization_config"].update(
+        modules_to_not_convert=["layers.0.mlp.experts"]))
+    layers = moe_layers(load_model(folder, fp8_weights=True))
     assert layers["layers.0.mlp"].fp8_block is None and layers["layers.1.mlp"].fp8_block == (128, 128)
     narrow = make_tiny(tmp_path / "narrow", family="qwen3_5_moe", preset="tiny", seed=5, progress=False,
                        quantization="fp8", overrides={"vocab_size": 300})   # experts 32 wide: gate, up share a block
@@ -130,3 +137,12 @@ def test_experts_kept_in_fp8_are_never_dequantized(checkpoints, monkeypatch):
     assert [k for k in kept if k.endswith("in_proj_qkv.weight")]
     load_model(fp8_dir, "bfloat16")
     assert [k for k in seen[1] if ".experts." in k and not k.startswith("mtp.")]
+
+
+def test_fp8_tensors_without_a_quantization_config_are_refused(checkpoints, tmp_path):
+    """e4m3 weights under a config.json without quantization_config: their scales cannot be read, so loading stops
+    and names a tensor (it used to cast the raw e4m3 values into --dtype)."""
+    from specdec.models.model_config import CheckpointError
+    folder = copied_with_config(checkpoints[0], tmp_path, lambda c: c.pop("quantization_config"))
+    with pytest.raises(CheckpointError, match="float8_e4m3fn but config.json has no FP8 quantization_config"):
+        load_model(folder)

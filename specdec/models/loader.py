@@ -23,10 +23,9 @@ from tqdm import tqdm
 
 from .checkpoint_keys import strip_prefix, to_canonical
 from .fp8 import QUANTIZATIONS, SCALE_SUFFIX, Fp8Format, dequantize_checkpoint, round_through_fp8
-from .fp8_linear import to_fp8_linears
+from .fp8_linear import experts_to_fp8, stored_experts_of, to_fp8_linears
 from .fused_linear import fuse_projections
 from .hybrid_model import HybridModel
-from .mlp import SparseMoE
 from .model_config import CheckpointError, ModelConfig
 from .tensor_parallel import Shard, TensorParallel, shard_of, take
 
@@ -199,13 +198,18 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device:
             if keep_fp8:
                 stored = {name: (tensors[name], tensors[name + SCALE_SUFFIX])
                           for name in linears if name + SCALE_SUFFIX in tensors}
-                stored_experts, consumed = _stored_experts(config, fp8, tensors)
+                stored_experts, consumed = stored_experts_of(config, fp8, tensors)
                 for name in consumed:   # never dequantized: the layers take the e4m3 tensors below
                     del tensors[name]
             tensors = dequantize_checkpoint(tensors, fp8, torch_dtype)
             tensors |= {k: q for k, (q, _) in stored_experts.items()}
-        elif quantization == "fp8":   # (quantizing a rounded weight again gives the same bytes, for the linears)
-            tensors = round_through_fp8(tensors, Fp8Format())
+        else:
+            e4m3 = [k for k, t in tensors.items() if t.dtype == torch.float8_e4m3fn]
+            if e4m3:
+                raise CheckpointError(f"{folder}: {e4m3[0]} is float8_e4m3fn but config.json has no FP8 "
+                                      f"quantization_config (its block scales cannot be read)")
+            if quantization == "fp8":   # (quantizing a rounded weight again gives the same bytes, for the linears)
+                tensors = round_through_fp8(tensors, Fp8Format())
         canonical = to_canonical(model.config, tensors)      # (stored experts already under our names)
         mtp = {k[len("mtp."):]: v for k, v in canonical.items() if k.startswith("mtp.")}
         target = {k: v for k, v in canonical.items() if not k.startswith("mtp.")}
@@ -253,45 +257,6 @@ def load_drafter_weights(folder: str | Path, dtype: str | torch.dtype = "float32
         if name not in weights:
             raise CheckpointError(f"{folder}: missing tensor {name}")
     return config, mtp, weights
-
-
-def experts_to_fp8(model: nn.Module, fmt: Fp8Format,
-                   stored: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None) -> int:
-    """Hold the routed experts of each MoE layer in FP8 where `fmt` converts them (not in modules_to_not_convert)
-    and the fused gate_up's blocks fall as the checkpoint's gate and up blocks do (expert width a multiple of the
-    block's rows, as in every Qwen MoE model; else they stay dequantized): an FP8 checkpoint's own bytes and scales
-    where `stored` has them, else quantized from the loaded weights. Returns how many layers."""
-    stored = stored or {}
-    moe = [(name, m) for name, m in model.named_modules() if isinstance(m, SparseMoE)
-           and _experts_in_fp8(fmt, name, tuple(m.experts_gate_up.shape))]
-    for name, m in moe:
-        gate_up, down = stored.get(f"{name}.experts_gate_up"), stored.get(f"{name}.experts_down")
-        m.keep_experts_fp8(fmt.block, (*gate_up, *down) if gate_up and down else None)
-    return len(moe)
-
-
-def _experts_in_fp8(fmt: Fp8Format, mlp: str, gate_up_shape: tuple[int, ...]) -> bool:
-    """Whether the MoE layer `mlp` holds its routed experts in FP8: `fmt` converts them and the expert width I
-    (gate_up [E, 2I, H]) is a multiple of the block's rows, so that gate and up keep their own blocks when fused."""
-    return fmt.converts(f"{mlp}.experts.gate_up_proj", gate_up_shape) and gate_up_shape[1] // 2 % fmt.block[0] == 0
-
-
-def _stored_experts(config: ModelConfig, fmt: Fp8Format, tensors: dict[str, torch.Tensor]
-                    ) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], list[str]]:
-    """An FP8 checkpoint's routed experts of the target layers that hold them in FP8 (_experts_in_fp8), as it stores
-    them, under our names: experts_gate_up / experts_down → (e4m3 [E, out, in], float32 scales [E, out/b0, in/b1]),
-    gate and up stacked as their weights are (to_canonical); and the checkpoint tensors they were made of."""
-    names = [k for k in tensors if ".experts" in k and not k.startswith("mtp.") and k + SCALE_SUFFIX in tensors]
-    if not names:
-        return {}, []
-    weights = to_canonical(config, {k: tensors[k] for k in names})
-    scales = to_canonical(config, {k: tensors[k + SCALE_SUFFIX] for k in names})
-    layers = {k.rsplit(".", 1)[0] for k in weights if k.endswith(".experts_gate_up")
-              and _experts_in_fp8(fmt, k.rsplit(".", 1)[0], tuple(weights[k].shape))}
-    kept = {k: (weights[k].to(torch.float8_e4m3fn), scales[k].float()) for k in weights
-            if k.rsplit(".", 1)[0] in layers and k in scales}
-    consumed = [k for k in names if k.split(".experts", 1)[0] in layers]
-    return kept, consumed + [k + SCALE_SUFFIX for k in consumed]
 
 
 def fp8_kernels_run(device: torch.device) -> bool:

@@ -10,7 +10,7 @@
 with d the drafts verified per sequence. FP8 linears (an FP8 checkpoint or --quantization fp8) count one byte per
 weight plus their fp32 block scales, as a GPU reads them (a CPU dequantizes them: its bytes are undercounted; the
 zero rows that align fused FP8 parts are not counted), and so do MoE routed experts the loader keeps in FP8 (their
-width a multiple of the block's rows: loader.experts_to_fp8).
+width a multiple of the block's rows: fp8_linear.experts_to_fp8).
 Shapes come from the checkpoint's safetensors headers and config.json
 (a folder with config.json only, for --load-format dummy: from the model's shapes), so nothing is loaded. An MoE
 model's routed experts count by the share a step's tokens reach: with top-k of E experts and n = batch · (1 + d)
@@ -66,7 +66,7 @@ class ModelTraffic:
         expert_numel = sum(math.prod(s) for s in experts.values())
         fp8 = [s for k, s in body.items() if fmt and len(s) == 2 and k not in experts and fmt.converts(k, s)]
         saved = sum(math.prod(s) * elem - _fp8_bytes(s, fmt.block) for s in fp8)
-        aligned = bool(fmt) and config.moe_intermediate_size % fmt.block[0] == 0          # loader.experts_to_fp8
+        aligned = bool(fmt) and config.moe_intermediate_size % fmt.block[0] == 0          # fp8_linear.experts_to_fp8
         expert_bytes = sum(_fp8_bytes(s[-2:], fmt.block) * math.prod(s[:-2])
                            if aligned and fmt.converts(checkpoint_name(k), s) else math.prod(s) * elem
                            for k, s in experts.items())
