@@ -93,6 +93,15 @@ def _down_row(inter_ptr, p_w, row, n, n_ok, inter_size, stride_ip, scale_ptr, ex
     return tl.sum(acc, 1).to(dtype).to(tl.float32)
 
 
+@triton.jit
+def plus_gated_shared(out, s, shared_gate_ptr, token, stride_gt, out_ptr):
+    """out + sigmoid(g_t) · s_t [BLOCK_N], the gate and the product rounded to the model dtype (out_ptr's) as the
+    reference rounds them (the decode and scan kernels' last step)."""
+    dtype = out_ptr.dtype.element_ty
+    gate = tl.sigmoid(tl.load(shared_gate_ptr + token * stride_gt).to(tl.float32)).to(dtype).to(tl.float32)
+    return out + (s * gate).to(dtype).to(tl.float32)
+
+
 # num_pairs varies per step: not specialised on it, so a new value never compiles a new variant
 @triton.jit(do_not_specialize=["num_pairs"])
 def _down_gemv_kernel(inter_ptr, w_ptr, ids_ptr, topk_weights_ptr, shared_w_ptr, shared_out_ptr, shared_gate_ptr,
@@ -115,14 +124,13 @@ def _down_gemv_kernel(inter_ptr, w_ptr, ids_ptr, topk_weights_ptr, shared_w_ptr,
                             stride_sr, BLOCK_N, BLOCK_K, SCALED, B0, B1) * weight
     out = routed.to(dtype).to(tl.float32)
     if SHARED != 0:
-        gate = tl.sigmoid(tl.load(shared_gate_ptr + token * stride_gt).to(tl.float32)).to(dtype).to(tl.float32)
         if SHARED == 1:
             s = tl.load(shared_out_ptr + token * stride_st + n, mask=n_ok, other=0.0).to(tl.float32)
         else:
             p_w = shared_w_ptr + n[:, None].to(tl.int64) * stride_sn
             s = _down_row(inter_ptr, p_w, num_pairs + token, n, n_ok, inter_size, stride_ip, scale_ptr, 0, 0, 0,
                           BLOCK_N, BLOCK_K, False, 1, 1)
-        out += (s * gate).to(dtype).to(tl.float32)
+        out = plus_gated_shared(out, s, shared_gate_ptr, token, stride_gt, out_ptr)
     tl.store(out_ptr + token * stride_ot + n, out.to(dtype), mask=n_ok)
 
 

@@ -21,7 +21,7 @@ import triton.language as tl
 
 from .fp8_blocks import block_k_for, row_scales, scale_operands
 from .reference import ExpertScales, SharedExpert
-from .triton_moe_decode import shared_operands
+from .triton_moe_decode import plus_gated_shared, shared_operands
 
 
 @triton.jit
@@ -159,12 +159,11 @@ def _combine_kernel(pair_out_ptr, shared_out_ptr, shared_gate_ptr, out_ptr, num_
         routed += tl.load(pair_out_ptr + (token * TOP_K + j) * stride_pr + n, mask=n_ok, other=0.0)
     out = routed.to(dtype).to(tl.float32)
     if SHARED != 0:
-        gate = tl.sigmoid(tl.load(shared_gate_ptr + token * stride_gt).to(tl.float32)).to(dtype).to(tl.float32)
         if SHARED == 1:
             s = tl.load(shared_out_ptr + token * stride_st + n, mask=n_ok, other=0.0).to(tl.float32)
         else:
             s = tl.load(pair_out_ptr + (num_pairs + token) * stride_pr + n, mask=n_ok, other=0.0)
-        out += (s * gate).to(dtype).to(tl.float32)
+        out = plus_gated_shared(out, s, shared_gate_ptr, token, stride_gt, out_ptr)
     tl.store(out_ptr + token * stride_ot + n, out.to(dtype), mask=n_ok)
 
 
