@@ -83,8 +83,8 @@ def experts_to_fp8(model: nn.Module, fmt: Fp8Format,
     moe = [(name, m) for name, m in model.named_modules() if isinstance(m, SparseMoE)
            and _experts_in_fp8(fmt, name, tuple(m.experts_gate_up.shape))]
     for name, m in moe:
-        gate_up, down = stored.get(f"{name}.experts_gate_up"), stored.get(f"{name}.experts_down")
-        m.keep_experts_fp8(fmt.block, (*gate_up, *down) if gate_up and down else None)
+        m.keep_experts_fp8(fmt.block, {part: stored[f"{name}.{part}"] for part in ("experts_gate_up", "experts_down")
+                                       if f"{name}.{part}" in stored})
     return len(moe)
 
 

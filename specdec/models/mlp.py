@@ -55,22 +55,22 @@ class SparseMoE(nn.Module):
         return moe_experts(x, self.experts_gate_up, self.experts_down, weights, chosen,  # [T, H]
                            self._shared(x, logits[:, self.num_experts:]), scales)
 
-    def keep_experts_fp8(self, block: tuple[int, int], stored: tuple[torch.Tensor, ...] | None = None,
+    def keep_experts_fp8(self, block: tuple[int, int],
+                         stored: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
                          num_experts_per_call: int = 16) -> None:
         """Hold the routed experts as FP8 (float8_e4m3fn, one float32 scale per `block`): `stored` = an FP8
-        checkpoint's (gate_up, its scales, down, its scales) as they are, else quantized from the loaded weights a
-        few experts at a time (scale = max |w| of the block / 448, as Qwen's checkpoints store them)."""
+        checkpoint's {"experts_gate_up": (e4m3, scales), "experts_down": ...} as they are, else quantized from the
+        loaded weights a few experts at a time (scale = max |w| of the block / 448, as Qwen's checkpoints store
+        them)."""
         if self.fp8_block is not None:
             raise RuntimeError("SparseMoE: the experts are FP8 already")
-        parts = {}
-        for i, name in enumerate(("experts_gate_up", "experts_down")):
-            if stored is not None:
-                parts[name] = (stored[2 * i].to(self.gate.weight.device), stored[2 * i + 1].to(self.gate.weight.device))
-                continue
-            w = getattr(self, name).detach()
-            q, s = zip(*(quantize_blocks(w[e:e + num_experts_per_call], block)
-                         for e in range(0, w.shape[0], num_experts_per_call)))
-            parts[name] = (torch.cat(q), torch.cat(s))
+        parts = dict(stored or {})
+        for name in ("experts_gate_up", "experts_down"):
+            if name not in parts:
+                w = getattr(self, name).detach()
+                q, s = zip(*(quantize_blocks(w[e:e + num_experts_per_call], block)
+                             for e in range(0, w.shape[0], num_experts_per_call)))
+                parts[name] = (torch.cat(q), torch.cat(s))
         for name, (q, s) in parts.items():
             if q.shape != getattr(self, name).shape:
                 raise ValueError(f"SparseMoE: FP8 {name} of shape {tuple(q.shape)}, the layer's is "
