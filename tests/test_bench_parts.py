@@ -72,18 +72,35 @@ def test_step_bytes_and_utilisation():
 def inproc_result(tiny_model):
     from specdec_tools.bench.inprocess import InprocBench
     w = wl.Workload("inproc", "mtp", concurrency=3, prompt_tokens=9, max_tokens=7, forced_length=2.5)
-    metrics = InprocBench(tiny_model, torch.device("cpu")).run(w, wl.prompts_for(w, 257), guard_s=120)
+    metrics = InprocBench(tiny_model, torch.device("cpu"), repeats=3).run(w, wl.prompts_for(w, 257), guard_s=120)
     bw = utilisation(1e6, metrics["itl_ms_mean"] / 1e3, 10.0, 5.0)
     return {"name": w.name, "workload": w.to_json(), "metrics": metrics, "bandwidth": bw}
 
 
 def test_inproc_result_satisfies_the_identities(inproc_result):
+    """Three timed passes: the one of median tokens/s is reported, its counters its own (not the three's sum)."""
     m = inproc_result["metrics"]
     assert checks.check_result(inproc_result) == []
     assert m["completion_tokens"] == 21 == m["verify_steps"] + m["accepted_tokens"] + m["prefills"]
+    assert len(m["passes_tokens_per_s"]) == 3
+    assert sorted(m["passes_tokens_per_s"])[1] == pytest.approx(m["output_tokens_per_s"], abs=0.01)
     assert m["draft_tokens"] > 0 and m["step_ms"]["decode_steps"] > 0
     split = m["step_ms"]
     assert split["drafter_compute"] <= split["drafter_round_trip"] + 1e-6
+
+
+def test_inproc_steps_are_sized_as_the_verifier_sizes_them_on_the_device():
+    """The verifier's default token budget and prefill chunk for the device (builder.DEVICE_LIMITS), widened so
+    that every running sequence verifies in one step."""
+    from specdec_tools.bench.inprocess import scheduler_for
+    from verifier_service.builder import DEVICE_LIMITS
+    w = wl.Workload("inproc", "mtp", concurrency=64, prompt_tokens=128, max_tokens=8)
+    for device in ("cuda", "cpu"):
+        s = scheduler_for(w, device)
+        assert (s.max_batched_tokens, s.prefill_chunk, s.max_running) == (
+            max(DEVICE_LIMITS[device]["max_batched_tokens"], 64 * 4), DEVICE_LIMITS[device]["prefill_chunk"], 64)
+    assert scheduler_for(wl.Workload("inproc", "mtp", concurrency=512, prompt_tokens=8, max_tokens=8),
+                         "cuda").max_batched_tokens == 512 * 4
 
 
 @pytest.mark.parametrize("field, value, words", [

@@ -11,8 +11,8 @@ from test_overlapped_steps import run
 
 from specdec.sampling_params import SamplingParams
 from verifier_service.acceptance_stats import AcceptanceStats
-from verifier_service.draft_policy import (EXPLORE_EVERY, EXPLORE_STEPS, MIN_OBSERVATIONS, DraftChoice, DraftPolicy,
-                                           StepCosts, expected_tokens)
+from verifier_service.draft_policy import (EXPLORE_EVERY, EXPLORE_STEPS, MIN_OBSERVATIONS, REUSE_STEPS, DraftChoice,
+                                           DraftPolicy, StepCosts, expected_tokens)
 from verifier_service.warm_up import measure_step_costs
 
 pytestmark = pytest.mark.timeout(300)
@@ -32,6 +32,27 @@ def stats_with(rate_hits: int, rate_misses: int) -> AcceptanceStats:
 def costs(*per_k_by_batch) -> StepCosts:
     sizes = tuple(2 ** i for i in range(len(per_k_by_batch)))
     return StepCosts(sizes, np.array(per_k_by_batch, dtype=float))
+
+
+def test_a_settled_choice_stands_for_the_same_batch_only():
+    """k = K for judged sequences none of which leaves stands REUSE_STEPS steps of the same batch without being
+    priced again (a sequence whose drafts start failing meanwhile is seen at the next priced step); a batch of
+    another shape, or a choice below K, is priced at once."""
+    steep = costs([1.0, 1.6, 2.2, 2.8])
+    good, bad = stats_with(300, 10), stats_with(0, 100)
+    engine = AcceptanceStats()
+    policy = DraftPolicy(K, True, steep)
+    assert policy.choose([good], engine).k == K
+    for _ in range(REUSE_STEPS - 1):                       # not priced: the bad record is not looked at
+        assert policy.choose([bad], engine).k == K
+    assert policy.choose([bad], engine).k == 0             # priced again
+    assert policy.choose([bad], engine).k == 0             # k < K: priced every step
+    assert policy.choose([good], engine).k == K
+    policy = DraftPolicy(K, True, steep)
+    assert policy.choose([good], engine).k == K
+    assert policy.choose([bad], engine, opted_out=1).k == 0   # another batch: priced
+    policy.forget()
+    assert policy.choose([good], engine).k == K and policy.choose([bad], engine).k == K
 
 
 def test_acceptance_estimate_counts_a_rejection_per_step_that_did_not_accept_all():

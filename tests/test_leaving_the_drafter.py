@@ -11,7 +11,7 @@ from test_overlapped_steps import run
 
 from specdec.sampling_params import SamplingParams
 from verifier_service.acceptance_stats import AcceptanceStats
-from verifier_service.draft_policy import LEAVE_MARGIN, MIN_OBSERVATIONS, DraftChoice, DraftPolicy, StepCosts
+from verifier_service.draft_policy import EARLY_REJECTIONS, LEAVE_MARGIN, MIN_OBSERVATIONS, DraftChoice, DraftPolicy, StepCosts
 from verifier_service.metrics import VerifierMetrics
 
 pytestmark = pytest.mark.timeout(300)
@@ -53,7 +53,7 @@ def test_a_sequence_is_judged_on_its_own_drafts():
     """It stays until it has MIN_OBSERVATIONS of its own, and probes meanwhile: a step that would verify no drafts
     verifies one (a new request is never locked out by the engine's rate)."""
     policy = DraftPolicy(K, True, table(0.8))
-    good, young = stats_of(0.95, 40), stats_of(0.0, MIN_OBSERVATIONS - 1)
+    good, young = stats_of(0.95, 40), stats_of(0.0, EARLY_REJECTIONS - 1)
     assert policy.choose([good, young], AcceptanceStats()) == DraftChoice(3)
     assert policy.choose([good, stats_of(0.0, MIN_OBSERVATIONS)], AcceptanceStats()).leaving == (1,)
     engine_bad = stats_of(0.0, 1000)
@@ -68,6 +68,33 @@ def test_a_sequence_is_judged_on_its_own_drafts():
     assert DraftPolicy(K, True, table(0.8)).choose([dry], engine_bad) == DraftChoice(0, (0,))
     # without a plain column nobody leaves, and k = 0 stays k = 0
     assert DraftPolicy(K, True, table(None)).choose([young], engine_bad) == DraftChoice(0)
+
+
+def test_a_sequence_the_rest_of_its_probes_cannot_save_leaves_early():
+    """Before MIN_OBSERVATIONS a sequence leaves only when MIN_OBSERVATIONS would give it up whatever its next
+    outcomes are: for every record of fewer observations and every way of completing it, leaving early implies
+    leaving at MIN_OBSERVATIONS, and all failures leave before MIN_OBSERVATIONS (on a bad engine rate at once
+    after a few probes; on the prior 0.5 later)."""
+    costs = table(0.8)
+    first_exit = {}
+    for engine in (AcceptanceStats(), stats_of(0.0, 1000), stats_of(0.5, 1000)):
+        for seen in range(MIN_OBSERVATIONS):
+            for hits in range(seen + 1):
+                early = DraftPolicy(K, True, costs).choose([acceptance(hits, seen)], engine).leaving == (0,)
+                if not early:
+                    continue
+                for more in range(MIN_OBSERVATIONS - seen + 1):
+                    judged = acceptance(hits + more, MIN_OBSERVATIONS)
+                    assert DraftPolicy(K, True, costs).choose([judged], engine).leaving == (0,), (hits, seen, more)
+        first_exit[engine.accepted] = next(seen for seen in range(MIN_OBSERVATIONS + 1) if DraftPolicy(
+            K, True, costs).choose([acceptance(0, seen)], engine).leaving == (0,))
+    # never on the engine's rate alone: EARLY_REJECTIONS of its own first (then at once on a bad engine rate)
+    assert first_exit[0] == EARLY_REJECTIONS < MIN_OBSERVATIONS
+    assert EARLY_REJECTIONS <= first_exit[500] < MIN_OBSERVATIONS
+
+
+def acceptance(hits: int, observations: int) -> AcceptanceStats:
+    return AcceptanceStats(verify_steps=observations, accepted=hits, rejected_steps=observations - hits)
 
 
 def test_a_step_is_priced_for_the_sequences_in_the_drafter():
@@ -207,7 +234,9 @@ def test_a_sequence_given_up_on_leaves_the_drafter_for_good(demo, kind, temperat
 
 def test_the_adaptive_policy_gives_up_on_a_drafter_that_never_hits(demo):
     """A drafter whose drafts are always rejected, and step costs where plain decoding is cheaper than any
-    drafting step: every sequence leaves after MIN_OBSERVATIONS rejections (one per step), the steps after run
+    drafting step: every sequence leaves before MIN_OBSERVATIONS rejections (one per step), as soon as the
+observations it lacks could not save it on the engine's rate of nothing accepted, and not before EARLY_REJECTIONS
+of its own; the steps after run
     overlapped like plain decoding, the outputs are plain decoding's, and the verifier's metrics count them."""
     prompts = random_prompts([6, 11, 8], demo.config.vocab_size, seed=7)
     reqs = {f"r{i}": (p, SamplingParams(max_tokens=40, ignore_eos=True)) for i, p in enumerate(prompts)}
@@ -224,7 +253,7 @@ def test_the_adaptive_policy_gives_up_on_a_drafter_that_never_hits(demo):
     assert engine.policy.num_left == 3 and not any(s.in_drafter for s in seqs.values())
     metrics.observe(engine, [], 0.0)
     assert metrics.registry.get_sample_value("specdec_sequences_left_drafter_total") == 3
-    assert all(MIN_OBSERVATIONS <= s.stats.rejected_steps <= MIN_OBSERVATIONS + 2 for s in seqs.values())
+    assert all(EARLY_REJECTIONS <= s.stats.rejected_steps < MIN_OBSERVATIONS for s in seqs.values())
     assert len(synchronous) < engine.step_count - 10      # after they left, the steps overlap
 
 

@@ -29,7 +29,9 @@ not from p0. A run of EXPLORE_EVERY steps
 chosen k = 0 is followed by EXPLORE_STEPS steps of one draft (a drafter drafts for the step after the one that
 asks, and a drafter of host tokens skipped at k = 0 is asked again only after a synchronous step: one step would
 verify nothing), so that estimates that fell too low can recover. The choice changes only how many drafts are
-verified, never which tokens are emitted: speculation stays lossless.
+verified, never which tokens are emitted: speculation stays lossless. A settled choice (k = K, every sequence
+judged, none leaving) stands for the next REUSE_STEPS - 1 steps of the same batch (as many sequences in the drafter
+and out of it), which are not priced again: a step's host time is the critical path of a synchronous drafter.
 
 Giving up (when the costs hold a plain column, P(B): a step of B sequences none of which is in the drafter): a
 sequence leaves the drafter for good when, by its estimate, a batch of B sequences like it would decode faster
@@ -38,9 +40,12 @@ without the drafter than with it at any k,
     max over k of E(a_i, k) / T(B, k)  <  (1 + LEAVE_MARGIN) / P(B),
 
 once it has MIN_OBSERVATIONS of its own (or 2 MIN_OBSERVATIONS verify steps: a drafter that proposes nothing for
-it, an n-gram one without a match, teaches nothing). Until then it probes: a step with such a sequence in the
-drafter verifies at least one draft (k = 0 would teach it nothing while the drafter still catches up on it), so
-that a new request is judged on its own drafts, never locked out by the engine's rate. A sequence out of the
+it, an n-gram one without a match, teaches nothing), or sooner, once its drafts were rejected EARLY_REJECTIONS
+times, when the rest of them cannot save it: even if every observation it lacks of MIN_OBSERVATIONS were a success,
+its estimate would still be under the line (the rule would give it up at MIN_OBSERVATIONS whatever they are; E
+grows with a). Until then it probes: a step with such a
+sequence in the drafter verifies at least one draft (k = 0 would teach it nothing while the drafter still catches
+up on it), so that a new request is judged on its own drafts, never locked out by the engine's rate. A sequence out of the
 drafter costs it nothing: no rows to catch up on, no drafts; while no sequence is in the drafter, steps verify
 none (engine.py) and do not call it. It does not come back (a drafter that takes hidden states would have to see
 its whole context again); requests admitted later start in the drafter, their prior taken from the engine's
@@ -65,6 +70,8 @@ EXPLORE_STEPS = 3           # steps of one draft each then
 MARGIN = 0.03               # k* replaces K only when its expected tokens per second are this much higher
 RECENT_DECAY = 0.98         # the engine-wide rate forgets old observations (about the last 50, or a step's)
 MIN_OBSERVATIONS = 8        # a sequence's own observations before it may leave the drafter (5 to 8 steps)
+EARLY_REJECTIONS = 2        # its own rejections before it may leave sooner (never on the engine's rate alone)
+REUSE_STEPS = 4             # steps a settled choice stands for the same batch (one priced, three not)
 LEAVE_MARGIN = 0.02         # it leaves unless the drafter beats plain decoding by this much (a near tie: plain)
 
 
@@ -140,6 +147,7 @@ class DraftPolicy:
         self._exploring = 0               # exploring steps left
         self._recent = np.zeros(2)        # the engine's decayed (successes, observations)
         self._counted = np.zeros(2)       # the engine's totals at the last step
+        self._settled: tuple[tuple, int, int] | None = None   # (batch, k, steps it still stands) of a settled choice
 
     def choose(self, seq_stats: list[AcceptanceStats], engine_stats: AcceptanceStats, opted_out: int = 0,
                proportional: bool = True) -> DraftChoice:
@@ -156,7 +164,12 @@ class DraftPolicy:
             return DraftChoice(self.max_drafts)
         if not seq_stats:
             return DraftChoice(0)
-        rates, judged = self._rates(seq_stats, engine_stats)                             # [B], [B]
+        batch_shape = (len(seq_stats), opted_out, proportional)
+        if self._settled is not None and self._settled[0] == batch_shape and self._settled[2] > 0:
+            self._settled = (batch_shape, self._settled[1], self._settled[2] - 1)
+            return DraftChoice(self._settled[1])
+        self._settled = None
+        rates, judged, hopeful = self._rates(seq_stats, engine_stats)                    # [B], [B], [B]
         top = min(self.max_drafts, self.costs.seconds.shape[1] - 1)   # the table's K (a drafter's k may be lower)
         batch = len(seq_stats) + opted_out
         seconds = self.costs.at(batch)[:top + 1]                                         # [K + 1]
@@ -164,7 +177,7 @@ class DraftPolicy:
         plain = self.costs.plain_at(batch)
         blend = plain if proportional else None
         k = _best_k(expected, opted_out, seconds, blend)
-        leaving = self._leaving(expected, judged, seconds, plain)
+        leaving = self._leaving(expected, judged, expected_tokens(hopeful, top), seconds, plain)
         if leaving.size == len(rates):
             return DraftChoice(0, tuple(leaving.tolist()))
         stay = np.ones(len(rates), dtype=bool)
@@ -173,12 +186,15 @@ class DraftPolicy:
             k = _best_k(expected[stay], opted_out + leaving.size, seconds, blend)
         if k == 0 and plain is not None and not judged[stay].all():
             k = 1                                         # a young sequence probes (the module docstring)
-        return DraftChoice(self._explored(k), tuple(leaving.tolist()))
+        k = self._explored(k)
+        if k == top and not leaving.size and judged.all():
+            self._settled = (batch_shape, k, REUSE_STEPS - 1)
+        return DraftChoice(k, tuple(leaving.tolist()))
 
     def _rates(self, seq_stats: list[AcceptanceStats], engine_stats: AcceptanceStats
-               ) -> tuple[np.ndarray, np.ndarray]:
-        """Each sequence's shrunk acceptance estimate a_i, and whether it has seen enough to be judged on it (the
-        module docstring)."""
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each sequence's shrunk acceptance estimate a_i, whether it has seen enough to be judged on it, and its
+        estimate if every observation it lacks of MIN_OBSERVATIONS were a success (the module docstring)."""
         total = np.array(acceptance_rate(engine_stats))
         if (total < self._counted).any():   # the engine's counters started afresh (after the warm-up)
             self._counted = np.zeros(2)
@@ -191,17 +207,23 @@ class DraftPolicy:
         accepted = np.fromiter((s.accepted for s in seq_stats), np.float64, count=n)                  # [B]
         observed = accepted + np.fromiter((s.rejected_steps for s in seq_stats), np.float64, count=n)  # [B]
         rates = np.clip((accepted + PRIOR_WEIGHT * prior) / (observed + PRIOR_WEIGHT), 0.0, 0.999)
+        lacking = np.maximum(MIN_OBSERVATIONS - observed, 0.0)                                           # [B]
+        hopeful = np.clip((accepted + lacking + PRIOR_WEIGHT * prior) / (observed + lacking + PRIOR_WEIGHT), 0.0, 0.999)
+        hopeful[observed - accepted < EARLY_REJECTIONS] = 1.0      # too few rejections of its own to leave early
         steps = np.fromiter((s.verify_steps for s in seq_stats), np.float64, count=n)                   # [B]
-        return rates, (observed >= MIN_OBSERVATIONS) | (steps >= 2 * MIN_OBSERVATIONS)
+        return rates, (observed >= MIN_OBSERVATIONS) | (steps >= 2 * MIN_OBSERVATIONS), hopeful
 
     @staticmethod
-    def _leaving(expected: np.ndarray, judged: np.ndarray, seconds: np.ndarray, plain: float | None) -> np.ndarray:
-        """Places of the sequences that leave the drafter (the module docstring's rule); none without a plain
-        cost."""
+    def _leaving(expected: np.ndarray, judged: np.ndarray, hopeful: np.ndarray, seconds: np.ndarray,
+                 plain: float | None) -> np.ndarray:
+        """Places of the sequences that leave the drafter (the module docstring's rule): judged and under the line,
+        or under it even at their hopeful estimates; none without a plain cost."""
         if plain is None:
             return np.zeros(0, dtype=np.int64)
-        best = (expected / seconds[None, :]).max(axis=1)                                 # [B] tokens per second
-        return np.flatnonzero((best * plain < 1 + LEAVE_MARGIN) & judged)
+
+        def under(tokens: np.ndarray) -> np.ndarray:                                     # [B, K + 1] -> [B]
+            return (tokens / seconds[None, :]).max(axis=1) * plain < 1 + LEAVE_MARGIN
+        return np.flatnonzero((under(expected) & judged) | under(hopeful))
 
     def _explored(self, k: int) -> int:
         """k, or one draft while exploring after a long run of k = 0."""
@@ -218,6 +240,7 @@ class DraftPolicy:
         """Start afresh (after the warm-up): no steps counted, no engine-wide rate."""
         self.chosen, self.num_left = [0] * (self.max_drafts + 1), 0
         self._zeros, self._exploring, self._recent, self._counted = 0, 0, np.zeros(2), np.zeros(2)
+        self._settled = None
 
 
 def _best_k(expected: np.ndarray, num_plain: int, seconds: np.ndarray, plain: float | None) -> int:

@@ -46,7 +46,7 @@ class BenchConfig:
     profile_steps: int = 10
     trace_steps_dir: str | None = None   # gateway path: the services' --trace-steps files go here
     step_channel: str = "auto"           # gateway path: the verifier's --step-channel
-    repeats: int = 1                     # gateway / colocated paths: timed passes, the median one reported
+    repeats: int = 1                     # timed passes per workload (not the peer path), the median one reported
     overlap: bool = True                 # False: every engine reads a step's tokens before the next launch
     plot: bool = True
     seed: int = 0
@@ -78,7 +78,7 @@ class BenchRun:
             from .inprocess import InprocBench
             c = self.config
             self._inproc = InprocBench(load_model(c.model, c.dtype, self.device, quantization=c.quantization),
-                                       self.device, c.overlap)
+                                       self.device, c.overlap, c.repeats)
         return self._inproc
 
     def peer(self):

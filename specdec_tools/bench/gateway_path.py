@@ -103,7 +103,7 @@ class GatewayBench:
         self.metrics_port = free_port()
         running = max(g.concurrency for g in group)
         context = max(max(g.prompt_lengths) + g.max_tokens + g.k + 1 for g in group)
-        budget = max(scheduler_for(g).max_batched_tokens for g in group)
+        budget = max(scheduler_for(g, self.device.split(":")[0]).max_batched_tokens for g in group)
         chunk = ["--prefill-chunk", str(self.prefill_chunk)] if self.prefill_chunk else []
         chunk += ["--lone-prefill-chunk", str(self.lone_prefill_chunk)] if self.lone_prefill_chunk else []
         budget = max(budget, self.prefill_chunk + running * (w.k + 1)) if self.prefill_chunk else budget

@@ -106,8 +106,8 @@ def add_parser(sub) -> None:
                    help="gateway path: the verifier's --step-channel (auto: the drafter's local lane; grpc: the "
                         "gRPC stream, as across hosts)")
     p.add_argument("--repeats", type=int, default=1, metavar="N",
-                   help="gateway and colocated paths: N timed passes per workload after the warm-up; the pass of "
-                        "median tokens/s is reported (all N in passes_tokens_per_s)")
+                   help="inproc, gateway and colocated paths: N timed passes per workload after the warm-up; the "
+                        "pass of median tokens/s is reported (all N in passes_tokens_per_s)")
     add_no_overlap_arg(p)
     p.add_argument("--out", default="bench/results", help="folder for the JSON, table and PNG")
     p.add_argument("--tag", default=None, help="file-name suffix (default: the device, e.g. h100, cpu)")
