@@ -3,6 +3,7 @@ the in-process path and the identities its results satisfy (with planted defects
 the profile summary, the presets and the CLI's errors."""
 import copy
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -87,6 +88,27 @@ def test_inproc_result_satisfies_the_identities(inproc_result):
     assert m["draft_tokens"] > 0 and m["step_ms"]["decode_steps"] > 0
     split = m["step_ms"]
     assert split["drafter_compute"] <= split["drafter_round_trip"] + 1e-6
+
+
+def test_fixed_and_adaptive_policies_are_measured_on_one_engine(tiny_model):
+    """A workload that differs from the last only in its draft policy runs on the last one's engine (its step
+    costs measured then, its timing wrappers gone after each run); any other difference builds a new engine."""
+    from specdec_tools.bench.inprocess import InprocBench
+    bench = InprocBench(tiny_model, torch.device("cpu"))
+    fixed = wl.Workload("inproc", "mtp", concurrency=2, prompt_tokens=9, max_tokens=80, forced_length=2.5)
+    adaptive = replace(fixed, draft_policy="adaptive")     # (long enough for the step costs' measurement)
+    prompts = wl.prompts_for(fixed, 257)
+    first = bench.run(fixed, prompts, guard_s=120)
+    engine = bench._engine
+    assert first["step_costs_ms"] is None and not engine.policy.adaptive
+    second = bench.run(adaptive, prompts, guard_s=120)
+    assert bench._engine is engine and engine.policy.adaptive and second["step_costs_ms"] is not None
+    assert "forward" not in vars(engine.executor) or vars(engine.executor)["forward"].__name__ != "timed"
+    assert first["completion_tokens"] == second["completion_tokens"] == 160
+    bench.run(replace(fixed, concurrency=1), prompts[:1], guard_s=120)
+    assert bench._engine is not engine and not bench._engine.policy.adaptive
+    bench.release()
+    assert bench._engine is None
 
 
 def test_inproc_steps_are_sized_as_the_verifier_sizes_them_on_the_device():

@@ -203,6 +203,30 @@ def test_speculation_false_verifies_no_drafts_beside_requests_that_do(demo):
         assert seen["r0"].stats.drafted > 0 and seen["r2"].stats.drafted > 0, kind
 
 
+def test_a_stall_in_one_timed_step_does_not_move_the_step_costs(demo, monkeypatch):
+    """Each (batch, k) keeps the median of its steps' wall times: a clock on which every step takes 1 ms but one in
+    nine stalls for a second gives 1 ms everywhere (a mean would give 0.11 s); k = 0 beside the drafter is priced
+    at least as a plain step (here the plain steps are the slow ones)."""
+    from verifier_service import warm_up
+
+    class Clock:
+        now, calls = 0.0, 0
+
+        def perf_counter(self):
+            self.calls += 1
+            self.now += 1.0 if self.calls % 9 == 0 else 1e-3
+            return self.now
+    monkeypatch.setattr(warm_up, "time", Clock())
+    engine = make_engine(demo, make_drafter("mtp", demo, K), k=K, max_running=2, budget=16)
+    table = measure_step_costs(engine)
+    assert np.allclose(table.seconds, 1e-3) and np.allclose(table.plain, 1e-3)
+    timed = warm_up._timed_steps
+    monkeypatch.setattr(warm_up, "_timed_steps", lambda engine, b, k, n, speculation: (
+        (5e-3, 0.0) if not speculation else (timed(engine, b, k, n, speculation)[0], float(k))))
+    table = measure_step_costs(engine)
+    assert np.allclose(table.seconds[:, 0], 5e-3) and np.allclose(table.seconds[:, 1:], 1e-3)
+
+
 def test_step_costs_are_measured_through_the_engine_and_the_counters_start_afresh(demo):
     engine = make_engine(demo, make_drafter("mtp", demo, K), k=K, max_running=2, budget=16)
     engine.policy.adaptive = True

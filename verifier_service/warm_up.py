@@ -18,7 +18,8 @@ What runs (every sequence is gone afterwards, the counters start afresh):
 
 `measure_step_costs` (the adaptive draft policy's costs, draft_policy.py) runs after the warm-up, once the drafter
 is connected: for each batch bucket B and k in 0..K, B sequences decode verifying k drafts each, through the
-engine and the drafter as they serve, and the wall time of a few steps is kept per (B, k); then B sequences out of
+engine and the drafter as they serve, and the median wall time of a few steps is kept per (B, k) (a compile or a
+collector's pause in one step would move a mean by a step's worth); then B sequences out of
 the drafter (`speculation: false`: plain decoding beside an idle drafter), the plain column.
 """
 from __future__ import annotations
@@ -42,7 +43,7 @@ from .engine import SpecEngine
 log = logging.getLogger(__name__)
 PREFILL_SIZES = (16, 64, 256)   # prefill chunks mixed with the decoders: attention query tiles 16, and the splits
 MIN_CONTEXT = 40                # the mixed steps' decoders take 3 prompt tokens and up to 32 new ones
-COST_STEPS = 6                  # steps timed per (batch, k)
+COST_STEPS = 9                  # steps timed per (batch, k): their median is kept (one stall moves it little)
 COST_SETTLE = 3                 # steps after the prefill before the timing (the drafts of the first are in)
 
 
@@ -124,7 +125,9 @@ def measure_step_costs(engine: SpecEngine) -> StepCosts | None:
     finally:
         engine.policy = policy
         reset_counters(engine)
-    policy.costs = StepCosts(tuple(sizes), np.array(rows), np.array(drafts), np.array(plain))
+    rows, plain = np.array(rows), np.array(plain)
+    rows[:, 0] = np.maximum(rows[:, 0], plain)   # k = 0 beside the drafter does at least a plain step's work
+    policy.costs = StepCosts(tuple(sizes), rows, np.array(drafts), plain)
     log.info("adaptive draft length: step costs measured in %.1f s (ms per step, B sequences verifying k drafts "
              "each, drafter included, then none in the drafter; then the drafts a verify step had):\n%s",
              time.perf_counter() - start, policy.costs.table())
@@ -147,11 +150,13 @@ def _timed_steps(engine: SpecEngine, batch: int, k: int, max_tokens: int, specul
     for _ in range(1 + COST_SETTLE):   # the prefill, then decoding until drafts are verified
         engine.step()
     _sync(device)
-    t0, before = time.perf_counter(), (engine.stats.drafted, engine.stats.verify_steps)
-    for _ in range(COST_STEPS):
+    before, ends = (engine.stats.drafted, engine.stats.verify_steps), [time.perf_counter()]
+    for _ in range(COST_STEPS):       # (in a steady run of steps each one's wall time is the device's step time)
         engine.step()
+        ends.append(time.perf_counter())
     _sync(device)
-    seconds = (time.perf_counter() - t0) / COST_STEPS
+    ends[-1] = time.perf_counter()
+    seconds = float(np.median(np.diff(ends)))
     verified = engine.stats.verify_steps - before[1]
     drafted = (engine.stats.drafted - before[0]) / verified if verified else 0.0
     for rid in ids:

@@ -216,6 +216,8 @@ class BenchRun:
         prompts, guard = self._prompts(w), self.config.workload_timeout_s
         if w.path == "inproc":
             return self.inproc().run(w, prompts, guard)
+        if self._inproc is not None:
+            self._inproc.release()       # its last engine's memory, for the stack or the peer
         if w.path == "peer":
             return self.peer().run(w, prompts, guard)
         gateway = self.gateway()

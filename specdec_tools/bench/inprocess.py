@@ -19,6 +19,7 @@ import gc
 import math
 import time
 from collections import defaultdict
+from dataclasses import replace
 from typing import Callable
 
 import torch
@@ -91,6 +92,32 @@ class InprocBench:
     def __init__(self, loaded: LoadedModel, device: torch.device, overlap: bool = True, repeats: int = 1):
         self.loaded, self.device, self.overlap = loaded, device, overlap
         self.repeats = repeats            # timed passes per workload; the one of median tokens/s is reported
+        self._engine: SpecEngine | None = None     # the last workload's engine, kept for one that differs only
+        self._engine_for: Workload | None = None   # in its draft policy (engine_for)
+
+    def engine_for(self, w: Workload) -> SpecEngine:
+        """The engine for w: the last workload's when w differs from it only in the draft policy (then the fixed
+        and the adaptive policy are measured on one engine: the same graphs, memory and drafter, so that the
+        policy is all that differs), else a new one."""
+        key = replace(w, draft_policy="fixed")
+        if self._engine is None or self._engine_for != key:
+            self.release()
+            self._engine, self._engine_for = self.build_engine(w), key
+            return self._engine
+        engine = self._engine
+        engine.policy.adaptive = w.draft_policy == "adaptive"
+        if engine.policy.adaptive and engine.policy.costs is None:
+            measure_step_costs(engine)
+        engine.policy.forget()
+        return engine
+
+    def release(self) -> None:
+        """Free the kept engine (before another engine or a stack of services needs the device's memory)."""
+        if self._engine is not None:
+            self._engine = self._engine_for = None
+            gc.collect()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
 
     def build_engine(self, w: Workload) -> SpecEngine:
         """The verifier's engine (verifier_service.builder.build_engine) sized for `w`, its drafter in process; with
@@ -119,7 +146,7 @@ class InprocBench:
 
     def run(self, w: Workload, prompts: list[list[int]], guard_s: float) -> dict:
         window = PeakMemory(self.device)
-        engine = self.build_engine(w)
+        engine = self.engine_for(w)
         # Warm-up, not timed: the whole workload once (every kernel variant it meets compiles first: Triton
         # specialises per shape class, and steps mixing prefill chunks with decodes appear only once requests
         # outlive the others' prefill; fla autotunes; this concurrency's graph buckets replay), then the
@@ -130,28 +157,30 @@ class InprocBench:
                                                  ignore_eos=True) for i in range(len(prompts))])
         warmup_s = round(time.perf_counter() - warm_start, 2)
         clocks = CallClock(self.device), CallClock(self.device)     # the target's forward, the drafter's calls
-        engine.executor.forward = clocks[0].wrap(engine.executor.forward)
-        if engine.drafter is not None:
-            engine.drafter.propose = clocks[1].wrap(engine.drafter.propose)
-            if hasattr(engine.drafter, "draft_on_device"):   # overlapped steps draft through this one
-                engine.drafter.draft_on_device = clocks[1].wrap(engine.drafter.draft_on_device)
+        timed = [(engine.executor, "forward", clocks[0])] + [
+            (engine.drafter, name, clocks[1]) for name in ("propose", "draft_on_device")   # (overlapped steps draft
+            if engine.drafter is not None and hasattr(engine.drafter, name)]               # through the second)
+        originals = [getattr(owner, name) for owner, name, _ in timed]
+        for owner, name, clock in timed:
+            setattr(owner, name, clock.wrap(getattr(owner, name)))
         # Up to `repeats` timed passes within one guard_s for them all (a further one starts only if a pass as long
         # as the last still fits), each on prompts rotated its own way (nothing of it in the prefix cache)
         deadline, passes, last_s = time.perf_counter() + guard_s, [], 0.0
-        while len(passes) < self.repeats and not (passes and passes[-1]["truncated"]):
-            left, started = deadline - time.perf_counter(), time.perf_counter()
-            if passes and left < last_s:
-                break
-            passes.append(self._timed_pass(engine, w, salted(prompts, len(passes)), left, clocks))
-            last_s = time.perf_counter() - started
+        try:
+            while len(passes) < self.repeats and not (passes and passes[-1]["truncated"]):
+                left, started = deadline - time.perf_counter(), time.perf_counter()
+                if passes and left < last_s:
+                    break
+                passes.append(self._timed_pass(engine, w, salted(prompts, len(passes)), left, clocks))
+                last_s = time.perf_counter() - started
+        finally:
+            for (owner, name, _), original in zip(timed, originals):
+                setattr(owner, name, original)     # unwrapped again (the engine may serve the next workload)
         rates = [p["output_tokens_per_s"] or 0.0 for p in passes]
         median = passes[sorted(range(len(passes)), key=rates.__getitem__)[len(passes) // 2]]
         weights = sum(p.numel() * p.element_size() for p in self.loaded.model.parameters())
         memory = {"weights_mib": round(weights / 2**20, 1), **window.close()}
         del engine
-        gc.collect()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
         return {**median, "memory": memory, "warmup_s": warmup_s,
                 "passes_tokens_per_s": [round(r, 2) for r in rates]}
 
