@@ -3,6 +3,7 @@ the in-process path and the identities its results satisfy (with planted defects
 the profile summary, the presets and the CLI's errors."""
 import copy
 import math
+import weakref
 from dataclasses import replace
 
 import pytest
@@ -92,7 +93,8 @@ def test_inproc_result_satisfies_the_identities(inproc_result):
 
 def test_fixed_and_adaptive_policies_are_measured_on_one_engine(tiny_model):
     """A workload that differs from the last only in its draft policy runs on the last one's engine (its step
-    costs measured then, its timing wrappers gone after each run); any other difference builds a new engine."""
+    costs measured then, its timing wrappers gone after each run); any other difference builds a new engine, and
+    the old one is freed."""
     from specdec_tools.bench.inprocess import InprocBench
     bench = InprocBench(tiny_model, torch.device("cpu"))
     fixed = wl.Workload("inproc", "mtp", concurrency=2, prompt_tokens=9, max_tokens=80, forced_length=2.5)
@@ -105,8 +107,11 @@ def test_fixed_and_adaptive_policies_are_measured_on_one_engine(tiny_model):
     assert bench._engine is engine and engine.policy.adaptive and second["step_costs_ms"] is not None
     assert "forward" not in vars(engine.executor) or vars(engine.executor)["forward"].__name__ != "timed"
     assert first["completion_tokens"] == second["completion_tokens"] == 160
+    gone = weakref.ref(engine)
+    del engine
     bench.run(replace(fixed, concurrency=1), prompts[:1], guard_s=120)
-    assert bench._engine is not engine and not bench._engine.policy.adaptive
+    assert bench._engine is not None and not bench._engine.policy.adaptive
+    assert gone() is None          # freed: the bench keeps no reference to it
     bench.release()
     assert bench._engine is None
 

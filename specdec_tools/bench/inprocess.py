@@ -115,6 +115,7 @@ class InprocBench:
         """Free the kept engine (before another engine or a stack of services needs the device's memory)."""
         if self._engine is not None:
             self._engine = self._engine_for = None
+            gc.unfreeze()       # (a frozen engine in a reference cycle would keep its device memory for good)
             gc.collect()
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -156,6 +157,10 @@ class InprocBench:
         engine.generate(salted(prompts, -1), [SamplingParams(max_tokens=w.max_tokens, temperature=w.temperature, seed=i,
                                                  ignore_eos=True) for i in range(len(prompts))])
         warmup_s = round(time.perf_counter() - warm_start, 2)
+        # as a verifier does once it is warm (specdec/startup_heap.py): full collections while serving skip what
+        # is alive now (torch, Triton, the model, this engine), so that one does not stall a timed step
+        gc.collect()
+        gc.freeze()
         clocks = CallClock(self.device), CallClock(self.device)     # the target's forward, the drafter's calls
         timed = [(engine.executor, "forward", clocks[0])] + [
             (engine.drafter, name, clocks[1]) for name in ("propose", "draft_on_device")   # (overlapped steps draft
