@@ -11,7 +11,8 @@ from test_overlapped_steps import run
 
 from specdec.sampling_params import SamplingParams
 from verifier_service.acceptance_stats import AcceptanceStats
-from verifier_service.draft_policy import EARLY_REJECTIONS, LEAVE_MARGIN, MIN_OBSERVATIONS, DraftChoice, DraftPolicy, StepCosts
+from verifier_service.draft_policy import (EARLY_REJECTIONS, LEAVE_MARGIN, LEAVE_MARGIN_ALONE, MIN_OBSERVATIONS,
+                                           DraftChoice, DraftPolicy, StepCosts)
 from verifier_service.metrics import VerifierMetrics
 
 pytestmark = pytest.mark.timeout(300)
@@ -39,8 +40,10 @@ def test_a_sequence_leaves_when_plain_decoding_beats_every_k():
     choice = policy.choose([good, bad, good], AcceptanceStats())
     assert choice.leaving == (1,) and choice.k == 3 and policy.num_left == 1
     assert DraftPolicy(K, True, table(0.8)).choose([good], AcceptanceStats()).leaving == ()
-    # a plain step that costs as much as the drafter's k = 0 one: drafting pays again
-    assert DraftPolicy(K, True, table(1.0 * (1 + LEAVE_MARGIN) + 0.05)).choose([bad], AcceptanceStats()).leaving == ()
+    # rate 0.5 (1.5 tokens in 1.3 at k = 1) leaves beside plain steps of 0.8 and stays beside steps of 1.15
+    middling = stats_of(0.5, 40)
+    assert DraftPolicy(K, True, table(0.8)).choose([middling], AcceptanceStats()).leaving == (0,)
+    assert DraftPolicy(K, True, table(1.15)).choose([middling], AcceptanceStats()) == DraftChoice(1)
 
 
 def test_a_near_tie_goes_to_plain_decoding():
@@ -95,6 +98,31 @@ def test_a_sequence_the_rest_of_its_probes_cannot_save_leaves_early():
 
 def acceptance(hits: int, observations: int) -> AcceptanceStats:
     return AcceptanceStats(verify_steps=observations, accepted=hits, rejected_steps=observations - hits)
+
+
+def test_a_step_without_drafts_takes_the_judged_out_of_the_drafter():
+    """Four judged sequences whose own line says stay (rate 0.6: a batch like them gains 15% over plain) beside 12
+    that left, with a drafter of host tokens: one draft would make the whole step synchronous, so the step verifies
+    none, and they leave with it instead of staying at k = 0 for good; a young one keeps probing."""
+    costs = StepCosts((16,), np.array([[5.0, 7.1, 7.2, 7.3]]), plain=np.array([5.0]))
+    judged, young = stats_of(0.6, 40), stats_of(0.6, 1)
+    assert DraftPolicy(K, True, costs).choose([judged] * 16, AcceptanceStats()) == DraftChoice(3)
+    choice = DraftPolicy(K, True, costs).choose([judged] * 4, AcceptanceStats(), opted_out=12, proportional=False)
+    assert choice == DraftChoice(0, (0, 1, 2, 3))
+    choice = DraftPolicy(K, True, costs).choose([judged, young], AcceptanceStats(), opted_out=14, proportional=False)
+    assert choice == DraftChoice(1, (0,))
+
+
+def test_the_margin_to_stay_grows_with_the_batch():
+    """Drafting 5% faster than plain decoding keeps a sequence alone in the drafter (margin LEAVE_MARGIN_ALONE) and
+    takes it out of a batch of 16 (margin near LEAVE_MARGIN)."""
+    rate = 0.5                                   # E(0.5, 3) = 1.875 tokens
+    for batch, leaves in ((1, False), (16, True)):
+        plain = 1.05 * 1.9 / 1.875               # k = 3: 1.875 tokens in 1.9, 5% more than plain's one in `plain`
+        costs = StepCosts((batch,), np.array([[max(1.0, plain), 1.8, 1.85, 1.9]]), plain=np.array([plain]))
+        choice = DraftPolicy(K, True, costs).choose([stats_of(rate, 40)] * batch, AcceptanceStats())
+        assert bool(choice.leaving) == leaves, batch
+    assert LEAVE_MARGIN_ALONE < 0.05 < LEAVE_MARGIN * 15 / 16
 
 
 def test_a_step_is_priced_for_the_sequences_in_the_drafter():

@@ -37,14 +37,16 @@ Giving up (when the costs hold a plain column, P(B): a step of B sequences none 
 sequence leaves the drafter for good when, by its estimate, a batch of B sequences like it would decode faster
 without the drafter than with it at any k,
 
-    max over k of E(a_i, k) / T(B, k)  <  (1 + LEAVE_MARGIN) / P(B),
+    max over k of E(a_i, k) / T(B, k)  <  (1 + m(B)) / P(B),     m(B) = LEAVE_MARGIN - (LEAVE_MARGIN - LEAVE_MARGIN_ALONE) / B
 
 once it has MIN_OBSERVATIONS of its own (or 2 MIN_OBSERVATIONS verify steps: a drafter that proposes nothing for
 it, an n-gram one without a match, teaches nothing), or sooner, once its drafts were rejected EARLY_REJECTIONS
 times, when the rest of them cannot save it: even if every observation it lacks of MIN_OBSERVATIONS were a success,
 its estimate would still be under the line (the rule would give it up at MIN_OBSERVATIONS whatever they are; E
-grows with a). Until then it probes: a step with such a
-sequence in the drafter verifies at least one draft (k = 0 would teach it nothing while the drafter still catches
+grows with a). A step that verifies no drafts takes every judged sequence out with it: staying would gain them
+nothing (a sequence the batch's economics keep at k = 0 while its own line says stay, beside others that left,
+would otherwise stay for good, its drafter's host work paid every step). Until it is judged a sequence probes: a
+step with such a sequence in the drafter verifies at least one draft (k = 0 would teach it nothing while the drafter still catches
 up on it), so that a new request is judged on its own drafts, never locked out by the engine's rate. A sequence out of the
 drafter costs it nothing: no rows to catch up on, no drafts; while no sequence is in the drafter, steps verify
 none (engine.py) and do not call it. It does not come back (a drafter that takes hidden states would have to see
@@ -72,9 +74,11 @@ RECENT_DECAY = 0.98         # the engine-wide rate forgets old observations (abo
 MIN_OBSERVATIONS = 8        # a sequence's own observations before it may leave the drafter (5 to 8 steps)
 EARLY_REJECTIONS = 2        # its own rejections before it may leave sooner (never on the engine's rate alone)
 REUSE_STEPS = 4             # steps a settled choice stands for the same batch (one priced, three not)
-# It leaves unless the drafter beats plain decoding by this much. A near tie goes to plain decoding: the costs are
-# measured to a few percent, and what a sequence gains by staying it gains alone (it finishes sooner), while the
-# others' steps pay for its drafts until it has left.
+# It leaves unless the drafter beats plain decoding by m(B) (the module docstring). A near tie goes to plain decoding:
+# the costs are measured to a few percent, and what a sequence gains by staying it gains alone (it finishes
+# sooner), while the other B - 1 sequences' steps pay for its drafts: the margin grows with them, from
+# LEAVE_MARGIN_ALONE for a sequence alone to LEAVE_MARGIN.
+LEAVE_MARGIN_ALONE = 0.02
 LEAVE_MARGIN = 0.10
 
 
@@ -180,13 +184,16 @@ class DraftPolicy:
         plain = self.costs.plain_at(batch)
         blend = plain if proportional else None
         k = _best_k(expected, opted_out, seconds, blend)
-        leaving = self._leaving(expected, judged, expected_tokens(hopeful, top), seconds, plain)
-        if leaving.size == len(rates):
-            return DraftChoice(0, tuple(leaving.tolist()))
+        leaving = self._leaving(expected, judged, expected_tokens(hopeful, top), seconds, plain, batch)
         stay = np.ones(len(rates), dtype=bool)
         stay[leaving] = False
-        if leaving.size:
+        if leaving.size and leaving.size < len(rates):
             k = _best_k(expected[stay], opted_out + leaving.size, seconds, blend)
+        if k == 0 and plain is not None:    # no drafts this step: the judged gain nothing by staying, and leave
+            stay &= ~judged
+            leaving = np.flatnonzero(~stay)
+        if not stay.any():
+            return DraftChoice(0, tuple(leaving.tolist()))
         if k == 0 and plain is not None and not judged[stay].all():
             k = 1                                         # a young sequence probes (the module docstring)
         k = self._explored(k)
@@ -218,14 +225,15 @@ class DraftPolicy:
 
     @staticmethod
     def _leaving(expected: np.ndarray, judged: np.ndarray, hopeful: np.ndarray, seconds: np.ndarray,
-                 plain: float | None) -> np.ndarray:
+                 plain: float | None, batch: int) -> np.ndarray:
         """Places of the sequences that leave the drafter (the module docstring's rule): judged and under the line,
         or under it even at their hopeful estimates; none without a plain cost."""
         if plain is None:
             return np.zeros(0, dtype=np.int64)
 
         def under(tokens: np.ndarray) -> np.ndarray:                                     # [B, K + 1] -> [B]
-            return (tokens / seconds[None, :]).max(axis=1) * plain < 1 + LEAVE_MARGIN
+            margin = LEAVE_MARGIN - (LEAVE_MARGIN - LEAVE_MARGIN_ALONE) / batch
+            return (tokens / seconds[None, :]).max(axis=1) * plain < 1 + margin
         return np.flatnonzero((under(expected) & judged) | under(hopeful))
 
     def _explored(self, k: int) -> int:
