@@ -37,7 +37,8 @@ Giving up (when the costs hold a plain column, P(B): a step of B sequences none 
 sequence leaves the drafter for good when, by its estimate, a batch of B sequences like it would decode faster
 without the drafter than with it at any k,
 
-    max over k of E(a_i, k) / T(B, k)  <  (1 + m(B)) / P(B),     m(B) = LEAVE_MARGIN - (LEAVE_MARGIN - LEAVE_MARGIN_ALONE) / B
+    max over k of E(a_i, k) / T(B, k)  <  (1 + m(B)) / P(B),
+    m(B) = LEAVE_MARGIN - (LEAVE_MARGIN - LEAVE_MARGIN_ALONE) / B
 
 once it has MIN_OBSERVATIONS of its own (or 2 MIN_OBSERVATIONS verify steps: a drafter that proposes nothing for
 it, an n-gram one without a match, teaches nothing), or sooner, once its drafts were rejected EARLY_REJECTIONS
@@ -46,10 +47,10 @@ its estimate would still be under the line (the rule would give it up at MIN_OBS
 grows with a). A step that verifies no drafts takes every judged sequence out with it: staying would gain them
 nothing (a sequence the batch's economics keep at k = 0 while its own line says stay, beside others that left,
 would otherwise stay for good, its drafter's host work paid every step). Until it is judged a sequence probes: a
-step with such a sequence in the drafter verifies at least one draft (k = 0 would teach it nothing while the drafter still catches
-up on it), so that a new request is judged on its own drafts, never locked out by the engine's rate. A sequence out of the
-drafter costs it nothing: no rows to catch up on, no drafts; while no sequence is in the drafter, steps verify
-none (engine.py) and do not call it. It does not come back (a drafter that takes hidden states would have to see
+step with such a sequence in the drafter verifies at least one draft (k = 0 would teach it nothing while the
+drafter still catches up on it), so that a new request is judged on its own drafts, never locked out by the
+engine's rate. A sequence out of the drafter costs it nothing: no rows to catch up on, no drafts; while no
+sequence is in the drafter, steps verify none (engine.py) and do not call it. It does not come back (a drafter that takes hidden states would have to see
 its whole context again); requests admitted later start in the drafter, their prior taken from the engine's
 recent rate.
 """
