@@ -105,6 +105,9 @@ def test_fixed_and_adaptive_policies_are_measured_on_one_engine(tiny_model):
     assert first["step_costs_ms"] is None and not engine.policy.adaptive
     second = bench.run(adaptive, prompts, guard_s=120)
     assert bench._engine is engine and engine.policy.adaptive and second["step_costs_ms"] is not None
+    # each adaptive pass was followed by a fixed one on the same engine (one pass each here)
+    assert len(second["paired_fixed_passes_tokens_per_s"]) == len(second["passes_tokens_per_s"]) == 1
+    assert second["paired_fixed_tokens_per_s"] > 0 and "paired_fixed_tokens_per_s" not in first
     assert "forward" not in vars(engine.executor) or vars(engine.executor)["forward"].__name__ != "timed"
     assert first["completion_tokens"] == second["completion_tokens"] == 160
     gone = weakref.ref(engine)

@@ -113,6 +113,29 @@ def test_a_step_without_drafts_takes_the_judged_out_of_the_drafter():
     assert choice == DraftChoice(1, (0,))
 
 
+def test_a_probe_waits_while_prompts_wait(demo):
+    """A young sequence whose estimate says k = 0 probes with one draft, unless prompts wait to be prefilled (its
+    rows would take their budget); the engine says so while a sequence is waiting or still prefilling."""
+    engine_bad = stats_of(0.0, 1000)
+    young = stats_of(0.0, EARLY_REJECTIONS - 1)
+    assert DraftPolicy(K, True, table(0.8)).choose([young], engine_bad) == DraftChoice(1)
+    assert DraftPolicy(K, True, table(0.8)).choose([young], engine_bad, prompts_waiting=True) == DraftChoice(0)
+    engine = make_engine(demo, make_drafter("ngram", demo, K), k=K, budget=16, chunk=8)
+    engine.policy.adaptive, engine.policy.costs = True, table(0.8)
+    seen, choose = [], engine.policy.choose
+
+    def spy(*args, **kwargs):
+        sched = engine.scheduler
+        seen.append((kwargs["prompts_waiting"],
+                     bool(sched.waiting) or any(not s.is_decoding for s in sched.running)))
+        return choose(*args, **kwargs)
+    engine.policy.choose = spy
+    prompts = random_prompts([5, 30, 40], demo.config.vocab_size, seed=4)   # the long ones prefill over steps
+    engine.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True))
+    assert seen and all(told == truth for told, truth in seen)
+    assert any(told for told, _ in seen) and not all(told for told, _ in seen)
+
+
 def test_the_margin_to_stay_grows_with_the_batch():
     """Drafting 5% faster than plain decoding keeps a sequence alone in the drafter (margin LEAVE_MARGIN_ALONE) and
     takes it out of a batch of 16 (margin near LEAVE_MARGIN)."""
@@ -242,7 +265,7 @@ def test_a_sequence_given_up_on_leaves_the_drafter_for_good(demo, kind, temperat
     left: dict[int, tuple[int, int]] = {}     # seq id -> (step count, drafted) when it left
     calls = itertools.count()
 
-    def scripted(seq_stats, engine_stats, opted_out=0, proportional=True):
+    def scripted(seq_stats, engine_stats, opted_out=0, proportional=True, prompts_waiting=False):
         n = next(calls)
         leaving = (0,) if n in (4, 9) and seq_stats else ()
         for i in leaving:

@@ -49,7 +49,10 @@ nothing (a sequence the batch's economics keep at k = 0 while its own line says 
 would otherwise stay for good, its drafter's host work paid every step). Until it is judged a sequence probes: a
 step with such a sequence in the drafter verifies at least one draft (k = 0 would teach it nothing while the
 drafter still catches up on it), so that a new request is judged on its own drafts, never locked out by the
-engine's rate. A sequence out of the drafter costs it nothing: no rows to catch up on, no drafts; while no
+engine's rate. While prompts wait to be prefilled (a burst of requests being admitted) the probe waits too: its
+rows would take their place in the step's token budget and delay every waiting request's first token (beside a
+drafter of host tokens it would also make the step synchronous); a sequence judged meanwhile on 2 MIN_OBSERVATIONS
+verify steps is judged on the engine's rate. A sequence out of the drafter costs it nothing: no rows to catch up on, no drafts; while no
 sequence is in the drafter, steps verify none (engine.py) and do not call it. It does not come back (a drafter that takes hidden states would have to see
 its whole context again); requests admitted later start in the drafter, their prior taken from the engine's
 recent rate.
@@ -158,16 +161,17 @@ class DraftPolicy:
         self._settled: tuple[tuple, int, int] | None = None   # (batch, k, steps it still stands) of a settled choice
 
     def choose(self, seq_stats: list[AcceptanceStats], engine_stats: AcceptanceStats, opted_out: int = 0,
-               proportional: bool = True) -> DraftChoice:
+               proportional: bool = True, prompts_waiting: bool = False) -> DraftChoice:
         """The choice for a step of len(seq_stats) decoding sequences in the drafter and `opted_out` out of it;
-        `proportional`: its cost grows with the sequences in the drafter (the module docstring)."""
-        choice = self._choose(seq_stats, engine_stats, opted_out, proportional)
+        `proportional`: its cost grows with the sequences in the drafter; `prompts_waiting`: prompts wait to be
+        prefilled, so a probe waits (the module docstring)."""
+        choice = self._choose(seq_stats, engine_stats, opted_out, proportional, prompts_waiting)
         self.chosen[choice.k] += 1
         self.num_left += len(choice.leaving)
         return choice
 
     def _choose(self, seq_stats: list[AcceptanceStats], engine_stats: AcceptanceStats, opted_out: int,
-                proportional: bool) -> DraftChoice:
+                proportional: bool, prompts_waiting: bool) -> DraftChoice:
         if not self.adaptive or self.costs is None or self.max_drafts == 0:
             return DraftChoice(self.max_drafts)
         if not seq_stats:
@@ -195,7 +199,7 @@ class DraftPolicy:
             leaving = np.flatnonzero(~stay)
         if not stay.any():
             return DraftChoice(0, tuple(leaving.tolist()))
-        if k == 0 and plain is not None and not judged[stay].all():
+        if k == 0 and plain is not None and not judged[stay].all() and not prompts_waiting:
             k = 1                                         # a young sequence probes (the module docstring)
         k = self._explored(k)
         if k == top and not leaving.size and judged.all():

@@ -94,13 +94,15 @@ class InprocBench:
         self.repeats = repeats            # timed passes per workload; the one of median tokens/s is reported
         self._engine: SpecEngine | None = None     # the last workload's engine, kept for one that differs only
         self._engine_for: Workload | None = None   # in its draft policy (engine_for)
+        self._reused = False                       # did engine_for hand out the last workload's engine?
 
     def engine_for(self, w: Workload) -> SpecEngine:
         """The engine for w: the last workload's when w differs from it only in the draft policy (then the fixed
         and the adaptive policy are measured on one engine: the same graphs, memory and drafter, so that the
         policy is all that differs), else a new one."""
         key = replace(w, draft_policy="fixed")
-        if self._engine is None or self._engine_for != key:
+        self._reused = self._engine is not None and self._engine_for == key
+        if not self._reused:
             self.release()
             self._engine, self._engine_for = self.build_engine(w), key
             return self._engine
@@ -169,25 +171,38 @@ class InprocBench:
         for owner, name, clock in timed:
             setattr(owner, name, clock.wrap(getattr(owner, name)))
         # Up to `repeats` timed passes within one guard_s for them all (a further one starts only if a pass as long
-        # as the last still fits), each on prompts rotated its own way (nothing of it in the prefix cache)
-        deadline, passes, last_s = time.perf_counter() + guard_s, [], 0.0
+        # as the last still fits), each on prompts rotated its own way (nothing of it in the prefix cache). The
+        # adaptive policy on the fixed one's engine: each of its passes is followed by one of the fixed policy
+        # (`paired_fixed_*`: the two policies in alternation, so that a drift of the machine's speed, a few percent
+        # between runs of a synchronous drafter, falls on both)
+        paired = self._reused and w.draft_policy == "adaptive"
+        deadline, passes, fixed_passes, last_s = time.perf_counter() + guard_s, [], [], 0.0
         try:
             while len(passes) < self.repeats and not (passes and passes[-1]["truncated"]):
                 left, started = deadline - time.perf_counter(), time.perf_counter()
                 if passes and left < last_s:
                     break
-                passes.append(self._timed_pass(engine, w, salted(prompts, len(passes)), left, clocks))
+                salt = len(passes) * (2 if paired else 1)
+                passes.append(self._timed_pass(engine, w, salted(prompts, salt), left, clocks))
+                if paired:
+                    engine.policy.adaptive = False
+                    fixed_passes.append(self._timed_pass(engine, replace(w, draft_policy="fixed"),
+                                                         salted(prompts, salt + 1), left, clocks))
+                    engine.policy.adaptive = True
                 last_s = time.perf_counter() - started
         finally:
             for (owner, name, _), original in zip(timed, originals):
                 setattr(owner, name, original)     # unwrapped again (the engine may serve the next workload)
-        rates = [p["output_tokens_per_s"] or 0.0 for p in passes]
-        median = passes[sorted(range(len(passes)), key=rates.__getitem__)[len(passes) // 2]]
+        median, rates = _median_pass(passes)
         weights = sum(p.numel() * p.element_size() for p in self.loaded.model.parameters())
         memory = {"weights_mib": round(weights / 2**20, 1), **window.close()}
         del engine
-        return {**median, "memory": memory, "warmup_s": warmup_s,
-                "passes_tokens_per_s": [round(r, 2) for r in rates]}
+        out = {**median, "memory": memory, "warmup_s": warmup_s, "passes_tokens_per_s": rates}
+        if fixed_passes:
+            fixed, fixed_rates = _median_pass(fixed_passes)
+            out.update(paired_fixed_tokens_per_s=fixed["output_tokens_per_s"],
+                       paired_fixed_passes_tokens_per_s=fixed_rates)
+        return out
 
     def _timed_pass(self, engine: SpecEngine, w: Workload, prompts: list[list[int]], guard_s: float,
                     clocks: tuple[CallClock, CallClock]) -> dict:
@@ -271,6 +286,12 @@ def step_split(steps, target_gpu: dict[int, float], drafter_gpu: dict[int, float
         out["host"] = round(out["host"] + out["drafter_round_trip"], 4)
         out["drafter_round_trip"] = out["drafter_compute"] = None
     return {"decode_steps": len(rows), **out}
+
+
+def _median_pass(passes: list[dict]) -> tuple[dict, list[float]]:
+    """The pass of median tokens/s, and every pass's tokens/s."""
+    rates = [p["output_tokens_per_s"] or 0.0 for p in passes]
+    return passes[sorted(range(len(passes)), key=rates.__getitem__)[len(passes) // 2]], [round(r, 2) for r in rates]
 
 
 def _counts(engine: SpecEngine) -> tuple:
