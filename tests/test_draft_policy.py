@@ -51,8 +51,12 @@ def test_a_settled_choice_stands_for_the_same_batch_only():
     policy = DraftPolicy(K, True, steep)
     assert policy.choose([good], engine).k == K
     assert policy.choose([bad], engine, opted_out=1).k == 0   # another batch: priced
-    policy.forget()
-    assert policy.choose([good], engine).k == K and policy.choose([bad], engine).k == K
+    assert policy.choose([good], engine).k == K                 # settled again
+    policy.forget()                                             # forgets it: the next step is priced
+    assert policy.choose([bad], engine).k == 0
+    policy = DraftPolicy(K, True, costs([1.0, 1.1, 1.2, 1.3]))  # a young sequence keeps every step priced
+    assert policy.choose([AcceptanceStats()], engine).k == K
+    assert policy.choose([bad], engine).k == 0
 
 
 def test_acceptance_estimate_counts_a_rejection_per_step_that_did_not_accept_all():

@@ -25,17 +25,18 @@ it synchronous for the whole batch: such a step costs T(B, k) whatever d is.
 counted whole (the rate of about the last max(1 / (1 - RECENT_DECAY), one step's) draft tokens judged: at c64 the
 last step or so). Steps that verify nothing leave it as it was, so that requests admitted
 after a long run of k = 0 (or after the drafter had nobody to draft for) start from the rate the engine last saw,
-not from p0. A run of EXPLORE_EVERY steps
-chosen k = 0 is followed by EXPLORE_STEPS steps of one draft (a drafter drafts for the step after the one that
-asks, and a drafter of host tokens skipped at k = 0 is asked again only after a synchronous step: one step would
-verify nothing), so that estimates that fell too low can recover. The choice changes only how many drafts are
-verified, never which tokens are emitted: speculation stays lossless. A settled choice (k = K, every sequence
-judged, none leaving) stands for the next REUSE_STEPS - 1 steps of the same batch (as many sequences in the drafter
-and out of it), which are not priced again: a step's host time is the critical path of a synchronous drafter.
+not from p0. Without a plain column (nobody leaves, below), a run of EXPLORE_EVERY steps chosen k = 0 is followed
+by EXPLORE_STEPS steps of one draft (a drafter drafts for the step after the one that asks, and a drafter of host
+tokens skipped at k = 0 is asked again only after a synchronous step: one step would verify nothing), so that
+estimates that fell too low can recover. The choice changes only how many drafts are verified, never which tokens
+are emitted: speculation stays lossless. A settled choice (k = K, every sequence judged, none leaving) stands for
+the next REUSE_STEPS - 1 steps of the same batch (as many sequences in the drafter and out of it), which are not
+priced again (a step's host time is the critical path of a synchronous drafter): a sequence that should leave
+leaves up to REUSE_STEPS - 1 steps later, and the engine's rate takes those steps' observations at once.
 
 Giving up (when the costs hold a plain column, P(B): a step of B sequences none of which is in the drafter): a
 sequence leaves the drafter for good when, by its estimate, a batch of B sequences like it would decode faster
-without the drafter than with it at any k,
+without the drafter than with it at any k, or nearly,
 
     max over k of E(a_i, k) / T(B, k)  <  (1 + m(B)) / P(B),
     m(B) = LEAVE_MARGIN - (LEAVE_MARGIN - LEAVE_MARGIN_ALONE) / B
@@ -43,19 +44,21 @@ without the drafter than with it at any k,
 once it has MIN_OBSERVATIONS of its own (or 2 MIN_OBSERVATIONS verify steps: a drafter that proposes nothing for
 it, an n-gram one without a match, teaches nothing), or sooner, once its drafts were rejected EARLY_REJECTIONS
 times, when the rest of them cannot save it: even if every observation it lacks of MIN_OBSERVATIONS were a success,
-its estimate would still be under the line (the rule would give it up at MIN_OBSERVATIONS whatever they are; E
-grows with a). A step that verifies no drafts takes every judged sequence out with it: staying would gain them
-nothing (a sequence the batch's economics keep at k = 0 while its own line says stay, beside others that left,
-would otherwise stay for good, its drafter's host work paid every step). Until it is judged a sequence probes: a
-step with such a sequence in the drafter verifies at least one draft (k = 0 would teach it nothing while the
-drafter still catches up on it), so that a new request is judged on its own drafts, never locked out by the
-engine's rate. While prompts wait to be prefilled (a burst of requests being admitted) the probe waits too: its
-rows would take their place in the step's token budget and delay every waiting request's first token (beside a
-drafter of host tokens it would also make the step synchronous); a sequence judged meanwhile on 2 MIN_OBSERVATIONS
-verify steps is judged on the engine's rate. A sequence out of the drafter costs it nothing: no rows to catch up on, no drafts; while no
-sequence is in the drafter, steps verify none (engine.py) and do not call it. It does not come back (a drafter that takes hidden states would have to see
-its whole context again); requests admitted later start in the drafter, their prior taken from the engine's
-recent rate.
+its estimate would still be under the line (judged at exactly MIN_OBSERVATIONS it would leave whatever they are;
+a step of several accepted drafts can carry it past MIN_OBSERVATIONS with more successes than that, so the early
+exit is slightly stricter than waiting). A step that verifies no drafts after all (its priced k, the probe below and
+the exploring above taken into account) takes every judged sequence out with it: staying would gain them nothing (a
+sequence the batch's economics keep at k = 0 while its own line says stay, beside others that left, would
+otherwise stay for good, its drafter's host work paid every step). Until it is judged a sequence probes: a step
+with such a sequence in the drafter verifies at least one draft (k = 0 would teach it nothing while the drafter
+still catches up on it), so that a new request is judged on its own drafts, never locked out by the engine's rate.
+While prompts wait to be prefilled (a burst of requests being admitted, a long prompt's chunks) the probe waits
+too, for up to MIN_OBSERVATIONS steps: its rows would take their place in the step's token budget and delay the
+waiting requests' first tokens (beside a drafter of host tokens it would also make the step synchronous). A
+sequence out of the drafter costs it nothing: no rows to catch up on, no drafts; while no sequence is in the
+drafter, steps verify none (engine.py) and do not call it. It does not come back (a drafter that takes hidden
+states would have to see its whole context again); requests admitted later start in the drafter, their prior
+taken from the engine's recent rate.
 """
 from __future__ import annotations
 
@@ -75,7 +78,7 @@ EXPLORE_EVERY = 128         # steps chosen k = 0 in a row before drafts are trie
 EXPLORE_STEPS = 3           # steps of one draft each then
 MARGIN = 0.03               # k* replaces K only when its expected tokens per second are this much higher
 RECENT_DECAY = 0.98         # the engine-wide rate forgets old observations (about the last 50, or a step's)
-MIN_OBSERVATIONS = 8        # a sequence's own observations before it may leave the drafter (5 to 8 steps)
+MIN_OBSERVATIONS = 8        # a sequence's own observations before it may leave the drafter but for an early exit
 EARLY_REJECTIONS = 2        # its own rejections before it may leave sooner (never on the engine's rate alone)
 REUSE_STEPS = 4             # steps a settled choice stands for the same batch (one priced, three not)
 # It leaves unless the drafter beats plain decoding by m(B) (the module docstring). A near tie goes to plain decoding:
@@ -127,6 +130,24 @@ class StepCosts:
 
 
 @dataclass(frozen=True)
+class Estimates:
+    """A step's view of the B sequences in the drafter (the module docstring)."""
+    rates: np.ndarray      # [B] shrunk per-token acceptance a_i
+    judged: np.ndarray     # [B] seen enough to be judged on it
+    hopeful: np.ndarray    # [B] a_i if every observation it lacks of MIN_OBSERVATIONS were a success (1: may not
+    #                        leave early, fewer than EARLY_REJECTIONS rejections of its own)
+    steps: np.ndarray      # [B] its verify steps (drafts or none)
+
+
+@dataclass
+class SettledChoice:
+    """A settled choice (k = K, every sequence judged, none leaving) and the steps of its batch it still stands."""
+    batch_shape: tuple[int, int, bool]     # (sequences in the drafter, out of it, proportional)
+    k: int
+    steps_left: int
+
+
+@dataclass(frozen=True)
 class DraftChoice:
     """A step's choice: the drafts each sequence in the drafter verifies, and the sequences (places in the list
     given to `choose`) that leave the drafter now."""
@@ -158,7 +179,7 @@ class DraftPolicy:
         self._exploring = 0               # exploring steps left
         self._recent = np.zeros(2)        # the engine's decayed (successes, observations)
         self._counted = np.zeros(2)       # the engine's totals at the last step
-        self._settled: tuple[tuple, int, int] | None = None   # (batch, k, steps it still stands) of a settled choice
+        self._settled: SettledChoice | None = None
 
     def choose(self, seq_stats: list[AcceptanceStats], engine_stats: AcceptanceStats, opted_out: int = 0,
                proportional: bool = True, prompts_waiting: bool = False) -> DraftChoice:
@@ -177,39 +198,38 @@ class DraftPolicy:
         if not seq_stats:
             return DraftChoice(0)
         batch_shape = (len(seq_stats), opted_out, proportional)
-        if self._settled is not None and self._settled[0] == batch_shape and self._settled[2] > 0:
-            self._settled = (batch_shape, self._settled[1], self._settled[2] - 1)
-            return DraftChoice(self._settled[1])
+        if self._settled is not None and self._settled.batch_shape == batch_shape and self._settled.steps_left:
+            self._settled.steps_left -= 1
+            return DraftChoice(self._settled.k)
         self._settled = None
-        rates, judged, hopeful = self._rates(seq_stats, engine_stats)                    # [B], [B], [B]
+        est = self._estimates(seq_stats, engine_stats)
         top = min(self.max_drafts, self.costs.seconds.shape[1] - 1)   # the table's K (a drafter's k may be lower)
         batch = len(seq_stats) + opted_out
         seconds = self.costs.at(batch)[:top + 1]                                         # [K + 1]
-        expected = expected_tokens(rates, top)                                           # [B, K + 1]
+        expected = expected_tokens(est.rates, top)                                       # [B, K + 1]
         plain = self.costs.plain_at(batch)
         blend = plain if proportional else None
-        k = _best_k(expected, opted_out, seconds, blend)
-        leaving = self._leaving(expected, judged, expected_tokens(hopeful, top), seconds, plain, batch)
-        stay = np.ones(len(rates), dtype=bool)
+        leaving = self._leaving(expected, est.judged, expected_tokens(est.hopeful, top), seconds, plain, batch)
+        stay = np.ones(len(seq_stats), dtype=bool)                                       # [B]
         stay[leaving] = False
-        if leaving.size and leaving.size < len(rates):
-            k = _best_k(expected[stay], opted_out + leaving.size, seconds, blend)
-        if k == 0 and plain is not None:    # no drafts this step: the judged gain nothing by staying, and leave
-            stay &= ~judged
-            leaving = np.flatnonzero(~stay)
         if not stay.any():
             return DraftChoice(0, tuple(leaving.tolist()))
-        if k == 0 and plain is not None and not judged[stay].all() and not prompts_waiting:
-            k = 1                                         # a young sequence probes (the module docstring)
+        k = _best_k(expected[stay], opted_out + leaving.size, seconds, blend)
+        young = stay & ~est.judged                                                       # [B]
+        # a young sequence probes, unless prompts wait to be prefilled and it has not waited MIN_OBSERVATIONS steps
+        if k == 0 and plain is not None and young.any() and (
+                not prompts_waiting or (est.steps[young] >= MIN_OBSERVATIONS).any()):
+            k = 1
         k = self._explored(k)
-        if k == top and not leaving.size and judged.all():
-            self._settled = (batch_shape, k, REUSE_STEPS - 1)
+        if k == 0 and plain is not None:    # no drafts this step: the judged gain nothing by staying, and leave
+            stay &= ~est.judged
+            leaving = np.flatnonzero(~stay)
+        if k == top and not leaving.size and est.judged.all():
+            self._settled = SettledChoice(batch_shape, k, REUSE_STEPS - 1)
         return DraftChoice(k, tuple(leaving.tolist()))
 
-    def _rates(self, seq_stats: list[AcceptanceStats], engine_stats: AcceptanceStats
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Each sequence's shrunk acceptance estimate a_i, whether it has seen enough to be judged on it, and its
-        estimate if every observation it lacks of MIN_OBSERVATIONS were a success (the module docstring)."""
+    def _estimates(self, seq_stats: list[AcceptanceStats], engine_stats: AcceptanceStats) -> Estimates:
+        """The sequences' acceptance estimates (the module docstring), the engine's recent rate updated first."""
         total = np.array(acceptance_rate(engine_stats))
         if (total < self._counted).any():   # the engine's counters started afresh (after the warm-up)
             self._counted = np.zeros(2)
@@ -221,12 +241,13 @@ class DraftPolicy:
         n = len(seq_stats)
         accepted = np.fromiter((s.accepted for s in seq_stats), np.float64, count=n)                  # [B]
         observed = accepted + np.fromiter((s.rejected_steps for s in seq_stats), np.float64, count=n)  # [B]
-        rates = np.clip((accepted + PRIOR_WEIGHT * prior) / (observed + PRIOR_WEIGHT), 0.0, 0.999)
-        lacking = np.maximum(MIN_OBSERVATIONS - observed, 0.0)                                           # [B]
-        hopeful = np.clip((accepted + lacking + PRIOR_WEIGHT * prior) / (observed + lacking + PRIOR_WEIGHT), 0.0, 0.999)
+        rates = np.clip((accepted + PRIOR_WEIGHT * prior) / (observed + PRIOR_WEIGHT), 0.0, 0.999)    # [B]
+        lacking = np.maximum(MIN_OBSERVATIONS - observed, 0.0)                                          # [B]
+        hopeful = np.clip((accepted + lacking + PRIOR_WEIGHT * prior) / (observed + lacking + PRIOR_WEIGHT),
+                          0.0, 0.999)                                                                   # [B]
         hopeful[observed - accepted < EARLY_REJECTIONS] = 1.0      # too few rejections of its own to leave early
         steps = np.fromiter((s.verify_steps for s in seq_stats), np.float64, count=n)                   # [B]
-        return rates, (observed >= MIN_OBSERVATIONS) | (steps >= 2 * MIN_OBSERVATIONS), hopeful
+        return Estimates(rates, (observed >= MIN_OBSERVATIONS) | (steps >= 2 * MIN_OBSERVATIONS), hopeful, steps)
 
     @staticmethod
     def _leaving(expected: np.ndarray, judged: np.ndarray, hopeful: np.ndarray, seconds: np.ndarray,

@@ -243,7 +243,8 @@ class SpecEngine:
             # a step asking a drafter of host tokens is synchronous whoever is in it: priced whole
             choice = self.policy.choose([s.stats for s in in_drafter], self.stats, len(decoding) - len(in_drafter),
                                         proportional=self.drafting.drafts_on_device or drafter.needs_hidden,
-                                        prompts_waiting=bool(sched.waiting) or len(decoding) < len(sched.running))
+                                        prompts_waiting=len(decoding) < len(sched.running) or bool(
+                                            sched.waiting and len(sched.running) < sched.config.max_running))
             leaving = [in_drafter[i] for i in choice.leaving]
             self.drafting.forget(leaving)
             for seq in leaving:
