@@ -29,7 +29,8 @@ def run_variant(args, extra: list[str]) -> dict:
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-cold-")  # the children inherit it
     w = Workload("gateway", "none", args.concurrency, args.prompt_tokens, args.max_tokens)
     bench = GatewayBench(args.model, args.device, args.dtype)
-    verifier = ["--max-running", str(w.concurrency), "--max-batched-tokens", str(scheduler_for(w, args.device.split(":")[0]).max_batched_tokens),
+    budget = scheduler_for(w, args.device.split(":")[0]).max_batched_tokens
+    verifier = ["--max-running", str(w.concurrency), "--max-batched-tokens", str(budget),
                 "--kv-blocks", str(blocks_for(w)), "--max-context", str(w.prompt_tokens + w.max_tokens + 1), *extra]
     config = StackConfig(model=args.model, drafter="none", device=args.device, dtype=args.dtype, port=0,
                          verifier_args=tuple(verifier), log_dir=bench.logs.name)

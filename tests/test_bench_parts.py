@@ -3,8 +3,6 @@ the in-process path and the identities its results satisfy (with planted defects
 the profile summary, the presets and the CLI's errors."""
 import copy
 import math
-import weakref
-from dataclasses import replace
 
 import pytest
 import torch
@@ -89,48 +87,6 @@ def test_inproc_result_satisfies_the_identities(inproc_result):
     assert m["draft_tokens"] > 0 and m["step_ms"]["decode_steps"] > 0
     split = m["step_ms"]
     assert split["drafter_compute"] <= split["drafter_round_trip"] + 1e-6
-
-
-def test_fixed_and_adaptive_policies_are_measured_on_one_engine(tiny_model):
-    """A workload that differs from the last only in its draft policy runs on the last one's engine (its step
-    costs measured then, its timing wrappers gone after each run); any other difference builds a new engine, and
-    the old one is freed."""
-    from specdec_tools.bench.inprocess import InprocBench
-    bench = InprocBench(tiny_model, torch.device("cpu"))
-    fixed = wl.Workload("inproc", "mtp", concurrency=2, prompt_tokens=9, max_tokens=80, forced_length=2.5)
-    adaptive = replace(fixed, draft_policy="adaptive")     # (long enough for the step costs' measurement)
-    prompts = wl.prompts_for(fixed, 257)
-    first = bench.run(fixed, prompts, guard_s=120)
-    engine = bench._engine
-    assert first["step_costs_ms"] is None and not engine.policy.adaptive
-    second = bench.run(adaptive, prompts, guard_s=120)
-    assert bench._engine is engine and engine.policy.adaptive and second["step_costs_ms"] is not None
-    # each adaptive pass was followed by a fixed one on the same engine (one pass each here)
-    assert len(second["paired_fixed_passes_tokens_per_s"]) == len(second["passes_tokens_per_s"]) == 1
-    assert second["paired_fixed_tokens_per_s"] > 0 and "paired_fixed_tokens_per_s" not in first
-    assert "forward" not in vars(engine.executor) or vars(engine.executor)["forward"].__name__ != "timed"
-    assert first["completion_tokens"] == second["completion_tokens"] == 160
-    gone = weakref.ref(engine)
-    del engine
-    bench.run(replace(fixed, concurrency=1), prompts[:1], guard_s=120)
-    assert bench._engine is not None and not bench._engine.policy.adaptive
-    assert gone() is None          # freed: the bench keeps no reference to it
-    bench.release()
-    assert bench._engine is None
-
-
-def test_inproc_steps_are_sized_as_the_verifier_sizes_them_on_the_device():
-    """The verifier's default token budget and prefill chunk for the device (builder.DEVICE_LIMITS), widened so
-    that every running sequence verifies in one step."""
-    from specdec_tools.bench.inprocess import scheduler_for
-    from verifier_service.builder import DEVICE_LIMITS
-    w = wl.Workload("inproc", "mtp", concurrency=64, prompt_tokens=128, max_tokens=8)
-    for device in ("cuda", "cpu"):
-        s = scheduler_for(w, device)
-        assert (s.max_batched_tokens, s.prefill_chunk, s.max_running) == (
-            max(DEVICE_LIMITS[device]["max_batched_tokens"], 64 * 4), DEVICE_LIMITS[device]["prefill_chunk"], 64)
-    assert scheduler_for(wl.Workload("inproc", "mtp", concurrency=512, prompt_tokens=8, max_tokens=8),
-                         "cuda").max_batched_tokens == 512 * 4
 
 
 @pytest.mark.parametrize("field, value, words", [

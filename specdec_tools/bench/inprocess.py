@@ -16,6 +16,7 @@ so target_forward + sampling + drafter_round_trip + host = the step's wall time.
 from __future__ import annotations
 
 import gc
+import itertools
 import math
 import time
 from collections import defaultdict
@@ -95,6 +96,7 @@ class InprocBench:
         self._engine: SpecEngine | None = None     # the last workload's engine, kept for one that differs only
         self._engine_for: Workload | None = None   # in its draft policy (engine_for)
         self._reused = False                       # did engine_for hand out the last workload's engine?
+        self._salts = itertools.count()            # prompt rotations used on the kept engine (workloads.salted)
 
     def engine_for(self, w: Workload) -> SpecEngine:
         """The engine for w: the last workload's when w differs from it only in the draft policy (then the fixed
@@ -104,7 +106,7 @@ class InprocBench:
         self._reused = self._engine is not None and self._engine_for == key
         if not self._reused:
             self.release()
-            self._engine, self._engine_for = self.build_engine(w), key
+            self._engine, self._engine_for, self._salts = self.build_engine(w), key, itertools.count()
             return self._engine
         engine = self._engine
         engine.policy.adaptive = w.draft_policy == "adaptive"
@@ -117,7 +119,6 @@ class InprocBench:
         """Free the kept engine (before another engine or a stack of services needs the device's memory)."""
         if self._engine is not None:
             self._engine = self._engine_for = None
-            gc.unfreeze()       # (a frozen engine in a reference cycle would keep its device memory for good)
             gc.collect()
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -148,51 +149,40 @@ class InprocBench:
         return engine
 
     def run(self, w: Workload, prompts: list[list[int]], guard_s: float) -> dict:
+        if self._engine_for != replace(w, draft_policy="fixed"):
+            self.release()                  # before the memory window opens: the new engine's build is in it
         window = PeakMemory(self.device)
         engine = self.engine_for(w)
         # Warm-up, not timed: the whole workload once (every kernel variant it meets compiles first: Triton
         # specialises per shape class, and steps mixing prefill chunks with decodes appear only once requests
         # outlive the others' prefill; fla autotunes; this concurrency's graph buckets replay), then the
-        # counters are read afresh below. Its prompts are the workload's rotated (workloads.salted): none of the
-        # timed pass's prefixes is in the prefix cache.
+        # counters are read afresh below. Every pass on an engine rotates the prompts its own way
+        # (workloads.salted): none finds another's prefixes in the prefix cache.
         warm_start = time.perf_counter()
-        engine.generate(salted(prompts, -1), [SamplingParams(max_tokens=w.max_tokens, temperature=w.temperature, seed=i,
-                                                 ignore_eos=True) for i in range(len(prompts))])
+        engine.generate(salted(prompts, next(self._salts)), [
+            SamplingParams(max_tokens=w.max_tokens, temperature=w.temperature, seed=i, ignore_eos=True)
+            for i in range(len(prompts))])
         warmup_s = round(time.perf_counter() - warm_start, 2)
-        # as a verifier does once it is warm (specdec/startup_heap.py): full collections while serving skip what
-        # is alive now (torch, Triton, the model, this engine), so that one does not stall a timed step
-        gc.collect()
-        gc.freeze()
         clocks = CallClock(self.device), CallClock(self.device)     # the target's forward, the drafter's calls
         timed = [(engine.executor, "forward", clocks[0])] + [
             (engine.drafter, name, clocks[1]) for name in ("propose", "draft_on_device")   # (overlapped steps draft
             if engine.drafter is not None and hasattr(engine.drafter, name)]               # through the second)
-        originals = [getattr(owner, name) for owner, name, _ in timed]
+        own = [vars(owner).get(name) for owner, name, _ in timed]    # (None: the class's method)
         for owner, name, clock in timed:
             setattr(owner, name, clock.wrap(getattr(owner, name)))
-        # Up to `repeats` timed passes within one guard_s for them all (a further one starts only if a pass as long
-        # as the last still fits), each on prompts rotated its own way (nothing of it in the prefix cache). The
-        # adaptive policy on the fixed one's engine: each of its passes is followed by one of the fixed policy
-        # (`paired_fixed_*`: the two policies in alternation, so that a drift of the machine's speed, a few percent
-        # between runs of a synchronous drafter, falls on both)
-        paired = self._reused and w.draft_policy == "adaptive"
-        deadline, passes, fixed_passes, last_s = time.perf_counter() + guard_s, [], [], 0.0
+        # as a verifier does once it is warm (specdec/startup_heap.py): full collections skip what is alive now
+        # (torch, Triton, the model, this engine), so that none stalls a timed step
+        gc.collect()
+        gc.freeze()
         try:
-            while len(passes) < self.repeats and not (passes and passes[-1]["truncated"]):
-                left, started = deadline - time.perf_counter(), time.perf_counter()
-                if passes and left < last_s:
-                    break
-                salt = len(passes) * (2 if paired else 1)
-                passes.append(self._timed_pass(engine, w, salted(prompts, salt), left, clocks))
-                if paired:
-                    engine.policy.adaptive = False
-                    fixed_passes.append(self._timed_pass(engine, replace(w, draft_policy="fixed"),
-                                                         salted(prompts, salt + 1), left, clocks))
-                    engine.policy.adaptive = True
-                last_s = time.perf_counter() - started
+            passes, fixed_passes = self._timed_passes(engine, w, prompts, guard_s, clocks)
         finally:
-            for (owner, name, _), original in zip(timed, originals):
-                setattr(owner, name, original)     # unwrapped again (the engine may serve the next workload)
+            gc.unfreeze()
+            for (owner, name, _), attribute in zip(timed, own):   # unwrapped (the engine may serve the next one)
+                if attribute is None:
+                    delattr(owner, name)
+                else:
+                    setattr(owner, name, attribute)
         median, rates = _median_pass(passes)
         weights = sum(p.numel() * p.element_size() for p in self.loaded.model.parameters())
         memory = {"weights_mib": round(weights / 2**20, 1), **window.close()}
@@ -201,8 +191,31 @@ class InprocBench:
         if fixed_passes:
             fixed, fixed_rates = _median_pass(fixed_passes)
             out.update(paired_fixed_tokens_per_s=fixed["output_tokens_per_s"],
-                       paired_fixed_passes_tokens_per_s=fixed_rates)
+                       paired_fixed_passes_tokens_per_s=fixed_rates, paired_fixed_truncated=fixed["truncated"])
         return out
+
+    def _timed_passes(self, engine: SpecEngine, w: Workload, prompts: list[list[int]], guard_s: float,
+                      clocks: tuple[CallClock, CallClock]) -> tuple[list[dict], list[dict]]:
+        """Up to `repeats` timed passes within one guard_s for them all (a further one starts only if one as long as
+        the last still fits; none after a pass cut by the guard). The adaptive policy on the fixed one's engine:
+        each of its passes is followed by one of the fixed policy (the second list, `paired_fixed_*`: the two in
+        alternation, so that a drift of the machine's speed, a few percent between runs of a synchronous drafter,
+        falls on both)."""
+        paired = self._reused and w.draft_policy == "adaptive"
+        deadline, passes, fixed_passes, last_s = time.perf_counter() + guard_s, [], [], 0.0
+        while len(passes) < self.repeats and not any(p["truncated"] for p in passes + fixed_passes):
+            left, started = deadline - time.perf_counter(), time.perf_counter()
+            if passes and left < last_s:
+                break
+            passes.append(self._timed_pass(engine, w, salted(prompts, next(self._salts)), left, clocks))
+            if paired:
+                engine.policy.adaptive = False
+                fixed_passes.append(self._timed_pass(engine, replace(w, draft_policy="fixed"),
+                                                     salted(prompts, next(self._salts)),
+                                                     deadline - time.perf_counter(), clocks))
+                engine.policy.adaptive = True
+            last_s = time.perf_counter() - started
+        return passes, fixed_passes
 
     def _timed_pass(self, engine: SpecEngine, w: Workload, prompts: list[list[int]], guard_s: float,
                     clocks: tuple[CallClock, CallClock]) -> dict:
