@@ -32,7 +32,7 @@ from specdec_tools.local_stack import LocalStack, StackConfig, free_port
 from specdec.rpc.v1 import gateway_pb2, gateway_pb2_grpc
 
 from .inprocess import blocks_for, scheduler_for
-from .latency import RequestTrace, TurnRecord, interference, summarize, turn_figures
+from .latency import RequestTrace, TurnRecord, interference, median_pass, summarize, turn_figures
 from .memory import gpu_memory_by_pid, rss_mib
 from .workloads import Conversations, Workload, salted
 
@@ -196,9 +196,8 @@ class GatewayBench:
         warmup_s = round(time.perf_counter() - warm_start, 2)
         log.info("%s: warm-up pass done in %.1f s; timing %d pass(es)", w.name, warmup_s, self.repeats)
         passes = self._timed_passes(w, prompts, guard_s, first)
-        rates = [p["output_tokens_per_s"] or 0.0 for p in passes]
-        median = passes[sorted(range(len(passes)), key=rates.__getitem__)[len(passes) // 2]]
-        return {**median, "warmup_s": warmup_s, "passes_tokens_per_s": [round(r, 2) for r in rates]}
+        median, rates = median_pass(passes)
+        return {**median, "warmup_s": warmup_s, "passes_tokens_per_s": rates}
 
     def _timed_passes(self, w: Workload, prompts: list[list[int]], guard_s: float, first_salt: int = 0
                       ) -> list[dict]:

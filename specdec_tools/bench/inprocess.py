@@ -35,7 +35,7 @@ from verifier_service.warm_up import measure_step_costs
 
 from ..commands.in_process_drafter import IN_PROCESS_KINDS, in_process_drafter
 
-from .latency import RequestTrace, summarize
+from .latency import RequestTrace, median_pass, summarize
 from .memory import PeakMemory
 from .workloads import Workload, salted
 
@@ -102,11 +102,11 @@ class InprocBench:
         """The engine for w: the last workload's when w differs from it only in the draft policy (then the fixed
         and the adaptive policy are measured on one engine: the same graphs, memory and drafter, so that the
         policy is all that differs), else a new one."""
-        key = replace(w, draft_policy="fixed")
-        self._reused = self._engine is not None and self._engine_for == key
+        self._reused = self.serves(w)
         if not self._reused:
             self.release()
-            self._engine, self._engine_for, self._salts = self.build_engine(w), key, itertools.count()
+            self._engine, self._engine_for = self.build_engine(w), replace(w, draft_policy="fixed")
+            self._salts = itertools.count()
             return self._engine
         engine = self._engine
         engine.policy.adaptive = w.draft_policy == "adaptive"
@@ -114,6 +114,10 @@ class InprocBench:
             measure_step_costs(engine)
         engine.policy.forget()
         return engine
+
+    def serves(self, w: Workload) -> bool:
+        """Does the kept engine serve w (the last workload's, but for the draft policy)?"""
+        return self._engine is not None and self._engine_for == replace(w, draft_policy="fixed")
 
     def release(self) -> None:
         """Free the kept engine (before another engine or a stack of services needs the device's memory)."""
@@ -149,7 +153,7 @@ class InprocBench:
         return engine
 
     def run(self, w: Workload, prompts: list[list[int]], guard_s: float) -> dict:
-        if self._engine_for != replace(w, draft_policy="fixed"):
+        if not self.serves(w):
             self.release()                  # before the memory window opens: the new engine's build is in it
         window = PeakMemory(self.device)
         engine = self.engine_for(w)
@@ -183,13 +187,13 @@ class InprocBench:
                     delattr(owner, name)
                 else:
                     setattr(owner, name, attribute)
-        median, rates = _median_pass(passes)
+        median, rates = median_pass(passes)
         weights = sum(p.numel() * p.element_size() for p in self.loaded.model.parameters())
         memory = {"weights_mib": round(weights / 2**20, 1), **window.close()}
         del engine
         out = {**median, "memory": memory, "warmup_s": warmup_s, "passes_tokens_per_s": rates}
         if fixed_passes:
-            fixed, fixed_rates = _median_pass(fixed_passes)
+            fixed, fixed_rates = median_pass(fixed_passes)
             out.update(paired_fixed_tokens_per_s=fixed["output_tokens_per_s"],
                        paired_fixed_passes_tokens_per_s=fixed_rates, paired_fixed_truncated=fixed["truncated"])
         return out
@@ -299,12 +303,6 @@ def step_split(steps, target_gpu: dict[int, float], drafter_gpu: dict[int, float
         out["host"] = round(out["host"] + out["drafter_round_trip"], 4)
         out["drafter_round_trip"] = out["drafter_compute"] = None
     return {"decode_steps": len(rows), **out}
-
-
-def _median_pass(passes: list[dict]) -> tuple[dict, list[float]]:
-    """The pass of median tokens/s, and every pass's tokens/s."""
-    rates = [p["output_tokens_per_s"] or 0.0 for p in passes]
-    return passes[sorted(range(len(passes)), key=rates.__getitem__)[len(passes) // 2]], [round(r, 2) for r in rates]
 
 
 def _counts(engine: SpecEngine) -> tuple:

@@ -44,6 +44,12 @@ def percentile(values: list[float], q: float) -> float | None:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
+def median_pass(passes: list[dict]) -> tuple[dict, list[float]]:
+    """Of a workload's timed passes, the one of median tokens/s, and every pass's tokens/s (rounded)."""
+    rates = [p["output_tokens_per_s"] or 0.0 for p in passes]
+    return passes[sorted(range(len(passes)), key=rates.__getitem__)[len(passes) // 2]], [round(r, 2) for r in rates]
+
+
 def _ms(x: float | None) -> float | None:
     return None if x is None else round(x * 1e3, 3)
 
