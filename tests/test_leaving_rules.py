@@ -1,7 +1,8 @@
 """The adaptive policy's rules for leaving the drafter (issue 41, draft_policy.py), on made-up step costs: a
 sequence leaves when plain decoding beats every k by its estimate (by a margin that grows with the batch), once it
 is judged or sooner when the rest of its probes could not save it; a step that verifies no drafts takes the judged
-out; a young sequence probes, but not while prompts wait. The engine's side: test_leaving_the_drafter.py."""
+out; a young sequence probes at the best k >= 1, but not while prompts wait, and drafts nothing on its prior then.
+The engine's side: test_leaving_the_drafter.py."""
 import numpy as np
 import pytest
 
@@ -100,14 +101,15 @@ def test_a_step_without_drafts_takes_the_judged_out_of_the_drafter():
     """Four judged sequences whose own line says stay (rate 0.59: a batch like them makes 1.47x plain's tokens per
     second) beside 12 that left, with a drafter of host tokens: one draft would make the whole step synchronous, so
     the step verifies none, and they leave with it instead of staying at k = 0 for good. A step that probes for a
-    young sequence verifies one draft after all: then nobody leaves, whatever the priced k was."""
+    young sequence verifies drafts after all (the best k >= 1: here 3, drafts nearly free once the drafter is
+    asked): then nobody leaves, whatever the priced k was."""
     costs = StepCosts((16,), np.array([[5.0, 7.1, 7.2, 7.3]]), plain=np.array([5.0]))
     judged, young = stats_of(0.6, 40), stats_of(0.6, 1)
     assert DraftPolicy(K, True, costs).choose([judged] * 16, AcceptanceStats()) == DraftChoice(3)
     choice = DraftPolicy(K, True, costs).choose([judged] * 4, AcceptanceStats(), opted_out=12, proportional=False)
     assert choice == DraftChoice(0, (0, 1, 2, 3))
     choice = DraftPolicy(K, True, costs).choose([judged, young], AcceptanceStats(), opted_out=14, proportional=False)
-    assert choice == DraftChoice(1)
+    assert choice == DraftChoice(3)
     # a good judged sequence beside young ones priced on a bad engine rate: their probe keeps it in
     flat = StepCosts((11,), np.array([[1.0, 1.3, 1.6, 1.9]]), plain=np.array([0.95]))
     good = acceptance(28, 40)                                    # 0.7
@@ -124,6 +126,32 @@ def test_a_probe_waits_while_prompts_wait_for_up_to_min_observations_steps():
     assert DraftPolicy(K, True, table(0.8)).choose([young], engine_bad, prompts_waiting=True) == DraftChoice(0)
     waited = AcceptanceStats(verify_steps=MIN_OBSERVATIONS)
     assert DraftPolicy(K, True, table(0.8)).choose([waited], engine_bad, prompts_waiting=True) == DraftChoice(1)
+
+
+def test_while_prompts_wait_the_young_draft_nothing_on_their_prior():
+    """A good engine rate makes k = 3 pay for young sequences; while prompts wait to be prefilled they draft none
+    (their drafts would take the waiting prompts' place), unless they have waited MIN_OBSERVATIONS steps; a judged
+    good sequence beside them drafts, and the young verify its k with it."""
+    engine_good = stats_of(0.9, 1000)
+    young = [AcceptanceStats(verify_steps=2)] * 3
+    assert DraftPolicy(K, True, table(0.8)).choose(young, engine_good) == DraftChoice(3)
+    assert DraftPolicy(K, True, table(0.8)).choose(young, engine_good, prompts_waiting=True) == DraftChoice(0)
+    waited = [AcceptanceStats(verify_steps=MIN_OBSERVATIONS)] * 3
+    assert DraftPolicy(K, True, table(0.8)).choose(waited, engine_good, prompts_waiting=True) == DraftChoice(3)
+    good = stats_of(0.95, 40)
+    assert DraftPolicy(K, True, table(0.8)).choose([good] + young, engine_good, prompts_waiting=True).k == 3
+    # without a plain column nobody leaves or probes: the prior prices k as before
+    assert DraftPolicy(K, True, table(None)).choose(young, engine_good, prompts_waiting=True) == DraftChoice(3)
+
+
+def test_a_probe_verifies_the_best_k_of_at_least_one():
+    """A young sequence's probe verifies the k >= 1 of the most expected tokens per second: one draft where each
+    costs as much as above (table: +0.3 per draft, rate 0), all three where the drafter's call is the cost and
+    drafts are nearly free."""
+    engine_bad, young = stats_of(0.0, 1000), AcceptanceStats(verify_steps=1)
+    assert DraftPolicy(K, True, table(0.8)).choose([young], engine_bad) == DraftChoice(1)
+    flat = StepCosts((1,), np.array([[1.0, 1.6, 1.61, 1.62]]), plain=np.array([1.0]))
+    assert DraftPolicy(K, True, flat).choose([young], stats_of(0.3, 1000)) == DraftChoice(3)
 
 
 def test_the_margin_to_stay_grows_with_the_batch():

@@ -12,6 +12,7 @@ from test_overlapped_steps import run
 
 from specdec.sampling_params import SamplingParams
 from verifier_service.draft_policy import EARLY_REJECTIONS, MIN_OBSERVATIONS, DraftChoice, StepCosts
+from verifier_service.executor import Executor
 from verifier_service.metrics import VerifierMetrics
 
 pytestmark = pytest.mark.timeout(300)
@@ -79,6 +80,24 @@ def test_the_engine_tells_the_policy_when_prompts_wait(demo):
     assert any(told for told, _, _ in seen) and not all(told for told, _, _ in seen)
     # a request that waits for a free place (2 running) does not hold the probes back
     assert any(queued and not told for told, _, queued in seen)
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_a_step_that_pads_its_batch_is_priced_whole(demo, monkeypatch, graphs):
+    """An MTP drafter drafts on the device: a step of d of its B sequences in the drafter costs in proportion to d
+    when steps run eagerly, and T(B, k) whatever d is when they replay CUDA graphs (a verify bucket pads every
+    sequence to k + 1 tokens): the engine tells the policy which."""
+    monkeypatch.setattr(Executor, "pads_batches", property(lambda self: graphs))
+    engine = make_engine(demo, make_drafter("mtp", demo, K), k=K)
+    engine.policy.adaptive, engine.policy.costs = True, table(0.8)
+    told, choose = [], engine.policy.choose
+
+    def spy(*args, **kwargs):
+        told.append(kwargs["proportional"])
+        return choose(*args, **kwargs)
+    engine.policy.choose = spy
+    engine.generate(random_prompts([5, 9], demo.config.vocab_size, seed=6), SamplingParams(max_tokens=6))
+    assert told and set(told) == {not graphs}
 
 
 @pytest.mark.parametrize("kind", ["mtp", "ngram"])    # drafts on the device (overlapped) and on the host

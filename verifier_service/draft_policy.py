@@ -18,8 +18,9 @@ early rejection does not read as a = 0:
 
 When the costs hold a plain column P(B) (below), a step with d of its B sequences in the drafter is priced
 between the two, P(B) + (d / B) (T(B, k) - P(B)), when its cost is proportional: the drafter's rows and the drafts
-grow with the sequences in it (a drafter that drafts on the device). A drafter of host tokens makes a step that asks
-it synchronous for the whole batch: such a step costs T(B, k) whatever d is.
+grow with the sequences in it (a drafter that drafts on the device, steps run eagerly). A drafter of host tokens
+makes a step that asks it synchronous for the whole batch, and a step replayed from a CUDA graph pads every sequence
+of its verify bucket to k + 1 tokens: such a step costs T(B, k) whatever d is.
 
 "recent": each new observation weighs the engine's earlier ones RECENT_DECAY times, a step's own observations
 counted whole (the rate of about the last max(1 / (1 - RECENT_DECAY), one step's) draft tokens judged: at c64 the
@@ -50,11 +51,14 @@ exit is slightly stricter than waiting). A step that verifies no drafts after al
 the exploring above taken into account) takes every judged sequence out with it: staying would gain them nothing (a
 sequence the batch's economics keep at k = 0 while its own line says stay, beside others that left, would
 otherwise stay for good, its drafter's host work paid every step). Until it is judged a sequence probes: a step
-with such a sequence in the drafter verifies at least one draft (k = 0 would teach it nothing while the drafter
-still catches up on it), so that a new request is judged on its own drafts, never locked out by the engine's rate.
-While prompts wait to be prefilled (a burst of requests being admitted, a long prompt's chunks) the probe waits
-too, for up to MIN_OBSERVATIONS steps: its rows would take their place in the step's token budget and delay the
-waiting requests' first tokens (beside a drafter of host tokens it would also make the step synchronous). A
+with such a sequence in the drafter that is priced k = 0 verifies the best k >= 1 by the same pricing instead (k = 0
+would teach it nothing while the drafter still catches up on it; where asking the drafter is most of a draft's
+cost, that is K, and more observations a step), so that a new request is judged on its own drafts, never locked
+out by the engine's rate. While prompts wait to be prefilled (a burst of requests being admitted, a long prompt's
+chunks) a young sequence drafts nothing, for up to MIN_OBSERVATIONS steps: the step's k is priced without it (it
+counts as one token) and it does not probe. Drafts on its prior would take the waiting prompts' place in the step's
+token budget and lengthen the step, which delays their first tokens and the whole batch after them (beside a
+drafter of host tokens they would also make the step synchronous). A
 sequence out of the drafter costs it nothing: no rows to catch up on, no drafts; while no sequence is in the
 drafter, steps verify none (engine.py) and do not call it. It does not come back (a drafter that takes hidden
 states would have to see its whole context again); requests admitted later start in the drafter, their prior
@@ -214,12 +218,15 @@ class DraftPolicy:
         stay[leaving] = False
         if not stay.any():
             return DraftChoice(0, tuple(leaving.tolist()))
-        k = _best_k(expected[stay], opted_out + leaving.size, seconds, blend)
         young = stay & ~est.judged                                                       # [B]
-        # a young sequence probes, unless prompts wait to be prefilled and it has not waited MIN_OBSERVATIONS steps
-        if k == 0 and plain is not None and young.any() and (
-                not prompts_waiting or (est.steps[young] >= MIN_OBSERVATIONS).any()):
-            k = 1
+        # while prompts wait to be prefilled, a young sequence drafts none for up to MIN_OBSERVATIONS steps: the
+        # step is priced without it (its prior's drafts would take the waiting prompts' place), and it probes after
+        held = young & (est.steps < MIN_OBSERVATIONS) & (prompts_waiting and plain is not None)       # [B]
+        priced = stay & ~held                                                            # [B]
+        k = _best_k(expected[priced], opted_out + leaving.size + int(held.sum()), seconds, blend) \
+            if priced.any() else 0
+        if k == 0 and plain is not None and (young & ~held).any():   # a young sequence probes: at the best k >= 1
+            k = _best_k(expected[stay], opted_out + leaving.size, seconds, blend, least=1)
         k = self._explored(k)
         if k == 0 and plain is not None:    # no drafts this step: the judged gain nothing by staying, and leave
             stay &= ~est.judged
@@ -280,11 +287,11 @@ class DraftPolicy:
         self._settled = None
 
 
-def _best_k(expected: np.ndarray, num_plain: int, seconds: np.ndarray, plain: float | None) -> int:
-    """argmax over k of (sum_i E(a_i, k) + num_plain) / T(B, k), T priced for the sequences in the drafter when
-    the plain cost is known; K unless another k beats it by MARGIN."""
+def _best_k(expected: np.ndarray, num_plain: int, seconds: np.ndarray, plain: float | None, least: int = 0) -> int:
+    """argmax over k >= least of (sum_i E(a_i, k) + num_plain) / T(B, k), T priced for the sequences in the
+    drafter when the plain cost is known; K unless another k beats it by MARGIN."""
     if plain is not None:
         seconds = plain + len(expected) / (len(expected) + num_plain) * (seconds - plain)
     rate = (expected.sum(axis=0) + num_plain) / seconds                                  # [K + 1] tokens per second
-    k = int(np.argmax(rate))
+    k = least + int(np.argmax(rate[least:]))
     return k if rate[k] >= rate[-1] * (1 + MARGIN) else len(rate) - 1

@@ -73,6 +73,12 @@ class Executor:
         return self.runner.block_size
 
     @property
+    def pads_batches(self) -> bool:
+        """Do steps replay CUDA graphs? A verify step's uniform bucket then pads every sequence to its longest
+        chunk: one that verifies no drafts beside others that verify k costs what they do."""
+        return self.runner.graphs is not None
+
+    @property
     def last_batch(self) -> ForwardBatch | None:
         """The staged (padded) batch of the last step."""
         return self.runner.last_batch
