@@ -1,6 +1,6 @@
 """The inproc path of `specdec bench` (specdec_tools/bench/inprocess.py): steps sized as the verifier sizes them
 on the device, and the fixed and the adaptive draft policy of one drafter measured on one engine, their passes
-paired."""
+paired, and with plain decoding's passes on the plain engine kept beside it."""
 import weakref
 from dataclasses import replace
 
@@ -36,6 +36,30 @@ def test_fixed_and_adaptive_policies_are_measured_on_one_engine(tiny_model):
     assert gone() is None          # freed: the bench keeps no reference to it
     bench.release()
     assert bench._engine is None
+
+
+def test_adaptive_passes_alternate_with_the_kept_plain_engines(tiny_model):
+    """The plain workload's engine is kept beside the drafter's (one engine each, the weights shared): each adaptive
+    pass is followed by a fixed pass and a plain pass on it (`paired_plain_*`); a workload of another shape frees
+    it."""
+    from specdec_tools.bench.inprocess import InprocBench
+    bench = InprocBench(tiny_model, torch.device("cpu"), repeats=2)
+    plain_w = wl.Workload("inproc", "none", concurrency=2, prompt_tokens=9, max_tokens=80)
+    fixed = replace(plain_w, drafter="mtp", forced_length=2.5)
+    prompts = wl.prompts_for(plain_w, 257)
+    plain = bench.run(plain_w, prompts, guard_s=120)
+    plain_engine = bench._plain
+    assert plain_engine is not None and "paired_plain_tokens_per_s" not in plain
+    bench.run(fixed, prompts, guard_s=120)
+    assert bench._plain is plain_engine and bench._engine is not plain_engine
+    steps = plain_engine.step_count
+    adaptive = bench.run(replace(fixed, draft_policy="adaptive"), prompts, guard_s=120)
+    assert len(adaptive["paired_plain_passes_tokens_per_s"]) == len(adaptive["passes_tokens_per_s"]) == 2
+    assert adaptive["paired_plain_tokens_per_s"] > 0 and plain_engine.step_count >= steps + 2 * 80
+    gone = weakref.ref(plain_engine)
+    del plain_engine
+    bench.run(replace(fixed, concurrency=1), prompts[:1], guard_s=120)
+    assert bench._plain is None and gone() is None
 
 
 def test_inproc_steps_are_sized_as_the_verifier_sizes_them_on_the_device():

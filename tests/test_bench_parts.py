@@ -219,7 +219,7 @@ def test_weight_chain_on_cpu():
 def test_step_split_parts_add_up_without_a_drafter():
     """With no drafter the engine's drafter phase still takes host time (its bookkeeping over the batch): the
     parts must still add up to the step (it was dropped once, and the H100 run's self-check caught 0.5 ms)."""
-    from specdec_tools.bench.inprocess import step_split
+    from specdec_tools.bench.step_clock import step_split
     steps = [(1.0 + i, 0.012, {"target": 0.009, "verify": 0.0004, "drafter": 0.0005}, False) for i in range(5)]
     split = step_split(steps, {i: 0.0092 for i in range(5)}, {}, False, 0.0)
     parts = split["target_forward"] + split["sampling"] + split["host"]
@@ -230,7 +230,7 @@ def test_step_split_of_overlapped_steps_is_the_hosts_phases():
     """An overlapped step's forward runs on the GPU behind the host (its GPU span is longer than the step's wall
     time, as in the H100 run whose self-check caught a split of 5.78 ms against a 5.08 ms step): the parts are
     the host's phases, and they add up."""
-    from specdec_tools.bench.inprocess import step_split
+    from specdec_tools.bench.step_clock import step_split
     steps = [(1.0 + i, 0.005, {"target": 0.0006, "verify": 0.0025, "drafter": 0.0004}, True) for i in range(5)]
     split = step_split(steps, {i: 0.0042 for i in range(5)}, {i: 0.0009 for i in range(5)}, True, 0.0)
     parts = split["target_forward"] + split["sampling"] + split["drafter_round_trip"] + split["host"]

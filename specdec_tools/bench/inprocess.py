@@ -1,17 +1,7 @@
 """The `inproc` path: SpecEngine in this process with an in-process drafter (MTPDrafter / NgramDrafter), stepped
 by hand so every step is timed.
 
-Step split (the words of docs/architecture.md), mean over decode steps (those after every request has its first token):
-    target_forward      executor.forward: GPU time between CUDA events around it (host time on a CPU), at least
-                        its host time
-    sampling            the engine's "verify" phase (rejection sampling; its one host sync waits for the
-                        target's remaining GPU work, which is counted in target_forward instead)
-    drafter_round_trip  the engine's "drafter" phase (in-process: the drafter call and reading its answer)
-    drafter_compute     drafter.propose (draft_on_device in overlapped steps): GPU time between CUDA events
-                        (host time on a CPU)
-    host                step wall time - the engine's three phases (scheduling, commit, stop checks,
-                        the drafter's inputs and hidden rows)
-so target_forward + sampling + drafter_round_trip + host = the step's wall time.
+The step split of each pass: step_clock.py.
 """
 from __future__ import annotations
 
@@ -19,9 +9,7 @@ import gc
 import itertools
 import math
 import time
-from collections import defaultdict
 from dataclasses import replace
-from typing import Callable
 
 import torch
 
@@ -37,42 +25,10 @@ from ..commands.in_process_drafter import IN_PROCESS_KINDS, in_process_drafter
 
 from .latency import RequestTrace, median_pass, summarize
 from .memory import PeakMemory
+from .step_clock import CallClock, step_split
 from .workloads import Workload, salted
 
 BLOCK = 16
-
-
-class CallClock:
-    """Wraps a bound method; records each call's time under the current step: the longer of its host time and,
-    on a GPU, the span between CUDA events around it (first kernel to last, read after the workload: no extra
-    sync). A call that only works on the host (the n-gram drafter) thus counts its host time."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self.step = 0
-        self.records: list[tuple[int, float, object, object]] = []
-
-    def wrap(self, fn: Callable) -> Callable:
-        def timed(*args, **kwargs):
-            events = None
-            if self.cuda:
-                events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                events[0].record()
-            t0 = time.perf_counter()
-            out = fn(*args, **kwargs)
-            host = time.perf_counter() - t0
-            if events:
-                events[1].record()
-            self.records.append((self.step, host, *(events or (None, None))))
-            return out
-        return timed
-
-    def seconds_by_step(self) -> dict[int, float]:
-        """Call on a CPU, or after the device is synchronised."""
-        out: dict[int, float] = defaultdict(float)
-        for step, host, start, end in self.records:
-            out[step] += max(host, start.elapsed_time(end) / 1e3) if start is not None else host
-        return out
 
 
 def blocks_for(w: Workload) -> int:
@@ -97,6 +53,16 @@ class InprocBench:
         self._engine_for: Workload | None = None   # in its draft policy (engine_for)
         self._reused = False                       # did engine_for hand out the last workload's engine?
         self._salts = itertools.count()            # prompt rotations used on the kept engine (workloads.salted)
+        self._plain: SpecEngine | None = None      # the last plain workload's engine, kept beside the others for
+        self._plain_for: Workload | None = None    # the adaptive passes of the same shape (plain_twin)
+        self._plain_salts = itertools.count(1000)  # its passes' prompt rotations
+
+    def keep_plain(self, w: Workload, engine: SpecEngine) -> None:
+        """Keep a plain workload's engine for the adaptive workloads of its shape (their passes alternate with
+        passes of it); any other plain engine kept is freed."""
+        self._plain, self._plain_for = None, None
+        gc.collect()
+        self._plain, self._plain_for = engine, w
 
     def engine_for(self, w: Workload) -> SpecEngine:
         """The engine for w: the last workload's when w differs from it only in the draft policy (then the fixed
@@ -104,7 +70,7 @@ class InprocBench:
         policy is all that differs), else a new one."""
         self._reused = self.serves(w)
         if not self._reused:
-            self.release()
+            self.release(keep_plain=self.plain_twin(w) is not None)
             self._engine, self._engine_for = self.build_engine(w), replace(w, draft_policy="fixed")
             self._salts = itertools.count()
             return self._engine
@@ -119,13 +85,22 @@ class InprocBench:
         """Does the kept engine serve w (the last workload's, but for the draft policy)?"""
         return self._engine is not None and self._engine_for == replace(w, draft_policy="fixed")
 
-    def release(self) -> None:
-        """Free the kept engine (before another engine or a stack of services needs the device's memory)."""
-        if self._engine is not None:
+    def release(self, keep_plain: bool = False) -> None:
+        """Free the kept engines (before another engine or a stack of services needs the device's memory); with
+        `keep_plain`, the plain one stays."""
+        if self._engine is not None or (self._plain is not None and not keep_plain):
             self._engine = self._engine_for = None
+            if not keep_plain:
+                self._plain = self._plain_for = None
             gc.collect()
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
+
+    def plain_twin(self, w: Workload) -> SpecEngine | None:
+        """The kept plain engine, if it serves w's shape (w less its drafter)."""
+        twin = replace(w, drafter="none", forced_length=None, accept_rate=None, draft_vocab=None,
+                       draft_policy="fixed")
+        return self._plain if self._plain is not None and self._plain_for == twin else None
 
     def build_engine(self, w: Workload) -> SpecEngine:
         """The verifier's engine (verifier_service.builder.build_engine) sized for `w`, its drafter in process; with
@@ -153,10 +128,12 @@ class InprocBench:
         return engine
 
     def run(self, w: Workload, prompts: list[list[int]], guard_s: float) -> dict:
-        if not self.serves(w):
-            self.release()                  # before the memory window opens: the new engine's build is in it
+        if not self.serves(w):   # before the memory window opens: the new engine's build is in it
+            self.release(keep_plain=self.plain_twin(w) is not None)
         window = PeakMemory(self.device)
         engine = self.engine_for(w)
+        if w.drafter == "none":
+            self.keep_plain(w, engine)
         # Warm-up, not timed: the whole workload once (every kernel variant it meets compiles first: Triton
         # specialises per shape class, and steps mixing prefill chunks with decodes appear only once requests
         # outlive the others' prefill; fla autotunes; this concurrency's graph buckets replay), then the
@@ -179,7 +156,7 @@ class InprocBench:
         gc.collect()
         gc.freeze()
         try:
-            passes, fixed_passes = self._timed_passes(engine, w, prompts, guard_s, clocks)
+            passes = self._timed_passes(engine, w, prompts, guard_s, clocks)
         finally:
             gc.unfreeze()
             for (owner, name, _), attribute in zip(timed, own):   # unwrapped (the engine may serve the next one)
@@ -187,6 +164,7 @@ class InprocBench:
                     delattr(owner, name)
                 else:
                     setattr(owner, name, attribute)
+        passes, fixed_passes, plain_passes = passes
         median, rates = median_pass(passes)
         weights = sum(p.numel() * p.element_size() for p in self.loaded.model.parameters())
         memory = {"weights_mib": round(weights / 2**20, 1), **window.close()}
@@ -196,18 +174,23 @@ class InprocBench:
             fixed, fixed_rates = median_pass(fixed_passes)
             out.update(paired_fixed_tokens_per_s=fixed["output_tokens_per_s"],
                        paired_fixed_passes_tokens_per_s=fixed_rates, paired_fixed_truncated=fixed["truncated"])
+        if plain_passes:
+            plain, plain_rates = median_pass(plain_passes)
+            out.update(paired_plain_tokens_per_s=plain["output_tokens_per_s"],
+                       paired_plain_passes_tokens_per_s=plain_rates, paired_plain_truncated=plain["truncated"])
         return out
 
     def _timed_passes(self, engine: SpecEngine, w: Workload, prompts: list[list[int]], guard_s: float,
-                      clocks: tuple[CallClock, CallClock]) -> tuple[list[dict], list[dict]]:
+                      clocks: tuple[CallClock, CallClock]) -> tuple[list[dict], list[dict], list[dict]]:
         """Up to `repeats` timed passes within one guard_s for them all (a further one starts only if one as long as
         the last still fits; none after a pass cut by the guard). The adaptive policy on the fixed one's engine:
-        each of its passes is followed by one of the fixed policy (the second list, `paired_fixed_*`: the two in
-        alternation, so that a drift of the machine's speed, a few percent between runs of a synchronous drafter,
-        falls on both)."""
+        each of its passes is followed by one of the fixed policy (the second list, `paired_fixed_*`) and, when
+        the plain engine of its shape is kept, by one of plain decoding (the third, `paired_plain_*`): the three
+        in alternation, so that a drift of the machine's speed (a few percent between runs) falls on all."""
         paired = self._reused and w.draft_policy == "adaptive"
-        deadline, passes, fixed_passes, last_s = time.perf_counter() + guard_s, [], [], 0.0
-        while len(passes) < self.repeats and not any(p["truncated"] for p in passes + fixed_passes):
+        plain = self.plain_twin(w) if paired else None
+        deadline, passes, fixed_passes, plain_passes, last_s = time.perf_counter() + guard_s, [], [], [], 0.0
+        while len(passes) < self.repeats and not any(p["truncated"] for p in passes + fixed_passes + plain_passes):
             left, started = deadline - time.perf_counter(), time.perf_counter()
             if passes and left < last_s:
                 break
@@ -218,8 +201,11 @@ class InprocBench:
                                                      salted(prompts, next(self._salts)),
                                                      deadline - time.perf_counter(), clocks))
                 engine.policy.adaptive = True
+            if plain is not None:
+                plain_passes.append(self._timed_pass(plain, self._plain_for, salted(prompts, next(self._plain_salts)),
+                                                     deadline - time.perf_counter(), clocks))
             last_s = time.perf_counter() - started
-        return passes, fixed_passes
+        return passes, fixed_passes, plain_passes
 
     def _timed_pass(self, engine: SpecEngine, w: Workload, prompts: list[list[int]], guard_s: float,
                     clocks: tuple[CallClock, CallClock]) -> dict:
@@ -278,31 +264,6 @@ class InprocBench:
                 for rid in traces:
                     engine.abort(rid)
         return traces, steps, truncated
-
-
-def step_split(steps, target_gpu: dict[int, float], drafter_gpu: dict[int, float], has_drafter: bool,
-               decode_from: float) -> dict:
-    """Mean ms per decode step of each part (see the module docstring); steps = [(end time, wall, phases,
-    overlapped)]. An overlapped step's GPU work runs behind the host's: its parts are the host's phases."""
-    rows = []
-    for i, (end, wall, phases, overlapped) in enumerate(steps):
-        if end <= decode_from:
-            continue
-        th, tv, td = (phases.get(p, 0.0) for p in ("target", "verify", "drafter"))
-        target = th if overlapped else max(target_gpu.get(i, th), th)
-        # The target's GPU time beyond its host time was waited for in the sampling phase (its one sync), and
-        # beyond that in the host phase: move it there, so the parts still add up to the wall time.
-        spill = target - th
-        rows.append({"total": wall, "target_forward": target, "sampling": max(0.0, tv - spill),
-                     "drafter_round_trip": td, "drafter_compute": drafter_gpu.get(i, 0.0),
-                     "host": max(0.0, wall - th - tv - td - max(0.0, spill - tv))})
-    if not rows:
-        return {"decode_steps": 0}
-    out = {key: round(sum(r[key] for r in rows) / len(rows) * 1e3, 4) for key in rows[0]}
-    if not has_drafter:  # the engine's drafter phase is then bookkeeping on the host: count it as host time
-        out["host"] = round(out["host"] + out["drafter_round_trip"], 4)
-        out["drafter_round_trip"] = out["drafter_compute"] = None
-    return {"decode_steps": len(rows), **out}
 
 
 def _counts(engine: SpecEngine) -> tuple:
