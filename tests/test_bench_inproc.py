@@ -56,6 +56,7 @@ def test_adaptive_passes_alternate_with_the_kept_plain_engines(tiny_model):
     adaptive = bench.run(replace(fixed, draft_policy="adaptive"), prompts, guard_s=120)
     assert len(adaptive["paired_plain_passes_tokens_per_s"]) == len(adaptive["passes_tokens_per_s"]) == 2
     assert adaptive["paired_plain_tokens_per_s"] > 0 and plain_engine.step_count >= steps + 2 * 80
+    assert next(bench._plain_salts) == 5    # its own warm-up and 2 passes, then 2 paired: each rotated its own way
     gone = weakref.ref(plain_engine)
     del plain_engine
     bench.run(replace(fixed, concurrency=1), prompts[:1], guard_s=120)

@@ -49,8 +49,8 @@ def test_a_near_tie_goes_to_plain_decoding():
 
 def test_a_sequence_is_judged_on_its_own_drafts():
     """It stays until it has MIN_OBSERVATIONS of its own (or EARLY_REJECTIONS rejections the rest could not make up
-    for), and probes meanwhile: a step that would verify no drafts verifies one (a new request is never locked out
-    by the engine's rate)."""
+    for), and probes meanwhile: a step that would verify no drafts verifies some (here one: each draft costs as much
+    as the one before; a new request is never locked out by the engine's rate)."""
     policy = DraftPolicy(K, True, table(0.8))
     good, young = stats_of(0.95, 40), stats_of(0.0, EARLY_REJECTIONS - 1)
     assert policy.choose([good, young], AcceptanceStats()) == DraftChoice(3)
@@ -118,8 +118,8 @@ def test_a_step_without_drafts_takes_the_judged_out_of_the_drafter():
 
 
 def test_a_probe_waits_while_prompts_wait_for_up_to_min_observations_steps():
-    """A young sequence whose estimate says k = 0 probes with one draft, unless prompts wait to be prefilled (its
-    rows would take their budget); after MIN_OBSERVATIONS verify steps of waiting it probes anyway."""
+    """A young sequence whose estimate says k = 0 probes (here with one draft), unless prompts wait to be prefilled
+    (its rows would take their budget); after MIN_OBSERVATIONS verify steps of waiting it probes anyway."""
     engine_bad = stats_of(0.0, 1000)
     young = stats_of(0.0, EARLY_REJECTIONS - 1)
     assert DraftPolicy(K, True, table(0.8)).choose([young], engine_bad) == DraftChoice(1)
@@ -129,9 +129,10 @@ def test_a_probe_waits_while_prompts_wait_for_up_to_min_observations_steps():
 
 
 def test_while_prompts_wait_the_young_draft_nothing_on_their_prior():
-    """A good engine rate makes k = 3 pay for young sequences; while prompts wait to be prefilled they draft none
-    (their drafts would take the waiting prompts' place), unless they have waited MIN_OBSERVATIONS steps; a judged
-    good sequence beside them drafts, and the young verify its k with it."""
+    """A good engine rate makes k = 3 pay for young sequences; while prompts wait to be prefilled a step of only
+    them verifies none (their drafts would take the waiting prompts' place), unless they have waited
+    MIN_OBSERVATIONS steps; beside judged sequences the step is priced as ever (k is one number for the step: the
+    young verify its k), and waiting never takes the judged out of the drafter."""
     engine_good = stats_of(0.9, 1000)
     young = [AcceptanceStats(verify_steps=2)] * 3
     assert DraftPolicy(K, True, table(0.8)).choose(young, engine_good) == DraftChoice(3)
@@ -140,6 +141,11 @@ def test_while_prompts_wait_the_young_draft_nothing_on_their_prior():
     assert DraftPolicy(K, True, table(0.8)).choose(waited, engine_good, prompts_waiting=True) == DraftChoice(3)
     good = stats_of(0.95, 40)
     assert DraftPolicy(K, True, table(0.8)).choose([good] + young, engine_good, prompts_waiting=True).k == 3
+    # judged sequences whose own line says stay, beside young ones, with a drafter priced whole: they keep drafting
+    costs = StepCosts((16,), np.array([[5.0, 7.1, 7.2, 7.3]]), plain=np.array([5.0]))
+    beside = [stats_of(0.6, 40)] * 4 + [AcceptanceStats(verify_steps=1)] * 12
+    assert DraftPolicy(K, True, costs).choose(beside, AcceptanceStats(), prompts_waiting=True,
+                                              proportional=False) == DraftChoice(3)
     # without a plain column nobody leaves or probes: the prior prices k as before
     assert DraftPolicy(K, True, table(None)).choose(young, engine_good, prompts_waiting=True) == DraftChoice(3)
 
@@ -169,7 +175,8 @@ def test_the_margin_to_stay_grows_with_the_batch():
 def test_a_step_is_priced_for_the_sequences_in_the_drafter():
     """One sequence in the drafter beside 63 out of it: its drafts cost 1/64 of the table's extra step time, so
     it drafts (k = 3) where a whole batch of it would take one draft; without a plain column, or with a drafter
-    of host tokens (not proportional), the whole step's cost counts (k = 0; one draft while it is unjudged)."""
+    of host tokens or replayed CUDA graphs (not proportional), the whole step's cost counts (k = 0; a probe while it
+    is unjudged, here of one draft)."""
     costs = StepCosts((64,), np.array([[8.2, 10.0, 12.0, 14.0]]), plain=np.array([7.4]))
     engine = stats_of(0.35, 100)                     # a new sequence's estimate: the engine's rate, about 0.36
     newcomer = AcceptanceStats()

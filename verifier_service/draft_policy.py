@@ -19,8 +19,8 @@ early rejection does not read as a = 0:
 When the costs hold a plain column P(B) (below), a step with d of its B sequences in the drafter is priced
 between the two, P(B) + (d / B) (T(B, k) - P(B)), when its cost is proportional: the drafter's rows and the drafts
 grow with the sequences in it (a drafter that drafts on the device, steps run eagerly). A drafter of host tokens
-makes a step that asks it synchronous for the whole batch, and a step replayed from a CUDA graph pads every sequence
-of its verify bucket to k + 1 tokens: such a step costs T(B, k) whatever d is.
+makes a step that asks it synchronous for the whole batch, and a verify step replayed from a CUDA graph pads every
+sequence to 1 + K tokens once one verifies drafts: such a step costs about T(B, k) whatever d is.
 
 "recent": each new observation weighs the engine's earlier ones RECENT_DECAY times, a step's own observations
 counted whole (the rate of about the last max(1 / (1 - RECENT_DECAY), one step's) draft tokens judged: at c64 the
@@ -55,10 +55,11 @@ with such a sequence in the drafter that is priced k = 0 verifies the best k >= 
 would teach it nothing while the drafter still catches up on it; where asking the drafter is most of a draft's
 cost, that is K, and more observations a step), so that a new request is judged on its own drafts, never locked
 out by the engine's rate. While prompts wait to be prefilled (a burst of requests being admitted, a long prompt's
-chunks) a young sequence drafts nothing, for up to MIN_OBSERVATIONS steps: the step's k is priced without it (it
-counts as one token) and it does not probe. Drafts on its prior would take the waiting prompts' place in the step's
-token budget and lengthen the step, which delays their first tokens and the whole batch after them (beside a
-drafter of host tokens they would also make the step synchronous). A
+chunks) a young sequence waits, for up to MIN_OBSERVATIONS steps: it does not probe, and a step whose sequences in
+the drafter all wait verifies none (k is one number for the step: beside judged ones it verifies their k). Drafts
+on its prior would take the waiting prompts' place in the step's token budget and lengthen the step, which delays
+their first tokens and the whole batch after them (beside a drafter of host tokens they would also make the step
+synchronous). A
 sequence out of the drafter costs it nothing: no rows to catch up on, no drafts; while no sequence is in the
 drafter, steps verify none (engine.py) and do not call it. It does not come back (a drafter that takes hidden
 states would have to see its whole context again); requests admitted later start in the drafter, their prior
@@ -189,7 +190,7 @@ class DraftPolicy:
                proportional: bool = True, prompts_waiting: bool = False) -> DraftChoice:
         """The choice for a step of len(seq_stats) decoding sequences in the drafter and `opted_out` out of it;
         `proportional`: its cost grows with the sequences in the drafter; `prompts_waiting`: prompts wait to be
-        prefilled, so a probe waits (the module docstring)."""
+        prefilled, so young sequences wait (the module docstring)."""
         choice = self._choose(seq_stats, engine_stats, opted_out, proportional, prompts_waiting)
         self.chosen[choice.k] += 1
         self.num_left += len(choice.leaving)
@@ -219,13 +220,11 @@ class DraftPolicy:
         if not stay.any():
             return DraftChoice(0, tuple(leaving.tolist()))
         young = stay & ~est.judged                                                       # [B]
-        # while prompts wait to be prefilled, a young sequence drafts none for up to MIN_OBSERVATIONS steps: the
-        # step is priced without it (its prior's drafts would take the waiting prompts' place), and it probes after
-        held = young & (est.steps < MIN_OBSERVATIONS) & (prompts_waiting and plain is not None)       # [B]
-        priced = stay & ~held                                                            # [B]
-        k = _best_k(expected[priced], opted_out + leaving.size + int(held.sum()), seconds, blend) \
-            if priced.any() else 0
-        if k == 0 and plain is not None and (young & ~held).any():   # a young sequence probes: at the best k >= 1
+        # while prompts wait to be prefilled, a young sequence waits (for up to MIN_OBSERVATIONS steps): a step of
+        # only such sequences verifies none, and none of them probes
+        waiting = young & (est.steps < MIN_OBSERVATIONS) & (prompts_waiting and plain is not None)    # [B]
+        k = 0 if (waiting == stay).all() else _best_k(expected[stay], opted_out + leaving.size, seconds, blend)
+        if k == 0 and plain is not None and (young & ~waiting).any():   # a young sequence probes: the best k >= 1
             k = _best_k(expected[stay], opted_out + leaving.size, seconds, blend, least=1)
         k = self._explored(k)
         if k == 0 and plain is not None:    # no drafts this step: the judged gain nothing by staying, and leave

@@ -240,8 +240,8 @@ class SpecEngine:
             k = 0    # nobody to draft for (a drafter of host tokens is then skipped: the steps overlap)
         elif decoding := [s for s in sched.running if s.is_decoding]:
             in_drafter = [s for s in decoding if s.in_drafter]
-            # a step asking a drafter of host tokens is synchronous whoever is in it, and a step replayed from a
-            # CUDA graph pads every sequence to k + 1 tokens: priced whole
+            # a step asking a drafter of host tokens is synchronous whoever is in it, and a verify step replayed
+            # from a CUDA graph pads every sequence to 1 + k tokens: priced whole
             proportional = (self.drafting.drafts_on_device or drafter.needs_hidden) and not self.executor.pads_batches
             choice = self.policy.choose([s.stats for s in in_drafter], self.stats, len(decoding) - len(in_drafter),
                                         proportional=proportional,

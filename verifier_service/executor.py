@@ -74,8 +74,9 @@ class Executor:
 
     @property
     def pads_batches(self) -> bool:
-        """Do steps replay CUDA graphs? A verify step's uniform bucket then pads every sequence to its longest
-        chunk: one that verifies no drafts beside others that verify k costs what they do."""
+        """Do steps replay CUDA graphs? A decode or verify step's bucket then pads every sequence to 1 + the
+        engine's k tokens as soon as one verifies drafts: one that verifies none beside them costs what they do
+        (a step beside prompt chunks is padded by its tokens in all instead)."""
         return self.runner.graphs is not None
 
     @property

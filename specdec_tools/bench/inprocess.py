@@ -54,15 +54,15 @@ class InprocBench:
         self._reused = False                       # did engine_for hand out the last workload's engine?
         self._salts = itertools.count()            # prompt rotations used on the kept engine (workloads.salted)
         self._plain: SpecEngine | None = None      # the last plain workload's engine, kept beside the others for
-        self._plain_for: Workload | None = None    # the adaptive passes of the same shape (plain_twin)
-        self._plain_salts = itertools.count(1000)  # its passes' prompt rotations
+        self._plain_for: Workload | None = None    # the adaptive passes of the same shape (plain_engine_for)
+        self._plain_salts = itertools.count()      # its prompt rotations (those of its own workload, continued)
 
     def keep_plain(self, w: Workload, engine: SpecEngine) -> None:
         """Keep a plain workload's engine for the adaptive workloads of its shape (their passes alternate with
         passes of it); any other plain engine kept is freed."""
         self._plain, self._plain_for = None, None
         gc.collect()
-        self._plain, self._plain_for = engine, w
+        self._plain, self._plain_for, self._plain_salts = engine, w, self._salts
 
     def engine_for(self, w: Workload) -> SpecEngine:
         """The engine for w: the last workload's when w differs from it only in the draft policy (then the fixed
@@ -70,7 +70,7 @@ class InprocBench:
         policy is all that differs), else a new one."""
         self._reused = self.serves(w)
         if not self._reused:
-            self.release(keep_plain=self.plain_twin(w) is not None)
+            self.release(keep_plain=self.plain_engine_for(w) is not None)
             self._engine, self._engine_for = self.build_engine(w), replace(w, draft_policy="fixed")
             self._salts = itertools.count()
             return self._engine
@@ -96,7 +96,7 @@ class InprocBench:
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
 
-    def plain_twin(self, w: Workload) -> SpecEngine | None:
+    def plain_engine_for(self, w: Workload) -> SpecEngine | None:
         """The kept plain engine, if it serves w's shape (w less its drafter)."""
         twin = replace(w, drafter="none", forced_length=None, accept_rate=None, draft_vocab=None,
                        draft_policy="fixed")
@@ -129,7 +129,7 @@ class InprocBench:
 
     def run(self, w: Workload, prompts: list[list[int]], guard_s: float) -> dict:
         if not self.serves(w):   # before the memory window opens: the new engine's build is in it
-            self.release(keep_plain=self.plain_twin(w) is not None)
+            self.release(keep_plain=self.plain_engine_for(w) is not None)
         window = PeakMemory(self.device)
         engine = self.engine_for(w)
         if w.drafter == "none":
@@ -156,7 +156,7 @@ class InprocBench:
         gc.collect()
         gc.freeze()
         try:
-            passes = self._timed_passes(engine, w, prompts, guard_s, clocks)
+            all_passes = self._timed_passes(engine, w, prompts, guard_s, clocks)
         finally:
             gc.unfreeze()
             for (owner, name, _), attribute in zip(timed, own):   # unwrapped (the engine may serve the next one)
@@ -164,7 +164,7 @@ class InprocBench:
                     delattr(owner, name)
                 else:
                     setattr(owner, name, attribute)
-        passes, fixed_passes, plain_passes = passes
+        passes, fixed_passes, plain_passes = all_passes
         median, rates = median_pass(passes)
         weights = sum(p.numel() * p.element_size() for p in self.loaded.model.parameters())
         memory = {"weights_mib": round(weights / 2**20, 1), **window.close()}
@@ -188,7 +188,7 @@ class InprocBench:
         the plain engine of its shape is kept, by one of plain decoding (the third, `paired_plain_*`): the three
         in alternation, so that a drift of the machine's speed (a few percent between runs) falls on all."""
         paired = self._reused and w.draft_policy == "adaptive"
-        plain = self.plain_twin(w) if paired else None
+        plain_engine = self.plain_engine_for(w) if paired else None
         deadline, passes, fixed_passes, plain_passes, last_s = time.perf_counter() + guard_s, [], [], [], 0.0
         while len(passes) < self.repeats and not any(p["truncated"] for p in passes + fixed_passes + plain_passes):
             left, started = deadline - time.perf_counter(), time.perf_counter()
@@ -201,8 +201,9 @@ class InprocBench:
                                                      salted(prompts, next(self._salts)),
                                                      deadline - time.perf_counter(), clocks))
                 engine.policy.adaptive = True
-            if plain is not None:
-                plain_passes.append(self._timed_pass(plain, self._plain_for, salted(prompts, next(self._plain_salts)),
+            if plain_engine is not None:   # (the clocks time only the other engine: its step split is host-only)
+                plain_passes.append(self._timed_pass(plain_engine, self._plain_for,
+                                                     salted(prompts, next(self._plain_salts)),
                                                      deadline - time.perf_counter(), clocks))
             last_s = time.perf_counter() - started
         return passes, fixed_passes, plain_passes
