@@ -37,6 +37,7 @@ import timing  # noqa: E402
 from layer_kernels import layer_rows, ours_and_reference  # noqa: E402
 from timing import copy_bandwidth, row, table, time_ms  # noqa: E402
 
+from kernels.causal_conv1d import conv_state_columns  # noqa: E402
 from kernels.causal_conv1d.reference import causal_conv1d_ref  # noqa: E402
 from kernels.gated_delta_rule.reference import gated_delta_rule_ref, gdn_gating  # noqa: E402
 from specdec.models.caches import pending_ring_rows  # noqa: E402
@@ -69,8 +70,8 @@ class GDNCase:
         self.positions = (100 + torch.arange(n, device=device)).repeat(batch)
         self.x = mixed  # conv input [T, C] (C = 2·HK·K + HV·V)
         self.conv_w = torch.randn(mixed.shape[1], shape["width"], device=device, dtype=bf16)
-        self.conv_state = torch.randn(batch + 1, mixed.shape[1], shape["width"] - 1 + drafts, device=device,
-                                      dtype=bf16)
+        self.conv_state = conv_state_columns(batch + 1, mixed.shape[1], shape["width"] - 1 + drafts, device=device,
+                                             dtype=bf16).normal_()    # the caches' layout
 
     @property
     def gdn_args(self):

@@ -52,6 +52,9 @@ def test_cache_shapes_count_what_allocate_makes():
                    for t in caches.gdn.recurrent + caches.gdn.pending + caches.gdn.conv)
     assert shapes.block_bytes(torch.float32) == per_block
     assert shapes.slot_bytes(torch.float32) == per_slot
+    # the conv window is stored column by column (a step touches only the columns it reads and writes)
+    assert all(c.shape[1:] == shapes.conv and c.stride(1) == 1 and c[0].is_contiguous() is False
+               for c in caches.gdn.conv)
 
 
 # ---- the verifier's sizing -----------------------------------------------------------------------------------

@@ -8,22 +8,27 @@ import torch.nn.functional as F
 from kernel_cases import (CASES, GPU_CASES, RaggedCase, assert_compiles_for_hopper, assert_state_equal,
                           load_interpreted)
 
-from kernels.causal_conv1d import causal_conv1d_ref
+from kernels.causal_conv1d import causal_conv1d_ref, conv_state_columns
 
 NAN = float("nan")
 
 
-def make_inputs(case: RaggedCase, channels=40, width=4, device="cpu", dtype=torch.float32, seed=0):
+def make_inputs(case: RaggedCase, channels=40, width=4, device="cpu", dtype=torch.float32, seed=0, layout="columns"):
+    """layout: "columns" (the caches', conv_state_columns) or "channels" (each channel's window contiguous)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(case.num_tokens, channels + 8, generator=g)[:, 3:3 + channels]   # a row-strided view
     weight = torch.randn(channels, width, generator=g)
     state = torch.randn(case.num_slots, channels, width - 1 + case.max_drafts, generator=g)
+    if layout == "columns":
+        state = conv_state_columns(*state.shape).copy_(state)
     for b_idx, slot in enumerate(case.slot_list):
         if case.lens[b_idx]:
             off = case.offset_list[b_idx]
             state[slot, :, :off] = NAN                       # columns outside [off, off + W-1) are never read
             state[slot, :, off + width - 1:] = NAN
-    return x.to(device, dtype), weight.to(device, dtype), state.to(device, dtype)
+    state = state.to(device, dtype)   # (keeps the layout: a dense tensor's strides are preserved)
+    assert (state.stride(1) == 1) == (layout == "columns")
+    return x.to(device, dtype), weight.to(device, dtype), state
 
 
 def loop_spec(x, weight, state, case: RaggedCase):
@@ -41,9 +46,10 @@ def loop_spec(x, weight, state, case: RaggedCase):
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_reference_matches_the_per_sequence_loop(name):
+@pytest.mark.parametrize("layout", ["columns", "channels"])
+def test_reference_matches_the_per_sequence_loop(name, layout):
     case = CASES[name]
-    x, weight, state = make_inputs(case)
+    x, weight, state = make_inputs(case, layout=layout)
     want_out, want_state = loop_spec(x, weight, state, case)
     out = causal_conv1d_ref(x, weight, state, *case.tensors(), case.max_seqlen)
     real = case.real_token_mask()
@@ -57,10 +63,10 @@ def interpreted():
 
 
 @pytest.mark.parametrize("name", list(CASES))
-@pytest.mark.parametrize("block_c", [16, 64])
-def test_triton_interpreter_matches_reference(interpreted, name, block_c):
+@pytest.mark.parametrize("block_c,layout", [(16, "columns"), (64, "columns"), (16, "channels")])
+def test_triton_interpreter_matches_reference(interpreted, name, block_c, layout):
     case = CASES[name]
-    x, weight, state = make_inputs(case, seed=3)
+    x, weight, state = make_inputs(case, seed=3, layout=layout)
     ref_state = state.clone()
     want = causal_conv1d_ref(x, weight, ref_state, *case.tensors(), case.max_seqlen)
     out = torch.full_like(want, NAN)

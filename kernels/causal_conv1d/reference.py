@@ -18,7 +18,7 @@ from kernels.ragged import padded_token_index
 def causal_conv1d_ref(
     x: torch.Tensor,             # [T, C]
     weight: torch.Tensor,        # [C, W]
-    conv_state: torch.Tensor,    # [num_slots, C, W - 1 + max_drafts], updated in place
+    conv_state: torch.Tensor,    # [num_slots, C, W - 1 + max_drafts], updated in place (any strides)
     cu_seqlens: torch.Tensor,    # [B + 1] int32
     slots: torch.Tensor,         # [B] int32
     read_offsets: torch.Tensor,  # [B] int32

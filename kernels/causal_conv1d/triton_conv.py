@@ -10,6 +10,8 @@ p = t - bos, where xs = [history | x]: tap j reads column s = p + j from the his
 the new window xs[n-d .. n+W-2] at columns 0 .. W-2+d: it overwrites the history the output kernel read, so it
 runs after it (stream order), and within the program its own reads come before its stores (a barrier).
 Grids (cdiv(C, BC), cdiv(T, BT)) and (B, cdiv(C, BC)): static for a CUDA-graph bucket.
+The state may be laid out either way (strides are arguments); the caches keep each column's channels contiguous
+(`conv_state_columns`), so a step touches only the columns it reads and writes, not the whole window.
 """
 import torch
 import triton
@@ -19,7 +21,7 @@ import triton.language as tl
 @triton.jit
 def _conv_out_kernel(
     x_ptr, w_ptr, state_ptr, out_ptr, cu_seqlens_ptr, slots_ptr, read_offsets_ptr, num_seqs,
-    stride_xt, stride_wc, stride_s_slot, stride_s_c, stride_ot,
+    stride_xt, stride_wc, stride_s_slot, stride_s_c, stride_s_w, stride_ot,
     C: tl.constexpr, W: tl.constexpr, BC: tl.constexpr, BT: tl.constexpr, BLOCK_SEQS: tl.constexpr,
 ):
     i_c, i_t = tl.program_id(0), tl.program_id(1)
@@ -40,7 +42,7 @@ def _conv_out_kernel(
     for j in tl.static_range(W):
         s = pos + j                                                                   # xs column
         in_history = (s < W - 1)[:, None]
-        hist = tl.load(p_state + (read_offset + s)[:, None], mask=m_tc & in_history, other=0.0)
+        hist = tl.load(p_state + (read_offset + s)[:, None] * stride_s_w, mask=m_tc & in_history, other=0.0)
         xv = tl.load(x_ptr + (o_t + j - (W - 1)).to(tl.int64)[:, None] * stride_xt + o_c[None, :],
                      mask=m_tc & (~in_history), other=0.0)
         w_j = tl.load(w_ptr + o_c * stride_wc + j, mask=m_c, other=0.0).to(tl.float32)
@@ -53,7 +55,7 @@ def _conv_out_kernel(
 @triton.jit
 def _conv_window_kernel(
     x_ptr, state_ptr, cu_seqlens_ptr, slots_ptr, read_offsets_ptr, num_drafts_ptr,
-    stride_xt, stride_s_slot, stride_s_c,
+    stride_xt, stride_s_slot, stride_s_c, stride_s_w,
     C: tl.constexpr, W: tl.constexpr, BC: tl.constexpr, BW: tl.constexpr,
 ):
     i_b, i_c = tl.program_id(0), tl.program_id(1)
@@ -69,12 +71,12 @@ def _conv_window_kernel(
     s = n - drafts + o_w                                       # its xs column
     keep = (o_w < W - 1 + drafts)[:, None] & m_c[None, :]      # [BW, BC]
     in_history = (s < W - 1)[:, None]
-    hist = tl.load(p_state + (read_offset + s)[:, None], mask=keep & in_history, other=0.0)
+    hist = tl.load(p_state + (read_offset + s)[:, None] * stride_s_w, mask=keep & in_history, other=0.0)
     xv = tl.load(x_ptr + (bos + s - (W - 1))[:, None] * stride_xt + o_c[None, :], mask=keep & (~in_history),
                  other=0.0)
     new = tl.where(in_history, hist.to(tl.float32), xv.to(tl.float32))
     tl.debug_barrier()                                         # every history read above happens before this
-    tl.store(p_state + o_w[:, None], new.to(state_ptr.dtype.element_ty), mask=keep)
+    tl.store(p_state + o_w[:, None] * stride_s_w, new.to(state_ptr.dtype.element_ty), mask=keep)
 
 
 def causal_conv1d_triton(
@@ -86,8 +88,8 @@ def causal_conv1d_triton(
     `num_warps` are for the benchmark; `out` [T, C] lets a test pre-fill the output."""
     num_tokens, channels = x.shape
     width = weight.shape[1]
-    if x.stride(1) != 1 or weight.stride(1) != 1 or conv_state.stride(2) != 1:
-        raise ValueError("causal_conv1d: x, weight and conv_state must be contiguous in their last dim")
+    if x.stride(1) != 1 or weight.stride(1) != 1:
+        raise ValueError("causal_conv1d: x and weight must be contiguous in their last dim")
     if conv_state.shape[2] < width - 1:
         raise ValueError(f"causal_conv1d: conv_state has {conv_state.shape[2]} columns, needs >= {width - 1}")
     if out is None:
@@ -100,10 +102,10 @@ def causal_conv1d_triton(
     num_c = triton.cdiv(channels, block_c)
     _conv_out_kernel[(num_c, triton.cdiv(num_tokens, block_t))](
         x, weight, conv_state, out, cu_seqlens, slots, read_offsets, num_seqs,
-        x.stride(0), weight.stride(0), conv_state.stride(0), conv_state.stride(1), out.stride(0),
+        x.stride(0), weight.stride(0), conv_state.stride(0), conv_state.stride(1), conv_state.stride(2), out.stride(0),
         C=channels, W=width, BC=block_c, BT=block_t, BLOCK_SEQS=triton.next_power_of_2(num_seqs), num_warps=num_warps)
     _conv_window_kernel[(num_seqs, num_c)](
         x, conv_state, cu_seqlens, slots, read_offsets, num_drafts,
-        x.stride(0), conv_state.stride(0), conv_state.stride(1),
+        x.stride(0), conv_state.stride(0), conv_state.stride(1), conv_state.stride(2),
         C=channels, W=width, BC=block_c, BW=triton.next_power_of_2(conv_state.shape[2]), num_warps=num_warps)
     return out

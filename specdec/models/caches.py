@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.causal_conv1d import conv_state_columns
+
 from .model_config import ModelConfig
 
 
@@ -46,7 +48,8 @@ def pending_ring_rows(max_drafts: int) -> int:
 class GDNCache:
     recurrent: list[torch.Tensor]  # per GDN layer [num_slots + 1 scratch, HV, K, V] fp32
     pending: list[torch.Tensor]    # per GDN layer [num_slots + 1, 2 (1 + max_drafts), HK*K + HV*V + 2*HV] draft inputs
-    conv: list[torch.Tensor]       # per GDN layer [num_slots + 1 scratch, conv_dim, kernel - 1 + max_drafts]
+    conv: list[torch.Tensor]       # per GDN layer [num_slots + 1 scratch, conv_dim, kernel - 1 + max_drafts] (a
+    #                                column's channels contiguous: kernels.causal_conv1d.conv_state_columns)
     scratch_slot: int = 0          # the slot padding sequences use (the last one)
 
     def reset(self, slot: int) -> None:
@@ -82,7 +85,7 @@ class ModelCaches:
         states = GDNCache(recurrent=[torch.zeros((n, *shapes.recurrent), dtype=torch.float32, device=device)
                                      for _ in gdn],
                           pending=[torch.zeros((n, *shapes.pending), dtype=dtype, device=device) for _ in gdn],
-                          conv=[torch.zeros((n, *shapes.conv), dtype=dtype, device=device) for _ in gdn],
+                          conv=[conv_state_columns(n, *shapes.conv, dtype=dtype, device=device) for _ in gdn],
                           scratch_slot=num_gdn_slots)
         layer_slot = {layer: i for i, layer in enumerate(attn)} | {layer: i for i, layer in enumerate(gdn)}
         return ModelCaches(kv=kv, gdn=states, layer_slot=layer_slot)
