@@ -8,7 +8,8 @@ Sections (rows: milliseconds per call, GB/s, fraction of the device-copy rooflin
                            at its launch shape and the other shapes, vs fla-core fused_recurrent for the same
                            1 + k tokens (final state only), vs the torch reference; --batches
   gdn-prefill              our recurrent kernel vs fla-core chunk vs the torch reference
-  conv-verify / conv-prefill  our causal conv1d kernel vs the torch reference
+  conv-verify / conv-prefill  our causal conv1d kernel vs the torch reference, and on the window stored channel by
+                           channel (the layout before the caches kept it column by column)
   attention-decode / -verify, write-kv, norm-rope, rms-norm+residual, gated-rms-norm, silu-mul, moe-experts
                            the other kernels of a layer, decode and k+1 tokens, vs their torch references
                            (layer_kernels.py; attention over --context cached positions, MoE at the Qwen3-Next
@@ -70,8 +71,9 @@ class GDNCase:
         self.positions = (100 + torch.arange(n, device=device)).repeat(batch)
         self.x = mixed  # conv input [T, C] (C = 2·HK·K + HV·V)
         self.conv_w = torch.randn(mixed.shape[1], shape["width"], device=device, dtype=bf16)
-        self.conv_state = conv_state_columns(batch + 1, mixed.shape[1], shape["width"] - 1 + drafts, device=device,
-                                             dtype=bf16).normal_()    # the caches' layout
+        # the engine's window (W - 1 + max_drafts columns, whatever this step's drafts) in the caches' layout
+        self.conv_state = conv_state_columns(batch + 1, mixed.shape[1], shape["width"] - 1 + max_drafts,
+                                             device=device, dtype=bf16).normal_()
 
     @property
     def gdn_args(self):
@@ -141,8 +143,11 @@ def conv_rows(shape, batch, n, drafts, device, copy_bw, section) -> list[dict]:
     c = GDNCase(shape, batch, n, drafts, device)
     args = (c.x, c.conv_w, c.conv_state, c.cu, c.slots, c.offsets, c.num_drafts, n)
     moved = 2 * c.x.numel() * 2 + c.conv_w.numel() * 2 + batch * c.x.shape[1] * (2 * shape["width"] - 2 + drafts) * 2
-    return ours_and_reference(section, f"b{batch} n{n}", lambda: causal_conv1d_triton(*args),
+    rows = ours_and_reference(section, f"b{batch} n{n}", lambda: causal_conv1d_triton(*args),
                               lambda: causal_conv1d_ref(*args), moved, device, copy_bw)
+    by_channel = args[:2] + (c.conv_state.contiguous(),) + args[3:]   # each channel's window contiguous (before
+    ms, mode = time_ms(lambda: causal_conv1d_triton(*by_channel), device)  # b0fc380): every column moves
+    return rows + [row(section, f"b{batch} n{n}", "ours, window by channel", ms, mode, moved, copy_bw)]
 
 
 def prefill_rows(shape, batch, tokens, device, copy_bw) -> list[dict]:

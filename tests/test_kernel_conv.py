@@ -91,14 +91,26 @@ def test_triton_interpreter_long_prefill_crosses_token_tiles(interpreted, case):
     assert_state_equal(state, ref_state, atol=1e-6)
 
 
+def test_an_overlapping_window_is_refused(interpreted):
+    """A window whose columns or channels share memory (an expanded tensor) would race in the in-place update."""
+    case = CASES[next(iter(CASES))]
+    x, weight, state = make_inputs(case)
+    shared = state[:, :1].expand(-1, state.shape[1], -1)             # every channel the same memory
+    with pytest.raises(ValueError, match="without overlap"):
+        interpreted.causal_conv1d_triton(x, weight, shared, *case.tensors(), case.max_seqlen)
+
+
 def test_the_kernels_compile_for_hopper(tmp_path):
     """The interpreter accepts code the compiler rejects: compile both kernels for sm_90 on the CPU, 4B shape."""
     types = dict(x_ptr="*bf16", w_ptr="*bf16", state_ptr="*bf16", out_ptr="*bf16", cu_seqlens_ptr="*i32",
                  slots_ptr="*i32", read_offsets_ptr="*i32", num_drafts_ptr="*i32")
     module = "kernels.causal_conv1d.triton_conv"
+    # (a stride of 1 is a constant at launch: the caches' layout, a column's channels contiguous, compiles so)
     assert_compiles_for_hopper(tmp_path, module, "_conv_out_kernel", types,
-                               [dict(C=8192, W=4, BC=64, BT=32, BLOCK_SEQS=64)])
-    assert_compiles_for_hopper(tmp_path, module, "_conv_window_kernel", types, [dict(C=8192, W=4, BC=64, BW=8)])
+                               [dict(C=8192, W=4, BC=64, BT=32, BLOCK_SEQS=64),
+                                dict(C=8192, W=4, BC=64, BT=32, BLOCK_SEQS=64, stride_s_c=1)])
+    assert_compiles_for_hopper(tmp_path, module, "_conv_window_kernel", types,
+                               [dict(C=8192, W=4, BC=64, BW=8), dict(C=8192, W=4, BC=64, BW=8, stride_s_c=1)])
 
 
 # ---- GPU, 4B shape: conv over [q, k, v] = 2 × 16 × 128 + 32 × 128 = 8192 channels, kernel 4 -------------------

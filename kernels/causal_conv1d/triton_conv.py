@@ -90,6 +90,10 @@ def causal_conv1d_triton(
     width = weight.shape[1]
     if x.stride(1) != 1 or weight.stride(1) != 1:
         raise ValueError("causal_conv1d: x and weight must be contiguous in their last dim")
+    stride_c, stride_w = conv_state.stride(1), conv_state.stride(2)
+    if not ((stride_c == 1 and stride_w >= channels) or (stride_w == 1 and stride_c >= conv_state.shape[2])):
+        raise ValueError(f"causal_conv1d: conv_state {tuple(conv_state.shape)} must keep a column's channels or a "
+                         f"channel's columns contiguous, without overlap; strides {conv_state.stride()}")
     if conv_state.shape[2] < width - 1:
         raise ValueError(f"causal_conv1d: conv_state has {conv_state.shape[2]} columns, needs >= {width - 1}")
     if out is None:
