@@ -223,9 +223,10 @@ class DraftPolicy:
         # while prompts wait to be prefilled, a young sequence waits (for up to MIN_OBSERVATIONS steps): a step of
         # only such sequences verifies none, and none of them probes
         waiting = young & (est.steps < MIN_OBSERVATIONS) & (prompts_waiting and plain is not None)    # [B]
-        k = 0 if (waiting == stay).all() else _best_k(expected[stay], opted_out + leaving.size, seconds, blend)
+        num_plain = opted_out + leaving.size
+        k = 0 if (waiting == stay).all() else _best_k(expected[stay], num_plain, seconds, blend)
         if k == 0 and plain is not None and (young & ~waiting).any():   # a young sequence probes: the best k >= 1
-            k = _best_k(expected[stay], opted_out + leaving.size, seconds, blend, least=1)
+            k = _best_k(expected[stay], num_plain, seconds, blend, least=1)
         k = self._explored(k)
         if k == 0 and plain is not None:    # no drafts this step: the judged gain nothing by staying, and leave
             stay &= ~est.judged

@@ -57,20 +57,12 @@ class InprocBench:
         self._plain_for: Workload | None = None    # the adaptive passes of the same shape (plain_engine_for)
         self._plain_salts = itertools.count()      # its prompt rotations (those of its own workload, continued)
 
-    def keep_plain(self, w: Workload, engine: SpecEngine) -> None:
-        """Keep a plain workload's engine for the adaptive workloads of its shape (their passes alternate with
-        passes of it); any other plain engine kept is freed."""
-        self._plain, self._plain_for = None, None
-        gc.collect()
-        self._plain, self._plain_for, self._plain_salts = engine, w, self._salts
-
     def engine_for(self, w: Workload) -> SpecEngine:
         """The engine for w: the last workload's when w differs from it only in the draft policy (then the fixed
         and the adaptive policy are measured on one engine: the same graphs, memory and drafter, so that the
-        policy is all that differs), else a new one."""
+        policy is all that differs), else a new one (run freed the last one first, unless it serves w)."""
         self._reused = self.serves(w)
         if not self._reused:
-            self.release(keep_plain=self.plain_engine_for(w) is not None)
             self._engine, self._engine_for = self.build_engine(w), replace(w, draft_policy="fixed")
             self._salts = itertools.count()
             return self._engine
@@ -132,8 +124,8 @@ class InprocBench:
             self.release(keep_plain=self.plain_engine_for(w) is not None)
         window = PeakMemory(self.device)
         engine = self.engine_for(w)
-        if w.drafter == "none":
-            self.keep_plain(w, engine)
+        if w.drafter == "none":   # kept for the adaptive passes of its shape, which alternate with passes of it
+            self._plain, self._plain_for, self._plain_salts = engine, w, self._salts
         # Warm-up, not timed: the whole workload once (every kernel variant it meets compiles first: Triton
         # specialises per shape class, and steps mixing prefill chunks with decodes appear only once requests
         # outlive the others' prefill; fla autotunes; this concurrency's graph buckets replay), then the
