@@ -121,6 +121,27 @@ def test_triton_interpreter_matches_reference(interpreted, name, block_v, pipeli
     assert_state_equal(pending, ref_pending, atol=0)
 
 
+def test_the_launch_config_counts_the_replays_the_caller_bounds(interpreted, monkeypatch):
+    """`max_replays` (the most drafts a sequence of the step replays, known on the host) is what the launch config
+    adds to the step's tokens; unknown (None), every replay the ring allows (R / 2 - 1). A single-token step
+    with nothing to replay then takes the variant chosen for single tokens."""
+    case = CASES["decode-b1"]                                  # one token, k = 0 engine
+    seen = []
+    real = interpreted.launch_config
+    monkeypatch.setattr(interpreted, "launch_config", lambda n, tokens: seen.append((n, tokens)) or real(n, tokens))
+    q, k, v, a, b, A_log, dt_bias, state, _ = make_inputs(case, seed=3)
+    ring = pending_ring_rows(3)                                # an engine that verifies up to 3 drafts
+    pending = torch.zeros(case.num_slots, ring, q.shape[1] * q.shape[2] + v.shape[1] * (v.shape[2] + 2))
+    results = []
+    for max_replays in (None, 0, 1, 99):
+        results.append(interpreted.gated_delta_rule_triton(q, k, v, a, b, A_log, dt_bias, state.clone(),
+                                                           pending.clone(), *args_of(case), max_replays=max_replays))
+    assert seen == [(1, 1 + ring // 2 - 1), (1, 1), (1, 2), (1, 1 + ring // 2 - 1)]
+    assert real(1, 1) != real(1, 1 + ring // 2 - 1)            # the two variants differ where this matters
+    for out in results[1:]:
+        torch.testing.assert_close(out, results[0], atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("pipeline", [False, True], ids=["loop", "pipelined"])
 def test_replay_only_folds_the_accepted_drafts_in(interpreted, pipeline):
     """What the chunked prefill runs first: state[slot] becomes the state after the replayed drafts; no token runs,

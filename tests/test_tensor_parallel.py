@@ -257,9 +257,10 @@ def test_step_message_round_trip():
     plan = StepPlan.from_lists([[5, 6, 7, 8], [9]], [12, 3], [[4, 2, 7, 1], [3]], [1, 0], gdn_read_offsets=[2, 0],
                                num_drafts=[3, 0], logits=[4, 1])
     plan.block_tables = np.pad(plan.block_tables, ((0, 0), (0, 6)))   # as wide as the executor's rows
+    plan.replays_on_device = 3                                          # every rank picks the same graph
     ops = CacheOps([1], [(9, 2)], [(4, 5), (6, 7)], [(3, 10)])
     back = StepMessage.unpack(StepMessage(plan, ops, True).pack())
-    assert back.ops == ops and back.share_inputs
+    assert back.ops == ops and back.share_inputs and back.plan.replays_on_device == 3
     for name in ("token_ids", "seq_lens", "start_positions", "table_lens", "gdn_slots", "gdn_read_offsets",
                  "num_drafts", "logits_per_seq"):
         assert np.array_equal(getattr(back.plan, name), getattr(plan, name)), name

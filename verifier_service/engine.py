@@ -292,7 +292,8 @@ class SpecEngine:
         hidden, logits = self.executor.forward([p.seq for p in entries], [p.chunk for p in entries],
                                                [p.num_drafts for p in entries],
                                                logits=[p.num_drafts + 1 if p.samples else 0 for p in entries],
-                                               before=chained, checkpoints=[p.checkpoint for p in entries])
+                                               before=chained, checkpoints=[p.checkpoint for p in entries],
+                                               replays_on_device=chained.max_shift if chained else 0)
         staging = None if overlap else self.drafting.layout_hidden(entries, hidden)
         cached_before, epochs = [p.seq.num_cached for p in entries], [p.seq.cache_epoch for p in sampled]
         read_early, read_start = None, time.perf_counter()

@@ -86,11 +86,12 @@ class Executor:
 
     def forward(self, seqs: list[Sequence], chunks: list[list[int]], num_drafts: list[int] | None = None,
                 logits: str | list[int] = "last", before: BeforeStep | None = None,
-                checkpoints: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                checkpoints: list[int] | None = None, replays_on_device: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Run `chunks[i]` (tokens after seqs[i].num_cached) for every sequence; returns (hidden [T, H], logits
         [N, V]), valid until the next step. The caller advances num_cached / gdn_read_offset once it knows what
         was committed. `logits`: "last", "all", or logit rows per sequence (its last tokens). `checkpoints[i]` > 0:
-        chunk i ends at the prefix checkpoint of that many blocks (its state is kept after the step)."""
+        chunk i ends at the prefix checkpoint of that many blocks (its state is kept after the step).
+        `replays_on_device`: the most accepted drafts `before` adds to a sequence's GDN read offset."""
         for seq, chunk in zip(seqs, chunks):
             self.blocks.reserve(seq, seq.num_cached + len(chunk))
         for seq, m in zip(seqs, checkpoints or ()):
@@ -98,6 +99,7 @@ class Executor:
                 self.blocks.checkpoint(seq, m * self.block_size - 1)
         ops = self.blocks.take_cache_ops()
         plan = self.plan(seqs, chunks, num_drafts, logits)
+        plan.replays_on_device = replays_on_device
         if self.ranks is None:
             self.runner.apply_before(ops)
             out = self.runner.run(plan, before)

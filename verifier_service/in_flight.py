@@ -148,6 +148,7 @@ class ChainedInputs:
         chained = rows < num_rows                                                                          # [B]
         self.empty = not chained.any()
         self.shifts = previous is not None and previous.accepted is not None and not self.empty
+        self.max_shift = previous.width - 1 if self.shifts else 0   # the most a read offset moves: drafts verified
         if self.empty:
             return
         # chained sequence b: tokens at starts[b] .. starts[b] + kd[b] take source[rows[b]] (its emitted token),

@@ -84,7 +84,7 @@ class ModelRunner:
                              f"of several sequences ({CHUNKED_PREFILL_MIN_TOKENS} tokens), which graphs do not capture")
         staging = self._new_staging(graph_tokens(buckets, tokens_per_seq, prefill, mixed), buckets[-1])
         self.graphs = CudaGraphRunner(self._step, staging, buckets, tokens_per_seq, capture=capture,
-                                      prefill_tokens=prefill, mixed_tokens=mixed)
+                                      prefill_tokens=prefill, mixed_tokens=mixed, no_replay_graphs=self.max_drafts > 0)
         self.graphs.capture_all()
 
     def apply_before(self, ops: CacheOps) -> None:

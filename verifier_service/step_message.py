@@ -2,7 +2,8 @@
 size, one gloo broadcast per step (broadcast_object_list pickles and broadcasts twice, size then bytes: it costs
 more, bench/README.md, "Tensor parallelism"). A step larger than the tensor sends its words in a second broadcast.
 
-    [kind, share_inputs, B, T, W, F, R, C, S, size]  header (kind 0: stop, 1: step; size: words after the header)
+    [kind, share_inputs, B, T, W, F, R, C, S, replays_on_device, size]  header (kind 0: stop, 1: step; size: words
+                                                                        after the header)
     token_ids [T] · seq_lens, start_positions [B] · block_tables [B, W] · table_lens, gdn_slots, gdn_read_offsets,
     num_drafts, logits_per_seq [B] · the step's cache ops: fresh slots [F], restores [R, 2], block copies [C, 2],
     saves [S, 2]
@@ -19,7 +20,7 @@ from specdec.models.batch_staging import StepPlan
 
 from .block_manager import CacheOps
 
-HEADER = 10
+HEADER = 11
 STOP, STEP = 0, 1
 PER_SEQ = ("seq_lens", "start_positions", "table_lens", "gdn_slots", "gdn_read_offsets", "num_drafts",
            "logits_per_seq")
@@ -44,12 +45,13 @@ class StepMessage:
         parts += [np.asarray(x, np.int64).reshape(-1) for x in pairs]
         body = np.concatenate([np.asarray(a, np.int64) for a in parts])
         head = [STEP, int(self.share_inputs), p.num_seqs, p.num_tokens, tables.shape[1],
-                len(self.ops.fresh_slots), *map(len, pairs), body.shape[0]]
+                len(self.ops.fresh_slots), *map(len, pairs), p.replays_on_device, body.shape[0]]
         return np.concatenate([np.array(head, np.int64), body])
 
     @staticmethod
     def unpack(words: np.ndarray) -> "StepMessage":
-        kind, share, b, t, w, f, num_restores, num_copies, num_saves, _ = (int(x) for x in words[:HEADER])
+        kind, share, b, t, w, f, num_restores, num_copies, num_saves, replays_on_device, _ = \
+            (int(x) for x in words[:HEADER])
         if kind == STOP:
             return StepMessage(None, CacheOps(), False)
         at = HEADER
@@ -64,7 +66,7 @@ class StepMessage:
             take(b, np.int32), take(b)
         plan = StepPlan(token_ids=token_ids, seq_lens=seq_lens, start_positions=start_positions,
                         block_tables=tables, table_lens=table_lens, gdn_slots=slots, gdn_read_offsets=offsets,
-                        num_drafts=drafts, logits_per_seq=logits)
+                        num_drafts=drafts, logits_per_seq=logits, replays_on_device=replays_on_device)
         fresh = take(f).tolist()
         restores, copies, saves = (list(map(tuple, take(2 * x).reshape(x, 2).tolist()))
                                    for x in (num_restores, num_copies, num_saves))

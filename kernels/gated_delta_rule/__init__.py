@@ -1,14 +1,15 @@
 """Gated delta rule (docs/architecture.md, "The model"): public entry points, dispatched by device.
 
     gated_delta_rule(q, k, v, a, b, A_log, dt_bias, state, pending, cu_seqlens, slots, read_offsets, num_drafts,
-                     positions, max_seqlen, *, replay_only=False) -> [T, HV, V]
+                     positions, max_seqlen, *, replay_only=False, max_replays=None) -> [T, HV, V]
 CUDA tensors run the Triton fused recurrent kernel (`fused_recurrent.py`), anything else the torch reference
 (`reference.py`, which documents the state and the pending ring of drafts). `gated_delta_rule_prefill` (same
 signature, steps without drafts only) runs fla-core's chunk kernel when it is installed and the tensors are on
 CUDA, after folding the replayed drafts into the state, else `gated_delta_rule`. `gated_delta_rule_lanes` (same
 signature plus a step's chunk lanes, specdec/models/forward_batch.py) runs the lanes' sequences through fla-core's
 chunk kernel and the rest through the recurrent one, where both exist; else `gated_delta_rule` over them all.
-The Triton module is imported on first CUDA use, so tests can set TRITON_INTERPRET=1 before importing it.
+`max_replays` (the most drafts a sequence of the step replays, None: unknown) only picks the Triton kernel's launch
+config. The Triton module is imported on first CUDA use, so tests can set TRITON_INTERPRET=1 before importing it.
 """
 import torch
 
@@ -16,12 +17,13 @@ from .reference import gated_delta_rule_ref, gdn_gating, l2norm
 
 
 def gated_delta_rule(q, k, v, a, b, A_log, dt_bias, state, pending, cu_seqlens, slots, read_offsets, num_drafts,
-                     positions, max_seqlen: int, *, replay_only: bool = False) -> torch.Tensor:
+                     positions, max_seqlen: int, *, replay_only: bool = False,
+                     max_replays: int | None = None) -> torch.Tensor:
     args = (q, k, v, a, b, A_log, dt_bias, state, pending, cu_seqlens, slots, read_offsets, num_drafts, positions,
             max_seqlen)
     if q.is_cuda:
         from .fused_recurrent import gated_delta_rule_triton
-        return gated_delta_rule_triton(*args, replay_only=replay_only)
+        return gated_delta_rule_triton(*args, replay_only=replay_only, max_replays=max_replays)
     return gated_delta_rule_ref(*args, replay_only=replay_only)
 
 
@@ -44,7 +46,8 @@ def gated_delta_rule_prefill(q, k, v, a, b, A_log, dt_bias, state, pending, cu_s
 
 
 def gated_delta_rule_lanes(q, k, v, a, b, A_log, dt_bias, state, pending, cu_seqlens, slots, read_offsets,
-                           num_drafts, positions, max_seqlen: int, chunk_lanes: torch.Tensor) -> torch.Tensor:
+                           num_drafts, positions, max_seqlen: int, chunk_lanes: torch.Tensor,
+                           max_replays: int | None = None) -> torch.Tensor:
     """`chunk_lanes` [N, 4] int32 (sequence, first row, end row, slot): sequences with no drafts and nothing to
     replay, run chunked; the recurrent kernel leaves them alone and runs the others. Same results as
     `gated_delta_rule` over the whole batch, up to the chunked kernel's rounding."""
@@ -54,7 +57,7 @@ def gated_delta_rule_lanes(q, k, v, a, b, A_log, dt_bias, state, pending, cu_seq
         from .chunk import chunk_lanes_fla, fla_chunk_kernel
         from .fused_recurrent import gated_delta_rule_triton
         if fla_chunk_kernel() is not None:
-            out = gated_delta_rule_triton(*args, skip=chunk_lanes)                       # [T, HV, V]
+            out = gated_delta_rule_triton(*args, skip=chunk_lanes, max_replays=max_replays)   # [T, HV, V]
             lanes, live = chunk_lanes_fla(q, k, v, a, b, A_log, dt_bias, state, chunk_lanes[:, 1],
                                           chunk_lanes[:, 2], chunk_lanes[:, 3])        # [N, T, HV, V], [N, T]
             for n in range(lanes.shape[0]):

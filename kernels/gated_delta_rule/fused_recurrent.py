@@ -181,12 +181,15 @@ def gated_delta_rule_triton(
     positions: torch.Tensor, max_seqlen: int,
     *, replay_only: bool = False, block_v: int | None = None, num_warps: int | None = None,
     pipeline: bool | None = None, out: torch.Tensor | None = None, skip: torch.Tensor | None = None,
+    max_replays: int | None = None,
 ) -> torch.Tensor:
     """Shapes as in `gated_delta_rule_ref`; q/k/v/a/b may be row-strided views (last dim contiguous).
     `replay_only`: only fold the replayed drafts into state[slot] (before a kernel that starts from state[slot],
     fla-core's chunk prefill); no token runs, the output is left as it is. `block_v`, `num_warps`, `pipeline` are for
     the benchmark and tests (None: `launch_config`'s choice); `out` [T, HV, V] lets a test pre-fill the output.
-    `skip` [N, 4] int32: sequences (column 0; -1 for none) to leave alone: no token, no state, no output."""
+    `skip` [N, 4] int32: sequences (column 0; -1 for none) to leave alone: no token, no state, no output.
+    `max_replays`: the most drafts any sequence replays (the caller's host knowledge; None: as many as the ring
+    allows, R / 2 - 1). Only the launch config reads it: a wrong value costs speed, never correctness."""
     num_tokens, num_k_heads, head_k = q.shape
     num_v_heads, head_v = v.shape[1], v.shape[2]
     for name, x in (("q", q), ("k", k), ("v", v), ("a", a), ("b", b)):
@@ -200,7 +203,8 @@ def gated_delta_rule_triton(
     if out is None:
         out = torch.empty(num_tokens, num_v_heads, head_v, dtype=v.dtype, device=v.device)
     num_seqs, ring = slots.shape[0], pending.shape[1]
-    chosen = launch_config(num_seqs, max_seqlen + ring // 2 - 1)
+    replays = ring // 2 - 1 if max_replays is None else min(max_replays, ring // 2 - 1)
+    chosen = launch_config(num_seqs, max_seqlen + replays)
     block_v = min(chosen[0] if block_v is None else block_v, triton.next_power_of_2(head_v))
     num_warps = chosen[1] if num_warps is None else num_warps
     pipeline = chosen[2] if pipeline is None else pipeline

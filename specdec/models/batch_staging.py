@@ -41,6 +41,7 @@ class StepPlan:
     gdn_read_offsets: np.ndarray  # [B] int32
     num_drafts: np.ndarray        # [B] int32
     logits_per_seq: np.ndarray    # [B] int64 trailing tokens whose logits are wanted
+    replays_on_device: int = 0    # most accepted drafts the device adds to a read offset before the step runs
 
     def __post_init__(self):
         b = self.seq_lens.shape[0]
@@ -63,6 +64,11 @@ class StepPlan:
     @property
     def num_seqs(self) -> int:
         return int(self.seq_lens.shape[0])
+
+    @property
+    def may_replay(self) -> bool:
+        """May a sequence replay accepted drafts into its GDN state in this step?"""
+        return self.replays_on_device > 0 or bool(self.gdn_read_offsets.any())
 
     @property
     def num_tokens(self) -> int:
@@ -147,9 +153,11 @@ class BatchStaging:
         b, t = plan.num_seqs, plan.num_tokens
         n = int(plan.logits_per_seq.sum())
         bp, tp, np_ = (b, t, n) if bucket is None else (bucket.seqs, bucket.tokens, bucket.logit_rows)
+        most_replays = int(plan.gdn_read_offsets.max(initial=0)) + plan.replays_on_device
         if bucket is not None and not bucket.holds(b, t, int(plan.seq_lens.max(initial=0)), n,
-                                                   int(plan.num_drafts.max(initial=0))):
-            raise ValueError(f"a step of {b} sequences, {t} tokens, {n} logit rows does not fit {bucket}")
+                                                   int(plan.num_drafts.max(initial=0)), most_replays):
+            raise ValueError(f"a step of {b} sequences, {t} tokens, {n} logit rows, {most_replays} replays "
+                             f"does not fit {bucket}")
         self._check_capacity(plan, bp, tp, np_)
         h = self._next_host()
         cu = h["cu_seqlens"][: bp + 1]
@@ -190,6 +198,7 @@ class BatchStaging:
             gdn_slots=d["gdn_slots"][:bp], gdn_read_offsets=d["gdn_read_offsets"][:bp],
             num_drafts=d["num_drafts"][:bp], logits_indices=d["logits_indices"][:np_],
             num_seqs=bp, num_tokens=tp, max_seqlen=max_seqlen, max_num_drafts=max_drafts,
+            max_replays=most_replays if bucket is None else bucket.max_replays,
             cu_seqlens_host=cu.copy() if bucket is None else None, seq_of_token=d["seq_of_token"][:tp],
             chunk_lanes=d["chunk_lanes"].view(CHUNK_LANES, 4) if with_lanes else None)
 

@@ -8,7 +8,8 @@ sequences of length 0 on the scratch GDN slot, padding tokens writing the scratc
 row 0), so every tensor the graph reads sits at the address it was captured with. The kernels take their grids
 from the bucket's host ints only and walk each sequence by its cu_seqlens on the device, so a sequence shorter
 than the bucket's max_seqlen, or a padding one, costs programs that exit early. A decode or verify step takes a
-uniform bucket; a prompt chunk alone (at batch 1 the chunks of every prompt longer than the largest q) the
+uniform bucket (a single-token step where no sequence replays drafts: its no-replay graph, where there is
+one); a prompt chunk alone (at batch 1 the chunks of every prompt longer than the largest q) the
 smallest prefill bucket; a mixed step (new prompts arriving beside decoding sequences) the smallest mixed bucket
 of at least its sequences and its tokens. An eager step is bound by launching its ~900 kernels (several times its
 GPU work at the 4B shape). Steps past every bucket (chunks longer than the largest prefill
@@ -60,10 +61,13 @@ def graph_tokens(batch_buckets: tuple[int, ...], tokens_per_seq: tuple[int, ...]
 class CudaGraphRunner:
     def __init__(self, step: Step, staging: BatchStaging, batch_buckets: tuple[int, ...],
                  tokens_per_seq: tuple[int, ...], capture: bool = True, prefill_tokens: tuple[int, ...] = (),
-                 mixed_tokens: tuple[int, ...] = ()):
+                 mixed_tokens: tuple[int, ...] = (), no_replay_graphs: bool = False):
         """`mixed_tokens`: capture mixed buckets of these many tokens (none: mixed steps run eagerly), for
-        MIXED_SEQS sequences up to the largest batch bucket, chunks up to the largest prefill bucket."""
+        MIXED_SEQS sequences up to the largest batch bucket, chunks up to the largest prefill bucket.
+        `no_replay_graphs` (a model with GDN layers whose steps may replay accepted drafts): a second graph of
+        each single-token bucket, for steps where no sequence replays any (graph_bucket.py)."""
         self.step, self.staging, self.capture = step, staging, capture
+        self.no_replay_graphs = no_replay_graphs and 1 in tokens_per_seq
         self.batch_buckets, self.tokens_per_seq = tuple(sorted(batch_buckets)), tuple(sorted(tokens_per_seq))
         self.prefill_tokens = tuple(q for q in sorted(prefill_tokens) if q > self.tokens_per_seq[-1])
         self.mixed_tokens = tuple(sorted(mixed_tokens)) if self.prefill_tokens else ()
@@ -88,7 +92,9 @@ class CudaGraphRunner:
         if plan.num_seqs <= self.batch_buckets[-1]:
             q = next((q for q in self.tokens_per_seq if q >= longest), None)
             if q is not None:
-                return Bucket.uniform(next(b for b in self.batch_buckets if b >= plan.num_seqs), q)
+                b = next(b for b in self.batch_buckets if b >= plan.num_seqs)
+                replays = 0 if q == 1 and self.no_replay_graphs and not plan.may_replay else None
+                return Bucket.uniform(b, q, replays)
         if plan.num_seqs == 1 and plan.logits_per_seq[0] <= 1 and plan.num_drafts[0] == 0:
             q = next((q for q in self.prefill_tokens if q >= longest), None)
             if q is not None:
@@ -114,6 +120,8 @@ class CudaGraphRunner:
         keys = sorted(self.mixed_buckets.values(), key=lambda b: (b.tokens, b.seqs), reverse=True)
         keys += [Bucket.prefill(q) for q in reversed(self.prefill_tokens)]
         keys += [Bucket.uniform(b, q) for q in reversed(self.tokens_per_seq) for b in reversed(self.batch_buckets)]
+        if self.no_replay_graphs:
+            keys += [Bucket.uniform(b, 1, 0) for b in reversed(self.batch_buckets)]
         return list(dict.fromkeys(keys))   # k = 0 and one sequence: the mixed bucket is the largest prefill one
 
     def is_prefill(self, bucket: Bucket) -> bool:

@@ -67,9 +67,9 @@ class GatedDeltaNet(nn.Module):
         elif chunked:
             rule, extra = gated_delta_rule_prefill, {"cu_seqlens_host": batch.cu_seqlens_host}
         elif batch.chunk_lanes is not None:
-            rule, extra = gated_delta_rule_lanes, {"chunk_lanes": batch.chunk_lanes}
+            rule, extra = gated_delta_rule_lanes, {"chunk_lanes": batch.chunk_lanes, "max_replays": batch.max_replays}
         else:
-            rule, extra = gated_delta_rule, {}
+            rule, extra = gated_delta_rule, {"max_replays": batch.max_replays}
         o = rule(q, k, v, a, b, self.A_log, self.dt_bias, recurrent, pending, *ragged, batch.positions,
                  batch.max_seqlen, **extra)                                            # [T, HV, V]
         z = z.view(num_tokens, self.num_v_heads, self.head_v)                          # row-strided

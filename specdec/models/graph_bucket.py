@@ -3,7 +3,9 @@
 Every field is a host int the kernels' grids and the step's tensor shapes are built from, so a batch staged to a
 bucket replays the graph captured for it whatever its real lengths, as long as it fits: at most `seqs` sequences,
 `tokens` tokens in all, `max_seqlen` tokens in any one sequence, `logit_rows` logit rows and `max_drafts` drafts
-in any one sequence.
+in any one sequence. `max_replays` bounds the accepted drafts of the last step a sequence replays into its GDN state
+(None: as many as the ring holds); the recurrent GDN kernel picks its launch config by it, so an engine with a
+drafter keeps a second graph of each single-token bucket for steps where no sequence replays.
 """
 from __future__ import annotations
 
@@ -16,13 +18,14 @@ class Bucket(NamedTuple):
     tokens: int
     logit_rows: int
     max_drafts: int
+    max_replays: int | None = None
 
     @staticmethod
-    def uniform(seqs: int, tokens_per_seq: int) -> "Bucket":
+    def uniform(seqs: int, tokens_per_seq: int, max_replays: int | None = None) -> "Bucket":
         """Decode / verify: up to tokens_per_seq tokens per sequence (the last token and its drafts), every
         token may be a logit row."""
         tokens = seqs * tokens_per_seq
-        return Bucket(seqs, tokens_per_seq, tokens, tokens, tokens_per_seq - 1)
+        return Bucket(seqs, tokens_per_seq, tokens, tokens, tokens_per_seq - 1, max_replays)
 
     @staticmethod
     def prefill(tokens: int) -> "Bucket":
@@ -35,6 +38,8 @@ class Bucket(NamedTuple):
         max_seqlen, at most max_drafts + 1 logit rows per sequence (a verify step's; a chunk wants one or none)."""
         return Bucket(seqs, max_seqlen, tokens, seqs * (max_drafts + 1), max_drafts)
 
-    def holds(self, num_seqs: int, num_tokens: int, longest: int, logit_rows: int, most_drafts: int) -> bool:
+    def holds(self, num_seqs: int, num_tokens: int, longest: int, logit_rows: int, most_drafts: int,
+              most_replays: int = 0) -> bool:
         return (num_seqs <= self.seqs and num_tokens <= self.tokens and longest <= self.max_seqlen
-                and logit_rows <= self.logit_rows and most_drafts <= self.max_drafts)
+                and logit_rows <= self.logit_rows and most_drafts <= self.max_drafts
+                and (self.max_replays is None or most_replays <= self.max_replays))
