@@ -23,7 +23,9 @@ def sync(device: torch.device) -> None:
 def time_ms(fn: Callable[[], object], device: torch.device, reps: int = 20, warmup: int = 2,
             graph: bool = True) -> tuple[float, str]:
     """(milliseconds per call, "graph" | "eager"). On CUDA with `graph`, `reps` calls are captured in one CUDA
-    graph and replayed (what a captured step pays); if capture fails (a host sync inside), eager launches."""
+    graph and replayed (what a captured step pays); if capture fails (a host sync inside), eager launches. Pass
+    graph=False for what cannot be captured: a failed capture can leave the CUDA generator in capture mode (torch
+    2.11: every later torch.randn on the device raised "Offset increment outside graph capture")."""
     reps, warmup = min(reps, REPS_CAP), min(warmup, REPS_CAP)
     for _ in range(warmup):
         fn()
