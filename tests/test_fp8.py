@@ -104,14 +104,6 @@ def test_missing_scales_and_orphan_scales_are_named():
     assert Fp8Format.from_config({"model_type": "qwen3_5_text"}) is None
 
 
-def test_fp8_under_tensor_parallelism_is_refused(checkpoints):
-    with pytest.raises(ValueError, match="not supported yet"):
-        build_engine(VerifierConfig(str(checkpoints[0]), tensor_parallel_size=2, num_drafts=0, warm_up=False))
-    with pytest.raises(ValueError, match="not supported yet"):
-        build_engine(VerifierConfig(str(checkpoints[1]), tensor_parallel_size=2, num_drafts=0, warm_up=False,
-                                    quantization="fp8"))
-
-
 @pytest.mark.parametrize("kind", ["mtp", "ngram"])
 def test_speculation_on_an_fp8_checkpoint_is_lossless(checkpoints, kind):
     def engine(drafter):

@@ -10,7 +10,7 @@ import torch
 
 from specdec.drafting import Drafter, vocabulary_fingerprint
 from specdec.grammar import Grammars
-from specdec.models.loader import LoadedModel, fp8_format, load_model
+from specdec.models.loader import LoadedModel, load_model
 from specdec.models.model_config import ModelConfig
 from specdec.step_trace import StepTrace
 
@@ -121,9 +121,6 @@ def build_engine(config: VerifierConfig, make_drafter: DrafterFactory | None = N
         raise ValueError(f"an in-process {config.in_process_drafter} drafter cannot run beside tensor-parallel ranks "
                          f"(no rank holds the whole embedding and LM head): serve it as a drafter service "
                          f"(specdec serve does)")
-    if parallel and (config.quantization != "none" or (loaded is None and fp8_format(config.model_dir))):
-        raise ValueError("FP8 weights (--quantization fp8 or an FP8 checkpoint) under --tensor-parallel-size are not "
-                         "supported yet: their block scales are not sharded")
     config = config.with_device_limits()
     for name in ("max_running", "max_batched_tokens", "prefill_chunk", "block_size", "prefix_checkpoint_interval"):
         if getattr(config, name) < 1:
@@ -143,7 +140,8 @@ def build_engine(config: VerifierConfig, make_drafter: DrafterFactory | None = N
                  num_checkpoints=prefix.num_checkpoints if prefix.enabled else 0)
     if parallel:
         executor = Executor.build_parallel(RankSpec(config.model_dir, config.tensor_parallel_size, config.device,
-                                                    config.dtype, config.load_format, sizes), prefix)
+                                                    config.dtype, config.load_format, sizes,
+                                                    quantization=config.quantization), prefix)
         loaded = LoadedModel(model_config, executor.runner.model, {})
     else:
         executor = Executor(ModelRunner(loaded, device=config.device, **sizes), prefix=prefix)

@@ -63,6 +63,7 @@ class RankSpec:
     load_format: str = "safetensors"
     runner: dict = field(default_factory=dict)   # ModelRunner's keyword arguments (num_blocks, block_size, ...)
     message_size: int = 0                # words of the step message; 0: message_words' default
+    quantization: str = "none"           # "fp8": each rank rounds its own slices through FP8 blocks (loader.py)
 
     @property
     def message_words(self) -> int:
@@ -101,7 +102,7 @@ def _join(spec: RankSpec, rank: int, port: int, check_alive=None) -> tuple[Tenso
 def _build_runner(spec: RankSpec, tp: TensorParallel) -> ModelRunner:
     device = spec.device_of(tp.rank)
     loaded = load_model(spec.model_dir, spec.dtype, device, tp=tp, load_format=spec.load_format,
-                        progress=False if tp.rank else None)
+                        progress=False if tp.rank else None, quantization=spec.quantization)
     return ModelRunner(loaded, device=device, **spec.runner)
 
 

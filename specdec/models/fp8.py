@@ -22,11 +22,13 @@ back into it (mlp.py: SparseMoE.keep_experts_fp8).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
 from .model_config import CheckpointError
+from .tensor_parallel import Shard, take
 
 E4M3_MAX = 448.0
 SCALE_SUFFIX = "_scale_inv"
@@ -129,6 +131,48 @@ def round_through_fp8(tensors: dict[str, torch.Tensor], fmt: Fp8Format) -> dict[
             t = dequantize_blocks(*quantize_blocks(t, fmt.block), fmt.block, t.dtype)
         out[name] = t
     return out
+
+
+def scale_shard(shard: Shard, ndim: int, block: tuple[int, int]) -> Shard | None:
+    """The rows of `X_scale_inv` that go with a tensor-parallel rank's `shard` of the FP8 weight X (ndim 2: [out, in],
+    3: experts [E, out, in]): the blocks its slices cover. None when a slice starts inside a block, or one but the
+    last does not end on a block boundary: its scales would not line up with its rows."""
+    b = block[0] if shard.dim == ndim - 2 else block[1]
+    if any(r.start % b for r in shard.rows) or any(len(r) % b for r in shard.rows[:-1]):
+        return None
+    return Shard(shard.dim, [range(r.start // b, -(-r.stop // b)) for r in shard.rows])
+
+
+@dataclass
+class Fp8Shards:
+    """What a tensor-parallel rank reads of an FP8 checkpoint (the loader's `shard` callback): its slices of each
+    weight and the scale blocks that go with them. A weight whose slices start inside a block (Qwen3.5's in_proj_a /
+    in_proj_b at TP 2 with 128-row blocks: 16 rows a rank) is read whole with its scales; `finish` dequantizes it
+    into the model's dtype and keeps the rank's slices, so that weight runs unquantized on that rank."""
+    shard_of: Callable[[str], Shard | None]        # a checkpoint tensor's slices (tensor_parallel.shard_of)
+    fmt: Fp8Format
+    whole: set[str] = field(default_factory=set)   # weights read whole
+
+    def __call__(self, name: str) -> Shard | None:
+        weight = name.removesuffix(SCALE_SUFFIX)
+        shard = self.shard_of(weight)
+        ndim = 3 if weight.endswith("_proj") else 2                      # fused experts: experts.gate_up_proj
+        if shard is None or not self.fmt.converts(weight, (1,) * ndim):
+            return shard
+        scales = scale_shard(shard, ndim, self.fmt.block)
+        if scales is None:
+            self.whole.add(weight)
+            return None
+        return scales if name.endswith(SCALE_SUFFIX) else shard
+
+    def finish(self, tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """The weights read whole, dequantized (when stored in FP8) and cut to the rank's slices, in place."""
+        for weight in self.whole & tensors.keys():
+            t, scale_inv = tensors[weight], tensors.pop(weight + SCALE_SUFFIX, None)
+            if scale_inv is not None:
+                t = dequantize_blocks(t, scale_inv, self.fmt.block, dtype)
+            tensors[weight] = take(t, self.shard_of(weight))
+        return tensors
 
 
 def _under(module: str, prefix: str) -> bool:

@@ -22,7 +22,7 @@ from torch import nn
 from tqdm import tqdm
 
 from .checkpoint_keys import strip_prefix, to_canonical
-from .fp8 import QUANTIZATIONS, SCALE_SUFFIX, Fp8Format, dequantize_checkpoint, round_through_fp8
+from .fp8 import QUANTIZATIONS, SCALE_SUFFIX, Fp8Format, Fp8Shards, dequantize_checkpoint, round_through_fp8
 from .fp8_linear import experts_to_fp8, stored_experts_of, to_fp8_linears
 from .fused_linear import fuse_projections
 from .hybrid_model import HybridModel
@@ -161,7 +161,8 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device:
     """The target in `folder`. Under tensor parallelism (`tp`) only this rank's shard is read, and the mtp.* tensors
     are left to the drafter service. load_format "dummy": random weights of the config's shapes, no files read.
     quantization "fp8": the weights an FP8 checkpoint would store are rounded through FP8 blocks (an FP8
-    checkpoint is read as it is either way). fp8_weights (default: on CUDA): those linears and the MoE routed experts
+    checkpoint is read as it is either way; under `tp` each rank rounds its own slices, so a slice that starts
+    inside a block rounds differently from one GPU's). An FP8 checkpoint under `tp`: fp8.Fp8Shards. fp8_weights (default: on CUDA): those linears and the MoE routed experts
     keep their FP8 weights and run FP8 kernels (fp8_linear.py, mlp.py); else they are dequantized into `dtype`
     (the reference path)."""
     if load_format not in LOAD_FORMATS:
@@ -171,9 +172,6 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device:
     folder = Path(folder)
     config = ModelConfig.from_folder(folder)
     fp8 = fp8_format(folder)
-    if (fp8 is not None or quantization == "fp8") and tp.active:
-        raise CheckpointError(f"{folder}: FP8 weights under tensor parallelism are not supported yet (their block "
-                              f"scales are not sharded): serve on one GPU or from a bf16 checkpoint")
     torch_dtype = parse_dtype(dtype)
     quantized = fp8 is not None or quantization == "fp8"
     keep_fp8 = quantized and (fp8_kernels_run(torch.device(device)) if fp8_weights is None else fp8_weights)
@@ -193,12 +191,16 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device:
     else:
         keep = (lambda name: not name.startswith("mtp.")) if tp.active else None  # noqa: E731
         shard = (lambda name: shard_of(config, tp, name)) if tp.active else None  # noqa: E731
+        if shard is not None and fp8 is not None:   # each slice with its scale blocks
+            shard = Fp8Shards(shard, fp8)
         tensors = read_tensors(checkpoint_files(folder), torch_dtype, device, progress, keep, shard)
+        if isinstance(shard, Fp8Shards):
+            tensors = shard.finish(tensors, torch_dtype)
         if fp8 is not None:
             if keep_fp8:
                 stored = {name: (tensors[name], tensors[name + SCALE_SUFFIX])
                           for name in linears if name + SCALE_SUFFIX in tensors}
-                stored_experts, consumed = stored_experts_of(config, fp8, tensors)
+                stored_experts, consumed = stored_experts_of(model.config, fp8, tensors)
                 for name in consumed:   # never dequantized: the layers take the e4m3 tensors below
                     del tensors[name]
             tensors = dequantize_checkpoint(tensors, fp8, torch_dtype)
