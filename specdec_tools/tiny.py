@@ -43,7 +43,7 @@ def make_tiny(out_dir: str | Path, *, family: str | None = None, preset: str = "
               layout: str = "text", mtp_layers: int = 1, tokenizer: bool = False,
               dtype: str | None = None, overrides: dict | None = None, progress: bool = True,
               expert_layout: str = "per_expert", weights: bool = True, quantization: str = "none",
-              fp8_block: int = 128) -> Path:
+              fp8_block: tuple[int, int] = (128, 128)) -> Path:
     """Write a random checkpoint into `out_dir` (created) and return its path.
 
     family: "qwen3_5" | "qwen3_5_moe" | "qwen3_next" (default: the preset's, else qwen3_5);
@@ -56,7 +56,7 @@ def make_tiny(out_dir: str | Path, *, family: str | None = None, preset: str = "
     vocab_size >= 258) whose `<|endoftext|>` id becomes eos_token_id; weights=False: config.json (and the
     tokenizer) only, for `--load-format dummy`; quantization "fp8": the linears in Qwen's FP8 format
     (specdec/models/fp8.py: float8_e4m3fn weights, 128 x 128 block scales, quantization_config in config.json);
-    fp8_block: the blocks' side (tests take smaller ones, for several blocks a row in tiny shapes).
+    fp8_block: the scale blocks' rows x columns (tests take smaller ones, for several blocks a row in tiny shapes).
     """
     family = family or PRESET_FAMILIES.get(preset, "qwen3_5")
     if family not in FAMILIES:
@@ -69,7 +69,9 @@ def make_tiny(out_dir: str | Path, *, family: str | None = None, preset: str = "
         raise ValueError(f"expert_layout must be 'per_expert' or 'fused', not {expert_layout!r}")
     if quantization not in ("none", "fp8"):
         raise ValueError(f"quantization must be 'none' or 'fp8', not {quantization!r}")
-    fp8 = Fp8Format((fp8_block, fp8_block)) if quantization == "fp8" else None
+    if len(fp8_block) != 2 or not all(isinstance(b, int) and b > 0 for b in fp8_block):
+        raise ValueError(f"fp8_block must be two positive integers, not {fp8_block!r}")
+    fp8 = Fp8Format(tuple(fp8_block)) if quantization == "fp8" else None
     if mtp_layers < 0:
         raise ValueError(f"mtp_layers must be >= 0, not {mtp_layers}")
     dtype = dtype or ("bfloat16" if preset in BF16_PRESETS else "float32")

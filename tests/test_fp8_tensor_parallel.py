@@ -5,7 +5,7 @@ import pytest
 import torch
 from test_tensor_parallel import SIZES, _steps
 
-from specdec.models.fp8 import Fp8Format, Fp8Shards, dequantize_blocks, round_through_fp8, scale_shard
+from specdec.models.fp8 import SCALE_SUFFIX, Fp8Format, Fp8Shards, dequantize_blocks, round_through_fp8, scale_shard
 from specdec.models.fp8_linear import Fp8Linear
 from specdec.models.loader import load_model
 from specdec.models.tensor_parallel import Shard, TensorParallel, shard_of, take
@@ -20,14 +20,15 @@ pytestmark = pytest.mark.timeout(300)
 PROMPTS = [[5, 17, 3, 99, 42], [7, 7, 7, 7, 7, 7, 7, 7], [200, 1, 30]]
 
 
-@pytest.fixture(scope="module", params=[("qwen3_5_moe", "per_expert"), ("qwen3_5_moe", "fused"),
-                                        ("qwen3_next", "fused")], ids=["moe-per-expert", "moe-fused", "next"])
+@pytest.fixture(scope="module", params=[("qwen3_5_moe", "per_expert", (16, 16)), ("qwen3_5_moe", "fused", (16, 8)),
+                                        ("qwen3_next", "fused", (16, 16))], ids=["moe-per-expert", "moe-fused", "next"])
 def fp8_dir(request, tmp_path_factory):
-    """16 x 16 blocks: the tiny shapes' slices are whole blocks at TP 2 (q/k/v, GDN q/k/v, MLP and expert columns)
-    except in_proj_a / in_proj_b (2 rows a rank) and the shared expert's (24 columns a rank)."""
-    family, layout = request.param
-    return make_tiny(tmp_path_factory.mktemp(family), family=family, seed=7, quantization="fp8", fp8_block=16,
-                     expert_layout=layout, overrides={"vocab_size": 300}, progress=False)
+    """Blocks of 16 rows: at TP 2 the tiny shapes' slices are whole blocks (q/k/v, GDN q/k/v, MLP and expert
+    columns), in_proj_a / in_proj_b's 2 rows a rank lie inside one, and rank 1's 24 shared-expert columns (24..47)
+    do not line up. Blocks of 16 x 8 tell the two sides apart (the experts' down splits its 8-wide side)."""
+    family, layout, block = request.param
+    return make_tiny(tmp_path_factory.mktemp(family), family=family, seed=7, quantization="fp8", fp8_block=block,
+                     expert_layout=layout, overrides={"vocab_size": 301}, progress=False)
 
 
 def test_scale_shard_takes_the_blocks_of_whole_block_slices():
@@ -36,8 +37,10 @@ def test_scale_shard_takes_the_blocks_of_whole_block_slices():
     assert scale_shard(Shard(1, [range(0, 16), range(32, 48)]), 3, (16, 8)) == Shard(1, [range(0, 1), range(2, 3)])
     assert scale_shard(Shard(2, [range(8, 16)]), 3, (16, 8)) == Shard(2, [range(1, 2)])         # experts' down
     assert scale_shard(Shard(0, [range(32, 40)]), 2, (16, 8)) == Shard(0, [range(2, 3)])        # the edge block
-    assert scale_shard(Shard(0, [range(8, 24)]), 2, (16, 8)) is None                            # starts inside
+    assert scale_shard(Shard(0, [range(8, 24)]), 2, (16, 8)) is None                            # across blocks
+    assert scale_shard(Shard(0, [range(18, 30)]), 2, (16, 8)) == Shard(0, [range(1, 2)])        # inside one
     assert scale_shard(Shard(0, [range(0, 8), range(16, 32)]), 2, (16, 8)) is None              # then misaligned
+    assert scale_shard(Shard(0, [range(0, 16), range(18, 30)]), 2, (16, 8)) == Shard(0, [range(0, 1), range(1, 2)])
 
 
 def test_each_rank_holds_its_slices_of_the_fp8_weights(fp8_dir):
@@ -57,7 +60,7 @@ def test_each_rank_holds_its_slices_of_the_fp8_weights(fp8_dir):
                 got = dequantize_blocks(module.weight, module.weight_scale_inv, module.block, torch.float32)
                 kinds["fp8"] += 1
             elif isinstance(module, torch.nn.Linear) and shard_of(full.config, tp, key) is not None \
-                    and Fp8Format().converts(key, tuple(module.weight.shape)):
+                    and Fp8Format().converts(key, tuple(module.weight.shape)):   # read widened (or next's fused)
                 got = module.weight
                 kinds["whole"] += 1
             elif getattr(module, "fp8_block", None) is not None:      # a SparseMoE's routed experts
@@ -73,19 +76,29 @@ def test_each_rank_holds_its_slices_of_the_fp8_weights(fp8_dir):
             assert torch.equal(got, take(weights[key], shard_of(full.config, tp, key))), key
         assert kinds["fp8"] >= 4 and kinds["experts"] == full.config.num_hidden_layers, kinds
         unquantized.append(kinds["whole"])
-    # rank 0's slices start on a block (in_proj_a's 2 rows: a partial one), rank 1's of in_proj_a / _b and of the
-    # shared expert inside one (Qwen3-Next's fused in_proj_qkvz / in_proj_ba are dequantized on every rank)
+    # rank 1's shared-expert gate and up rows (and, in 16-column blocks, its down columns) do not line up with the
+    # blocks (Qwen3-Next's fused in_proj_qkvz / in_proj_ba are dequantized on every rank)
     assert unquantized[1] >= unquantized[0] + 2 * full.config.num_hidden_layers, unquantized
 
 
-def test_a_slice_inside_a_block_is_read_whole_and_dequantized(fp8_dir):
-    config = load_model(fp8_dir).config
-    shards = Fp8Shards(lambda name: shard_of(config, TensorParallel(1, 2), name), Fp8Format((16, 16)))
-    assert shards("layers.0.linear_attn.in_proj_a.weight") is None                  # 2 of 4 rows: inside a block
-    assert shards("layers.0.linear_attn.in_proj_a.weight_scale_inv") is None
-    assert "layers.0.linear_attn.in_proj_a.weight" in shards.whole
-    assert shards("layers.3.self_attn.o_proj.weight_scale_inv") == Shard(1, [range(2, 4)])   # 32 columns of 64
-    assert shards("layers.0.input_layernorm.weight") is None and len(shards.whole) == 1     # replicated
+def test_slices_that_do_not_line_up_are_read_widened_dequantized_and_cut():
+    """Rows 24..47 of a [48, 64] weight in 16-row blocks: read as rows 16..47 with scale rows 1..2, dequantized,
+    cut back to 24..47; two slices (8..23 and 40..55 of 64 rows) alike. A slice inside one block keeps its bytes."""
+    g = torch.Generator().manual_seed(0)
+    full = (torch.randn(64, 32, generator=g) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
+    scale_inv = torch.rand(4, 4, generator=g) + 0.5                       # [64 / 16, 32 / 8]
+    whole = dequantize_blocks(full, scale_inv, (16, 8), torch.float32)
+    for rows in ([range(24, 48)], [range(8, 24), range(40, 56)]):
+        shard = Shard(0, rows)
+        shards = Fp8Shards(lambda name: shard, (16, 8), {"w": 2})
+        read_w, read_s = shards("w"), shards("w" + SCALE_SUFFIX)
+        assert all(r.start % 16 == 0 for r in read_w.rows) and shards.widened == {"w": shard}
+        tensors = shards.finish({"w": take(full, read_w), "w" + SCALE_SUFFIX: take(scale_inv, read_s)}, torch.float32)
+        assert list(tensors) == ["w"] and torch.equal(tensors["w"], take(whole, shard))
+    inside = Fp8Shards(lambda name: Shard(0, [range(2, 4)]), (16, 8), {"w": 2})
+    assert inside("w") == Shard(0, [range(2, 4)]) and inside("w" + SCALE_SUFFIX) == Shard(0, [range(0, 1)])
+    assert inside.widened == {} and Fp8Shards(lambda name: Shard(0, [range(2, 4)]), (16, 8), {})("b") == \
+        Shard(0, [range(2, 4)])                                           # no scale: a plain slice
 
 
 def test_two_ranks_on_an_fp8_checkpoint_compute_the_logits_of_one(fp8_dir):

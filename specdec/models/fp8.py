@@ -135,10 +135,11 @@ def round_through_fp8(tensors: dict[str, torch.Tensor], fmt: Fp8Format) -> dict[
 
 def scale_shard(shard: Shard, ndim: int, block: tuple[int, int]) -> Shard | None:
     """The rows of `X_scale_inv` that go with a tensor-parallel rank's `shard` of the FP8 weight X (ndim 2: [out, in],
-    3: experts [E, out, in]): the blocks its slices cover. None when a slice starts inside a block, or one but the
-    last does not end on a block boundary: its scales would not line up with its rows."""
+    3: experts [E, out, in]): the blocks its slices cover. The slices' rows must line up with those blocks: each but
+    the last starts on a block and is whole blocks long; the last starts on a block or lies inside one. Else None."""
     b = block[0] if shard.dim == ndim - 2 else block[1]
-    if any(r.start % b for r in shard.rows) or any(len(r) % b for r in shard.rows[:-1]):
+    *head, last = shard.rows
+    if any(r.start % b or len(r) % b for r in head) or (last.start % b and last.start // b != (last.stop - 1) // b):
         return None
     return Shard(shard.dim, [range(r.start // b, -(-r.stop // b)) for r in shard.rows])
 
@@ -146,32 +147,42 @@ def scale_shard(shard: Shard, ndim: int, block: tuple[int, int]) -> Shard | None
 @dataclass
 class Fp8Shards:
     """What a tensor-parallel rank reads of an FP8 checkpoint (the loader's `shard` callback): its slices of each
-    weight and the scale blocks that go with them. A weight whose slices start inside a block (Qwen3.5's in_proj_a /
-    in_proj_b at TP 2 with 128-row blocks: 16 rows a rank) is read whole with its scales; `finish` dequantizes it
-    into the model's dtype and keeps the rank's slices, so that weight runs unquantized on that rank."""
+    FP8 weight and the scale blocks that go with them (`scale_shard`). Slices whose rows do not line up with the
+    blocks (the shared expert's 256 columns a rank at TP 8, 64 of them inside a block) are read widened to the
+    blocks they touch; `finish` dequantizes those weights into the model's dtype and cuts the rank's rows out, so
+    that weight runs unquantized on that rank."""
     shard_of: Callable[[str], Shard | None]        # a checkpoint tensor's slices (tensor_parallel.shard_of)
-    fmt: Fp8Format
-    whole: set[str] = field(default_factory=set)   # weights read whole
+    block: tuple[int, int]
+    scaled: dict[str, int]                         # each weight stored with a scale → its number of dims
+    widened: dict[str, Shard] = field(default_factory=dict)   # weights read widened → the rank's slices
 
     def __call__(self, name: str) -> Shard | None:
         weight = name.removesuffix(SCALE_SUFFIX)
         shard = self.shard_of(weight)
-        ndim = 3 if weight.endswith("_proj") else 2                      # fused experts: experts.gate_up_proj
-        if shard is None or not self.fmt.converts(weight, (1,) * ndim):
+        if shard is None or weight not in self.scaled:
             return shard
-        scales = scale_shard(shard, ndim, self.fmt.block)
+        ndim = self.scaled[weight]
+        scales = scale_shard(shard, ndim, self.block)
         if scales is None:
-            self.whole.add(weight)
-            return None
+            self.widened[weight] = shard
+            b = self.block[0] if shard.dim == ndim - 2 else self.block[1]
+            shard = Shard(shard.dim, [range(r.start // b * b, -(-r.stop // b) * b) for r in shard.rows])
+            scales = scale_shard(shard, ndim, self.block)
         return scales if name.endswith(SCALE_SUFFIX) else shard
 
     def finish(self, tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
-        """The weights read whole, dequantized (when stored in FP8) and cut to the rank's slices, in place."""
-        for weight in self.whole & tensors.keys():
-            t, scale_inv = tensors[weight], tensors.pop(weight + SCALE_SUFFIX, None)
-            if scale_inv is not None:
-                t = dequantize_blocks(t, scale_inv, self.fmt.block, dtype)
-            tensors[weight] = take(t, self.shard_of(weight))
+        """The weights read widened, dequantized and cut to the rank's rows, in place."""
+        for weight, shard in self.widened.items():
+            if weight not in tensors:
+                continue
+            t = dequantize_blocks(tensors[weight], tensors.pop(weight + SCALE_SUFFIX), self.block, dtype)
+            b = self.block[0] if shard.dim == self.scaled[weight] - 2 else self.block[1]
+            rows, at = [], 0                       # the rank's rows inside the widened slices read back to back
+            for r in shard.rows:
+                start = at + r.start % b
+                rows.append(range(start, start + len(r)))
+                at += -(-r.stop // b) * b - r.start // b * b
+            tensors[weight] = take(t, Shard(shard.dim, rows))
         return tensors
 
 

@@ -100,6 +100,18 @@ def read_tensors(files: list[Path], dtype: torch.dtype, device: torch.device | s
     return out
 
 
+def scaled_weights(files: list[Path]) -> dict[str, int]:
+    """An FP8 checkpoint's weights stored with a block scale (prefix-stripped names) → their number of dims."""
+    scaled = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as reader:
+            for key in reader.keys():
+                name = strip_prefix(key)
+                if name is not None and name.endswith(SCALE_SUFFIX):
+                    scaled[name.removesuffix(SCALE_SUFFIX)] = len(reader.get_slice(key).get_shape())
+    return scaled
+
+
 def _read_slices(reader, key: str, shard: Shard) -> torch.Tensor:
     """Only `shard`'s rows of the checkpoint tensor `key` (past its end: zeros, the vocabulary's padding)."""
     view = reader.get_slice(key)
@@ -161,8 +173,8 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device:
     """The target in `folder`. Under tensor parallelism (`tp`) only this rank's shard is read, and the mtp.* tensors
     are left to the drafter service. load_format "dummy": random weights of the config's shapes, no files read.
     quantization "fp8": the weights an FP8 checkpoint would store are rounded through FP8 blocks (an FP8
-    checkpoint is read as it is either way; under `tp` each rank rounds its own slices, so a slice that starts
-    inside a block rounds differently from one GPU's). An FP8 checkpoint under `tp`: fp8.Fp8Shards. fp8_weights (default: on CUDA): those linears and the MoE routed experts
+    checkpoint is read as it is either way; under `tp` each rank rounds its own slices in blocks of their own,
+    which differ from one GPU's where a slice is not whole blocks). An FP8 checkpoint under `tp`: fp8.Fp8Shards. fp8_weights (default: on CUDA): those linears and the MoE routed experts
     keep their FP8 weights and run FP8 kernels (fp8_linear.py, mlp.py); else they are dequantized into `dtype`
     (the reference path)."""
     if load_format not in LOAD_FORMATS:
@@ -192,7 +204,7 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device:
         keep = (lambda name: not name.startswith("mtp.")) if tp.active else None  # noqa: E731
         shard = (lambda name: shard_of(config, tp, name)) if tp.active else None  # noqa: E731
         if shard is not None and fp8 is not None:   # each slice with its scale blocks
-            shard = Fp8Shards(shard, fp8)
+            shard = Fp8Shards(shard, fp8.block, scaled_weights(checkpoint_files(folder)))
         tensors = read_tensors(checkpoint_files(folder), torch_dtype, device, progress, keep, shard)
         if isinstance(shard, Fp8Shards):
             tensors = shard.finish(tensors, torch_dtype)
