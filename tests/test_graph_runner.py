@@ -41,31 +41,6 @@ def test_bucket_for_picks_smallest_fitting_bucket(tiny_model):
     assert graphs.bucket_for(plan_of([1] * 9)) is None                          # more than the largest bucket
 
 
-def test_single_token_steps_replaying_no_drafts_take_their_own_graphs(tiny_model):
-    """An engine with a drafter keeps two graphs of each single-token bucket: one for steps where no sequence
-    replays accepted drafts into its GDN state (the recurrent kernel's single-token launch config), one where
-    some may; a plain engine, whose steps never replay, keeps one. A batch with replays does not fit the no-replay
-    graph, and each graph's batch tells the GDN layers the bound."""
-    speculating = Executor.build(tiny_model, num_blocks=16, block_size=4, max_seqs=8, max_drafts=3)
-    plain = Executor.build(tiny_model, num_blocks=16, block_size=4, max_seqs=8)
-    for executor in (speculating, plain):
-        executor.runner.use_graphs(capture=False)
-    graphs = speculating.runner.graphs
-    replaying = plan_of([1, 1, 1])
-    replaying.gdn_read_offsets[1] = 2                                           # accepted 2 drafts last step
-    assert graphs.bucket_for(replaying) == Bucket.uniform(4, 1)
-    assert graphs.bucket_for(plan_of([1, 1, 1])) == Bucket.uniform(4, 1, 0)
-    assert plain.runner.graphs.bucket_for(plan_of([1, 1, 1])) == Bucket.uniform(4, 1)
-    single = [b for b in graphs.buckets() if b.max_seqlen == 1 and b.seqs in graphs.batch_buckets]
-    assert set(single) == {Bucket.uniform(b, 1, r) for b in (1, 2, 4, 8) for r in (None, 0)} and len(single) == 8
-    assert [b for b in plain.runner.graphs.buckets() if b.max_replays is not None] == []
-    with pytest.raises(ValueError, match="2 replays"):
-        graphs.staging.stage(replaying, Bucket.uniform(4, 1, 0))
-    staged = {r: graphs.staging.stage(plan, Bucket.uniform(4, 1, r)).max_replays
-              for r, plan in ((None, replaying), (0, plan_of([1, 1, 1])))}
-    assert staged == {None: None, 0: 0}
-
-
 def test_steps_mixing_prompt_chunks_take_the_smallest_mixed_bucket(tiny_model):
     """Mixed buckets: 4 or 8 sequences (MIXED_SEQS capped by the largest batch bucket) x 256 or 512 tokens (the
     runner's token budget, 512), chunks of up to 512 tokens (the largest prefill bucket), k + 1 logit rows a
@@ -231,32 +206,6 @@ def test_padded_bucket_equals_unpadded(tiny_model, drafts):
     torch.testing.assert_close(logits_p, logits_e, atol=1e-4, rtol=1e-4)  # GEMMs of other M: fp32 noise
     torch.testing.assert_close(hidden_p, hidden_e, atol=1e-5, rtol=1e-5)
     assert_caches_equal(eager, padded, [s.gdn_slot for s in seqs_e])
-
-
-def test_the_gdn_layers_see_the_steps_replay_bound(tiny_model, monkeypatch):
-    """Each GDN layer hands the recurrent kernel the step's replay bound: eager steps the most accepted drafts a
-    sequence replays, padded single-token steps 0 in the no-replay graph and None (whatever the ring holds) in the
-    other; the outputs do not depend on it."""
-    import specdec.models.gated_deltanet as gdn
-    seen = []
-    real = gdn.gated_delta_rule
-    monkeypatch.setattr(gdn, "gated_delta_rule", lambda *a, **kw: seen.append(kw["max_replays"]) or real(*a, **kw))
-    (eager, padded), (seqs_e, seqs_p) = prefilled_pair(tiny_model)
-    num_layers = sum(layer_type == "linear_attention" for layer_type in tiny_model.config.layer_types)
-    bounds, logits = [], []
-    for executor, seqs in ((eager, seqs_e), (padded, seqs_p)):
-        for offsets in ([0, 0, 0], [0, 2, 1]):   # the ring rows replayed: alike in both
-            for seq, j in zip(seqs, offsets):
-                seq.gdn_read_offset = j
-            seen.clear()
-            logits.append(executor.forward(seqs[:3], [[40], [41], [42]], [0, 0, 0])[1])
-            assert len(seen) == num_layers and len(set(seen)) == 1
-            bounds.append(seen[0])
-            for seq in seqs[:3]:
-                seq.num_cached += 1
-    assert bounds == [0, 2, 0, None]
-    for step in range(2):
-        torch.testing.assert_close(logits[2 + step], logits[step], atol=1e-4, rtol=1e-4)
 
 
 def test_mixed_steps_in_a_padded_bucket_equal_unpadded(tiny_model):

@@ -359,25 +359,3 @@ def test_overlapped_steps_never_verify_with_a_q_from_a_synchronous_step(tiny_mod
     assert any(q for _, q in seen) and any(o for o, _ in seen)   # q in synchronous steps, overlapped ones later
     assert not any(o and q for o, q in seen), seen
 
-
-def test_a_single_token_step_after_an_unread_verify_takes_the_graph_that_replays(tiny_model):
-    """A single-token step launched over an unread verify step replays that step's accepted drafts, which only the
-    device knows: it must not take the no-replay graph of its bucket (the GDN kernel's launch config for steps
-    where no sequence replays). Steps near a request's end verify fewer drafts, down to none."""
-    prompts = random_prompts([3, 11, 6, 20], tiny_model.config.vocab_size, seed=6)
-    requests = requests_of(prompts, [12, 9, 14, 7])
-    expected = plain(tiny_model, requests)
-    engine = reference_engine(tiny_model, requests, expected, 3)
-    engine.executor.runner.use_graphs(capture=False)
-    graphs, steps = engine.executor.runner.graphs, []
-    run_graph = graphs.run
-
-    def spy(plan, bucket, before=None):
-        batch, outputs = run_graph(plan, bucket, before)
-        steps.append((bucket, int(batch.gdn_read_offsets.max())))   # after `before` moved them on the device
-        return batch, outputs
-    graphs.run = spy
-    assert run_added(engine, requests) == expected
-    single = [(bucket.max_replays, replays) for bucket, replays in steps if bucket.max_seqlen == 1]
-    assert any(bound is None and replays > 0 for bound, replays in single)   # the case happened: host offsets 0
-    assert all(replays <= bound for bound, replays in single if bound is not None)

@@ -26,7 +26,7 @@ from specdec.models.cuda_graph_runner import (
 )
 from specdec.models.forward_batch import ForwardBatch
 from specdec.models.fused_linear import fuse_projections
-from specdec.models.gated_deltanet import CHUNKED_PREFILL_MIN_TOKENS
+from specdec.models.gated_deltanet import CHUNKED_PREFILL_MIN_TOKENS, replays_change_launch
 from specdec.models.loader import LoadedModel
 from specdec.models.pinned_upload import PinnedUpload
 
@@ -83,8 +83,9 @@ class ModelRunner:
             raise ValueError(f"prefill buckets up to {max(prefill)} tokens reach the chunked GDN prefill "
                              f"of several sequences ({CHUNKED_PREFILL_MIN_TOKENS} tokens), which graphs do not capture")
         staging = self._new_staging(graph_tokens(buckets, tokens_per_seq, prefill, mixed), buckets[-1])
+        no_replay = tuple(b for b in buckets if replays_change_launch(b, self.max_drafts))
         self.graphs = CudaGraphRunner(self._step, staging, buckets, tokens_per_seq, capture=capture,
-                                      prefill_tokens=prefill, mixed_tokens=mixed, no_replay_graphs=self.max_drafts > 0)
+                                      prefill_tokens=prefill, mixed_tokens=mixed, no_replay_seqs=no_replay)
         self.graphs.capture_all()
 
     def apply_before(self, ops: CacheOps) -> None:

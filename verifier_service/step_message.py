@@ -2,8 +2,7 @@
 size, one gloo broadcast per step (broadcast_object_list pickles and broadcasts twice, size then bytes: it costs
 more, bench/README.md, "Tensor parallelism"). A step larger than the tensor sends its words in a second broadcast.
 
-    [kind, share_inputs, B, T, W, F, R, C, S, replays_on_device, size]  header (kind 0: stop, 1: step; size: words
-                                                                        after the header)
+    header: kind (0: stop, 1: step), share_inputs, B, T, W, F, R, C, S, replays_on_device, size (words after it)
     token_ids [T] · seq_lens, start_positions [B] · block_tables [B, W] · table_lens, gdn_slots, gdn_read_offsets,
     num_drafts, logits_per_seq [B] · the step's cache ops: fresh slots [F], restores [R, 2], block copies [C, 2],
     saves [S, 2]

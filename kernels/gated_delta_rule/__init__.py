@@ -16,6 +16,14 @@ import torch
 from .reference import gated_delta_rule_ref, gdn_gating, l2norm
 
 
+def launch_config(num_seqs: int, max_tokens: int) -> tuple[int, int, bool]:
+    """The Triton recurrent kernel's (BV, warps, pipelined token loops) for `num_seqs` sequences of at most
+    `max_tokens` virtual tokens (replayed drafts + the step's tokens), as measured on an H100 at the 4B shape
+    (`python bench/kernels.py`): one warp per 16-wide value slice at every batch beat BV 32 / 2 warps and BV 8; the
+    pipelined token loop wins except for single tokens up to 16 sequences."""
+    return 16, 1, max_tokens > 1 or num_seqs > 16
+
+
 def gated_delta_rule(q, k, v, a, b, A_log, dt_bias, state, pending, cu_seqlens, slots, read_offsets, num_drafts,
                      positions, max_seqlen: int, *, replay_only: bool = False,
                      max_replays: int | None = None) -> torch.Tensor:
@@ -46,8 +54,7 @@ def gated_delta_rule_prefill(q, k, v, a, b, A_log, dt_bias, state, pending, cu_s
 
 
 def gated_delta_rule_lanes(q, k, v, a, b, A_log, dt_bias, state, pending, cu_seqlens, slots, read_offsets,
-                           num_drafts, positions, max_seqlen: int, chunk_lanes: torch.Tensor,
-                           max_replays: int | None = None) -> torch.Tensor:
+                           num_drafts, positions, max_seqlen: int, chunk_lanes: torch.Tensor) -> torch.Tensor:
     """`chunk_lanes` [N, 4] int32 (sequence, first row, end row, slot): sequences with no drafts and nothing to
     replay, run chunked; the recurrent kernel leaves them alone and runs the others. Same results as
     `gated_delta_rule` over the whole batch, up to the chunked kernel's rounding."""
@@ -57,7 +64,7 @@ def gated_delta_rule_lanes(q, k, v, a, b, A_log, dt_bias, state, pending, cu_seq
         from .chunk import chunk_lanes_fla, fla_chunk_kernel
         from .fused_recurrent import gated_delta_rule_triton
         if fla_chunk_kernel() is not None:
-            out = gated_delta_rule_triton(*args, skip=chunk_lanes, max_replays=max_replays)   # [T, HV, V]
+            out = gated_delta_rule_triton(*args, skip=chunk_lanes)                       # [T, HV, V]
             lanes, live = chunk_lanes_fla(q, k, v, a, b, A_log, dt_bias, state, chunk_lanes[:, 1],
                                           chunk_lanes[:, 2], chunk_lanes[:, 3])        # [N, T, HV, V], [N, T]
             for n in range(lanes.shape[0]):
@@ -67,4 +74,4 @@ def gated_delta_rule_lanes(q, k, v, a, b, A_log, dt_bias, state, pending, cu_seq
 
 
 __all__ = ["gated_delta_rule", "gated_delta_rule_lanes", "gated_delta_rule_prefill", "gated_delta_rule_ref",
-           "gdn_gating", "l2norm"]
+           "gdn_gating", "l2norm", "launch_config"]

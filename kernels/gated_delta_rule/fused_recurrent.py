@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import launch_config
+
 
 @triton.jit
 def _gates(x, y, neg_A, dt_bias):
@@ -164,14 +166,6 @@ def _gdn_recurrent_kernel(
     if REPLAY_ONLY:
         if live:
             tl.store(p_h, b_h, mask=m_h)
-
-
-def launch_config(num_seqs: int, max_tokens: int) -> tuple[int, int, bool]:
-    """(BV, warps, pipelined token loops) for `num_seqs` sequences of at most `max_tokens` virtual tokens (replayed
-    drafts + the step's tokens), as measured on an H100 at the 4B shape (`python bench/kernels.py`): one warp per
-    16-wide value slice at every batch beat BV 32 / 2 warps and BV 8; the pipelined token loop wins except for single
-    tokens up to 16 sequences."""
-    return 16, 1, max_tokens > 1 or num_seqs > 16
 
 
 def gated_delta_rule_triton(

@@ -61,13 +61,13 @@ def graph_tokens(batch_buckets: tuple[int, ...], tokens_per_seq: tuple[int, ...]
 class CudaGraphRunner:
     def __init__(self, step: Step, staging: BatchStaging, batch_buckets: tuple[int, ...],
                  tokens_per_seq: tuple[int, ...], capture: bool = True, prefill_tokens: tuple[int, ...] = (),
-                 mixed_tokens: tuple[int, ...] = (), no_replay_graphs: bool = False):
+                 mixed_tokens: tuple[int, ...] = (), no_replay_seqs: tuple[int, ...] = ()):
         """`mixed_tokens`: capture mixed buckets of these many tokens (none: mixed steps run eagerly), for
         MIXED_SEQS sequences up to the largest batch bucket, chunks up to the largest prefill bucket.
-        `no_replay_graphs` (a model with GDN layers whose steps may replay accepted drafts): a second graph of
-        each single-token bucket, for steps where no sequence replays any (graph_bucket.py)."""
+        `no_replay_seqs`: the batch buckets whose single-token steps keep a second graph for steps where no
+        sequence replays accepted drafts into its GDN state (graph_bucket.py)."""
         self.step, self.staging, self.capture = step, staging, capture
-        self.no_replay_graphs = no_replay_graphs and 1 in tokens_per_seq
+        self.no_replay_seqs = frozenset(no_replay_seqs) if 1 in tokens_per_seq else frozenset()
         self.batch_buckets, self.tokens_per_seq = tuple(sorted(batch_buckets)), tuple(sorted(tokens_per_seq))
         self.prefill_tokens = tuple(q for q in sorted(prefill_tokens) if q > self.tokens_per_seq[-1])
         self.mixed_tokens = tuple(sorted(mixed_tokens)) if self.prefill_tokens else ()
@@ -93,7 +93,7 @@ class CudaGraphRunner:
             q = next((q for q in self.tokens_per_seq if q >= longest), None)
             if q is not None:
                 b = next(b for b in self.batch_buckets if b >= plan.num_seqs)
-                replays = 0 if q == 1 and self.no_replay_graphs and not plan.may_replay else None
+                replays = 0 if q == 1 and b in self.no_replay_seqs and not plan.may_replay else None
                 return Bucket.uniform(b, q, replays)
         if plan.num_seqs == 1 and plan.logits_per_seq[0] <= 1 and plan.num_drafts[0] == 0:
             q = next((q for q in self.prefill_tokens if q >= longest), None)
@@ -120,8 +120,7 @@ class CudaGraphRunner:
         keys = sorted(self.mixed_buckets.values(), key=lambda b: (b.tokens, b.seqs), reverse=True)
         keys += [Bucket.prefill(q) for q in reversed(self.prefill_tokens)]
         keys += [Bucket.uniform(b, q) for q in reversed(self.tokens_per_seq) for b in reversed(self.batch_buckets)]
-        if self.no_replay_graphs:
-            keys += [Bucket.uniform(b, 1, 0) for b in reversed(self.batch_buckets)]
+        keys += [Bucket.uniform(b, 1, 0) for b in reversed(self.batch_buckets) if b in self.no_replay_seqs]
         return list(dict.fromkeys(keys))   # k = 0 and one sequence: the mixed bucket is the largest prefill one
 
     def is_prefill(self, bucket: Bucket) -> bool:
@@ -158,9 +157,10 @@ class CudaGraphRunner:
             except Exception as e:
                 raise RuntimeError(f"capturing the CUDA graph of {key} failed ({type(e).__name__}: {e}); "
                                    f"--enforce-eager runs without graphs") from e
-        log.info("captured %d CUDA graphs: batch buckets %s x tokens per sequence %s, prefill buckets of one "
-                 "sequence %s, mixed buckets of %s sequences x %s tokens", len(self.graphs), self.batch_buckets,
-                 self.tokens_per_seq, self.prefill_tokens, self.mixed_seqs, self.mixed_tokens)
+        log.info("captured %d CUDA graphs: batch buckets %s x tokens per sequence %s (single tokens without draft "
+                 "replays apart at %s), prefill buckets of one sequence %s, mixed buckets of %s sequences x %s tokens",
+                 len(self.graphs), self.batch_buckets, self.tokens_per_seq, sorted(self.no_replay_seqs) or "none",
+                 self.prefill_tokens, self.mixed_seqs, self.mixed_tokens)
 
     def _capture(self, bucket: Bucket) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]:
         batch = self.staging.stage(padding_only_plan(self.staging.max_blocks), bucket)

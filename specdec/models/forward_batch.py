@@ -40,7 +40,9 @@ class ForwardBatch:
     num_tokens: int                 # T, padding tokens included
     max_seqlen: int                 # longest sequence in tokens (a graph bucket's static value when padded)
     max_num_drafts: int = 0         # largest num_drafts (0: no per-draft states, prefill may run chunked)
-    max_replays: int | None = None  # largest gdn_read_offsets (None: unknown, up to what the GDN ring holds)
+    max_replays: int | None = None  # most accepted drafts a sequence replays into its GDN state: eager steps the
+    # host's read offsets plus what the device adds (an unread verdict), graph steps the bucket's bound; None: up to
+    # what the GDN ring holds
     cu_seqlens_host: np.ndarray | None = None  # [B + 1] cu_seqlens on the host (eager steps; None in graphs)
     seq_of_token: torch.Tensor | None = None   # [T] int64 each token's sequence (0 for padding); staged batches
     chunk_lanes: torch.Tensor | None = None    # [CHUNK_LANES, 4] int32 prompt chunks GDN runs chunked (see above)

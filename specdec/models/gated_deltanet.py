@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from kernels.causal_conv1d import causal_conv1d
-from kernels.gated_delta_rule import gated_delta_rule, gated_delta_rule_lanes, gated_delta_rule_prefill
+from kernels.gated_delta_rule import gated_delta_rule, gated_delta_rule_lanes, gated_delta_rule_prefill, launch_config
 
 from .forward_batch import ForwardBatch
 from .fused_linear import FusedLinear
@@ -28,6 +28,13 @@ from .norms import GatedRMSNorm
 
 CHUNKED_PREFILL_MIN_TOKENS = 1536  # below the interpolated crossing (~1800), above the measured 512
 CHUNKED_ONE_MIN_TOKENS = 512       # one sequence alone (a prefill bucket's graph captures it): no host cost
+
+
+def replays_change_launch(num_seqs: int, max_drafts: int) -> bool:
+    """Does the recurrent kernel run a single-token step of `num_seqs` sequences otherwise when it knows that none
+    replays drafts (an engine that verifies up to `max_drafts`)? Then that step has a CUDA graph of its own
+    (cuda_graph_runner.py)."""
+    return max_drafts > 0 and launch_config(num_seqs, 1) != launch_config(num_seqs, 1 + max_drafts)
 
 
 class GatedDeltaNet(nn.Module):
@@ -67,7 +74,7 @@ class GatedDeltaNet(nn.Module):
         elif chunked:
             rule, extra = gated_delta_rule_prefill, {"cu_seqlens_host": batch.cu_seqlens_host}
         elif batch.chunk_lanes is not None:
-            rule, extra = gated_delta_rule_lanes, {"chunk_lanes": batch.chunk_lanes, "max_replays": batch.max_replays}
+            rule, extra = gated_delta_rule_lanes, {"chunk_lanes": batch.chunk_lanes}
         else:
             rule, extra = gated_delta_rule, {"max_replays": batch.max_replays}
         o = rule(q, k, v, a, b, self.A_log, self.dt_bias, recurrent, pending, *ragged, batch.positions,

@@ -5,7 +5,8 @@ bucket replays the graph captured for it whatever its real lengths, as long as i
 `tokens` tokens in all, `max_seqlen` tokens in any one sequence, `logit_rows` logit rows and `max_drafts` drafts
 in any one sequence. `max_replays` bounds the accepted drafts of the last step a sequence replays into its GDN state
 (None: as many as the ring holds); the recurrent GDN kernel picks its launch config by it, so an engine with a
-drafter keeps a second graph of each single-token bucket for steps where no sequence replays.
+drafter keeps a second graph of the single-token buckets where that changes the config, for steps where no
+sequence replays.
 """
 from __future__ import annotations
 

@@ -174,9 +174,9 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device:
     are left to the drafter service. load_format "dummy": random weights of the config's shapes, no files read.
     quantization "fp8": the weights an FP8 checkpoint would store are rounded through FP8 blocks (an FP8
     checkpoint is read as it is either way; under `tp` each rank rounds its own slices in blocks of their own,
-    which differ from one GPU's where a slice is not whole blocks). An FP8 checkpoint under `tp`: fp8.Fp8Shards. fp8_weights (default: on CUDA): those linears and the MoE routed experts
-    keep their FP8 weights and run FP8 kernels (fp8_linear.py, mlp.py); else they are dequantized into `dtype`
-    (the reference path)."""
+    which differ from one GPU's where a slice is not whole blocks). An FP8 checkpoint under `tp`: fp8.Fp8Shards.
+    fp8_weights (default: on CUDA): those linears and the MoE routed experts keep their FP8 weights and run FP8
+    kernels (fp8_linear.py, mlp.py); else they are dequantized into `dtype` (the reference path)."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load format must be one of {', '.join(LOAD_FORMATS)}, not {load_format!r}")
     if quantization not in QUANTIZATIONS:
