@@ -17,13 +17,13 @@ def test_warm_up_mixes_prefill_chunks_with_verify_steps_at_every_bucket(tiny_mod
                          prefix=prefix)
     shapes, forward = set(), engine.executor.forward
 
-    def spy(seqs, chunks, num_drafts=None, logits="last", before=None, checkpoints=None):
+    def spy(seqs, chunks, num_drafts=None, logits="last", before=None, checkpoints=None, **kwargs):
         drafts = num_drafts or [0] * len(chunks)
         prefills = [len(c) for c, k in zip(chunks, drafts) if k == 0 and len(c) > 1]
         verifying = sum(1 for k in drafts if k == 3)
         plain = sum(1 for c, k in zip(chunks, drafts) if k == 0 and len(c) == 1)
         shapes.add((verifying, plain, max(prefills, default=0), len(prefills)))
-        return forward(seqs, chunks, num_drafts, logits, before, checkpoints)
+        return forward(seqs, chunks, num_drafts, logits, before, checkpoints, **kwargs)
     engine.executor.forward = spy
     warm_up(engine, mixed=True)
     assert engine.drafter is not None and engine.drafter.kind == "ngram"
