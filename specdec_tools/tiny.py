@@ -69,7 +69,8 @@ def make_tiny(out_dir: str | Path, *, family: str | None = None, preset: str = "
         raise ValueError(f"expert_layout must be 'per_expert' or 'fused', not {expert_layout!r}")
     if quantization not in ("none", "fp8"):
         raise ValueError(f"quantization must be 'none' or 'fp8', not {quantization!r}")
-    if len(fp8_block) != 2 or not all(isinstance(b, int) and b > 0 for b in fp8_block):
+    if not isinstance(fp8_block, tuple) or len(fp8_block) != 2 or not all(isinstance(b, int) and b > 0
+                                                                           for b in fp8_block):
         raise ValueError(f"fp8_block must be two positive integers, not {fp8_block!r}")
     fp8 = Fp8Format(tuple(fp8_block)) if quantization == "fp8" else None
     if mtp_layers < 0:

@@ -20,22 +20,22 @@ def test_single_token_steps_replaying_no_drafts_take_their_own_graphs(tiny_model
     some may; a plain engine, whose steps never replay, keeps one. A batch with replays does not fit the no-replay
     graph, and each graph's batch tells the GDN layers the bound."""
     speculating = Executor.build(tiny_model, num_blocks=16, block_size=4, max_seqs=8, max_drafts=3)
-    plain = Executor.build(tiny_model, num_blocks=16, block_size=4, max_seqs=8)
-    for executor in (speculating, plain):
+    plain_engine = Executor.build(tiny_model, num_blocks=16, block_size=4, max_seqs=8)
+    for executor in (speculating, plain_engine):
         executor.runner.use_graphs(capture=False)
     graphs = speculating.runner.graphs
     replaying = plan_of([1, 1, 1])
     replaying.gdn_read_offsets[1] = 2                                           # accepted 2 drafts last step
     assert graphs.bucket_for(replaying) == Bucket.uniform(4, 1)
     assert graphs.bucket_for(plan_of([1, 1, 1])) == Bucket.uniform(4, 1, 0)
-    assert plain.runner.graphs.bucket_for(plan_of([1, 1, 1])) == Bucket.uniform(4, 1)
+    assert plain_engine.runner.graphs.bucket_for(plan_of([1, 1, 1])) == Bucket.uniform(4, 1)
     single = [b for b in graphs.buckets() if b.max_seqlen == 1 and b.seqs in graphs.batch_buckets]
     assert set(single) == {Bucket.uniform(b, 1, r) for b in (1, 2, 4, 8) for r in (None, 0)} and len(single) == 8
     wide = Executor.build(tiny_model, num_blocks=16, block_size=4, max_seqs=64, max_drafts=3)
     wide.runner.use_graphs(capture=False)       # above 16 sequences the kernel pipelines single tokens either way
     assert sorted(wide.runner.graphs.no_replay_seqs) == [1, 2, 4, 8, 16]
     assert sum(b.max_replays == 0 for b in wide.runner.graphs.buckets()) == 5
-    assert [b for b in plain.runner.graphs.buckets() if b.max_replays is not None] == []
+    assert [b for b in plain_engine.runner.graphs.buckets() if b.max_replays is not None] == []
     with pytest.raises(ValueError, match="2 replays"):
         graphs.staging.stage(replaying, Bucket.uniform(4, 1, 0))
     staged = {r: graphs.staging.stage(plan, Bucket.uniform(4, 1, r)).max_replays

@@ -104,25 +104,29 @@ def scaled_weights(files: list[Path]) -> dict[str, int]:
     """An FP8 checkpoint's weights stored with a block scale (prefix-stripped names) → their number of dims."""
     scaled = {}
     for f in files:
-        with safe_open(str(f), framework="pt") as reader:
-            for key in reader.keys():
-                name = strip_prefix(key)
-                if name is not None and name.endswith(SCALE_SUFFIX):
-                    scaled[name.removesuffix(SCALE_SUFFIX)] = len(reader.get_slice(key).get_shape())
+        try:
+            with safe_open(str(f), framework="pt") as reader:
+                for key in reader.keys():
+                    name = strip_prefix(key)
+                    if name is not None and name.endswith(SCALE_SUFFIX):
+                        scaled[name.removesuffix(SCALE_SUFFIX)] = len(reader.get_slice(key).get_shape())
+        except (SafetensorError, OSError) as e:
+            raise CheckpointError(f"{f}: not a readable safetensors file ({e})") from e
     return scaled
 
 
 def _read_slices(reader, key: str, shard: Shard) -> torch.Tensor:
-    """Only `shard`'s rows of the checkpoint tensor `key` (past its end: zeros, the vocabulary's padding)."""
+    """Only `shard`'s rows of the checkpoint tensor `key`, as `take` cuts them: each slice's rows past the tensor's end
+    read as zeros (the vocabulary's padding; an FP8 slice widened to its blocks, fp8.Fp8Shards)."""
     view = reader.get_slice(key)
     shape = view.get_shape()
     parts = []
     for rows in shard.rows:
         index = [slice(None)] * len(shape)
         index[shard.dim] = slice(min(rows.start, shape[shard.dim]), min(rows.stop, shape[shard.dim]))
-        parts.append(view[tuple(index)])
-    return take(torch.cat(parts, dim=shard.dim) if len(parts) > 1 else parts[0],
-                Shard(shard.dim, [range(0, sum(map(len, shard.rows)))]))
+        part = view[tuple(index)]
+        parts.append(take(part, Shard(shard.dim, [range(0, len(rows))])))          # padded to the slice's length
+    return torch.cat(parts, dim=shard.dim) if len(parts) > 1 else parts[0]
 
 
 def dummy_tensors(shapes: dict[str, torch.Size], dtype: torch.dtype, device: torch.device | str,
