@@ -149,8 +149,8 @@ class Fp8Shards:
     """What a tensor-parallel rank reads of an FP8 checkpoint (the loader's `shard` callback): its slices of each
     FP8 weight and the scale blocks that go with them (`scale_shard`). Slices whose rows do not line up with the
     blocks (the gate and up rows of Qwen3-Next's fused expert stacks at TP 8: 64 of 512 each a rank) are read
-    widened to the blocks they touch; `finish` dequantizes those weights into the model's dtype and cuts the rank's rows out, so
-    that weight runs unquantized on that rank."""
+    widened to the blocks they touch; `finish` dequantizes those weights into the model's dtype and cuts the
+    rank's rows out, so that weight runs unquantized on that rank."""
     shard_of: Callable[[str], Shard | None]        # a checkpoint tensor's slices (tensor_parallel.shard_of)
     block: tuple[int, int]
     scaled: dict[str, int]                         # each weight stored with a scale → its number of dims
