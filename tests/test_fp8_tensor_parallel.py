@@ -153,3 +153,12 @@ def test_greedy_tokens_of_two_ranks_equal_one_on_an_fp8_checkpoint(fp8_dir):
         assert engine.generate(PROMPTS, params) == want
     finally:
         engine.executor.close()
+
+
+def test_dummy_weights_of_an_fp8_config_keep_their_linears_in_fp8(fp8_dir, tmp_path):
+    """--load-format dummy over an FP8 checkpoint's config.json (the 80B shape's benchmarks): the linears the format
+    converts are FP8 as a checkpoint's would be, on one rank and on each of two (they stayed in bf16)."""
+    (tmp_path / "config.json").write_text((fp8_dir / "config.json").read_text())
+    for tp in (TensorParallel(), TensorParallel(1, 2)):
+        model = load_model(tmp_path, load_format="dummy", fp8_weights=True, tp=tp).model
+        assert sum(isinstance(m, Fp8Linear) for m in model.modules()) >= 8

@@ -241,7 +241,8 @@ def load_model(folder: str | Path, dtype: str | torch.dtype = "float32", device:
     num_fp8 = 0
     num_experts_fp8 = 0
     if keep_fp8:   # an FP8 checkpoint: exactly the linears it stores in FP8; --quantization fp8: what Qwen's would
-        num_fp8 = to_fp8_linears(model, fp8 or Fp8Format(), stored, only_stored=fp8 is not None)
+        from_files = fp8 is not None and load_format != "dummy"   # dummy: every linear an FP8 checkpoint stores
+        num_fp8 = to_fp8_linears(model, fp8 or Fp8Format(), stored, only_stored=from_files)
         num_experts_fp8 = experts_to_fp8(model, fp8 or Fp8Format(), stored_experts)
     stored.clear()
     stored_experts.clear()
