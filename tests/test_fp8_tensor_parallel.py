@@ -99,7 +99,7 @@ def test_slices_that_do_not_line_up_are_read_widened_dequantized_and_cut():
         shard = Shard(0, rows)
         shards = Fp8Shards(lambda name: shard, (16, 8), {"w": 2})
         read_w, read_s = shards("w"), shards("w" + SCALE_SUFFIX)
-        assert all(r.start % 16 == 0 for r in read_w.rows) and shards.widened == {"w": shard}
+        assert all(r.start % 16 == 0 for r in read_w.rows) and shards.widened == {"w": (shard, read_w)}
         tensors = shards.finish({"w": take(full, read_w), "w" + SCALE_SUFFIX: take(scale_inv, read_s)}, torch.float32)
         assert list(tensors) == ["w"] and torch.equal(tensors["w"], take(whole, shard))
     inside = Fp8Shards(lambda name: Shard(0, [range(2, 4)]), (16, 8), {"w": 2})

@@ -98,8 +98,7 @@ class Executor:
             if m:
                 self.blocks.checkpoint(seq, m * self.block_size - 1)
         ops = self.blocks.take_cache_ops()
-        plan = self.plan(seqs, chunks, num_drafts, logits)
-        plan.replays_on_device = replays_on_device
+        plan = self.plan(seqs, chunks, num_drafts, logits, replays_on_device)
         if self.ranks is None:
             self.runner.apply_before(ops)
             out = self.runner.run(plan, before)
@@ -117,7 +116,7 @@ class Executor:
         return out
 
     def plan(self, seqs: list[Sequence], chunks: list[list[int]], num_drafts: list[int] | None,
-             logits: str | list[int]) -> StepPlan:
+             logits: str | list[int], replays_on_device: int = 0) -> StepPlan:
         b = len(seqs)
         lens = np.fromiter(map(len, chunks), np.int64, count=b)
         slots = np.fromiter((s.gdn_slot for s in seqs), np.int32, count=b)
@@ -128,4 +127,4 @@ class Executor:
             seq_lens=lens, start_positions=np.fromiter((s.num_cached for s in seqs), np.int64, count=b),
             block_tables=self.blocks.tables(slots, int(table_lens.max(initial=0))), table_lens=table_lens,
             gdn_slots=slots, gdn_read_offsets=np.fromiter((s.gdn_read_offset for s in seqs), np.int32, count=b),
-            num_drafts=drafts, logits_per_seq=logit_rows_per_seq(logits, lens))
+            num_drafts=drafts, logits_per_seq=logit_rows_per_seq(logits, lens), replays_on_device=replays_on_device)

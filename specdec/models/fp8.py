@@ -137,7 +137,7 @@ def scale_shard(shard: Shard, ndim: int, block: tuple[int, int]) -> Shard | None
     """The rows of `X_scale_inv` that go with a tensor-parallel rank's `shard` of the FP8 weight X (ndim 2: [out, in],
     3: experts [E, out, in]): the blocks its slices cover. The slices' rows must line up with those blocks: each but
     the last starts on a block and is whole blocks long; the last starts on a block or lies inside one. Else None."""
-    b = block[0] if shard.dim == ndim - 2 else block[1]
+    b = _block_side(shard, ndim, block)
     *head, last = shard.rows
     if any(r.start % b or len(r) % b for r in head) or (last.start % b and last.start // b != (last.stop - 1) // b):
         return None
@@ -154,7 +154,7 @@ class Fp8Shards:
     shard_of: Callable[[str], Shard | None]        # a checkpoint tensor's slices (tensor_parallel.shard_of)
     block: tuple[int, int]
     scaled: dict[str, int]                         # each weight stored with a scale → its number of dims
-    widened: dict[str, Shard] = field(default_factory=dict)   # weights read widened → the rank's slices
+    widened: dict[str, tuple[Shard, Shard]] = field(default_factory=dict)   # weight → (its slices, as read)
 
     def __call__(self, name: str) -> Shard | None:
         weight = name.removesuffix(SCALE_SUFFIX)
@@ -164,26 +164,29 @@ class Fp8Shards:
         ndim = self.scaled[weight]
         scales = scale_shard(shard, ndim, self.block)
         if scales is None:
-            self.widened[weight] = shard
-            b = self.block[0] if shard.dim == ndim - 2 else self.block[1]
-            shard = Shard(shard.dim, [range(r.start // b * b, -(-r.stop // b) * b) for r in shard.rows])
-            scales = scale_shard(shard, ndim, self.block)
+            b = _block_side(shard, ndim, self.block)
+            read = Shard(shard.dim, [range(r.start // b * b, -(-r.stop // b) * b) for r in shard.rows])
+            self.widened[weight] = (shard, read)
+            shard, scales = read, scale_shard(read, ndim, self.block)
         return scales if name.endswith(SCALE_SUFFIX) else shard
 
     def finish(self, tensors: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """The weights read widened, dequantized and cut to the rank's rows, in place."""
-        for weight, shard in self.widened.items():
+        for weight, (shard, read) in self.widened.items():
             if weight not in tensors:
                 continue
             t = dequantize_blocks(tensors[weight], tensors.pop(weight + SCALE_SUFFIX), self.block, dtype)
-            b = self.block[0] if shard.dim == self.scaled[weight] - 2 else self.block[1]
             rows, at = [], 0                       # the rank's rows inside the widened slices read back to back
-            for r in shard.rows:
-                start = at + r.start % b
-                rows.append(range(start, start + len(r)))
-                at += -(-r.stop // b) * b - r.start // b * b
+            for r, w in zip(shard.rows, read.rows):
+                rows.append(range(at + r.start - w.start, at + r.stop - w.start))
+                at += len(w)
             tensors[weight] = take(t, Shard(shard.dim, rows))
         return tensors
+
+
+def _block_side(shard: Shard, ndim: int, block: tuple[int, int]) -> int:
+    """The scale block's side along the dimension `shard` splits (rows: block[0], columns: block[1])."""
+    return block[0] if shard.dim == ndim - 2 else block[1]
 
 
 def _under(module: str, prefix: str) -> bool:
