@@ -13,6 +13,7 @@ from test_overlapped_steps import run
 from specdec.sampling_params import SamplingParams
 from verifier_service.draft_policy import EARLY_REJECTIONS, MIN_OBSERVATIONS, DraftChoice, StepCosts
 from verifier_service.executor import Executor
+from verifier_service.forced_acceptance import ForcedAcceptance
 from verifier_service.metrics import VerifierMetrics
 
 pytestmark = pytest.mark.timeout(300)
@@ -62,24 +63,47 @@ def with_ids(engine):
 
 
 def test_the_engine_tells_the_policy_when_prompts_wait(demo):
-    """prompts_waiting (a probe then waits: test_leaving_rules.py) is true exactly while a running sequence is still
-    prefilling or a waiting one could be admitted."""
-    engine = make_engine(demo, make_drafter("ngram", demo, K), k=K, budget=16, chunk=8, max_running=2)
+    """prompts_waiting (a probe then waits: test_leaving_rules.py) is true exactly while more prompt tokens are left
+    to prefill than one step takes: the running prompts' rest and the prompts of waiting sequences that could be
+    admitted. A rest that fits one step is no wait."""
+    budget = 16
+    engine = make_engine(demo, make_drafter("ngram", demo, K), k=K, budget=budget, chunk=8, max_running=2)
     engine.policy.adaptive, engine.policy.costs = True, table(0.8)
     seen, choose = [], engine.policy.choose
 
     def spy(*args, **kwargs):
         sched = engine.scheduler
-        seen.append((kwargs["prompts_waiting"], any(not s.is_decoding for s in sched.running)
-                     or bool(sched.waiting and len(sched.running) < sched.config.max_running), bool(sched.waiting)))
+        room = sched.config.max_running - len(sched.running)
+        left = (sum(max(0, s.num_prompt - s.num_cached) for s in sched.running)
+                + sum(s.num_prompt for s in list(sched.waiting)[:room]))
+        prefilling = any(not s.is_decoding for s in sched.running)
+        seen.append((kwargs["prompts_waiting"], left > budget, prefilling, bool(sched.waiting)))
         return choose(*args, **kwargs)
     engine.policy.choose = spy
     prompts = random_prompts([5, 30, 40], demo.config.vocab_size, seed=4)   # the long ones prefill over steps
     engine.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True))
-    assert seen and all(told == truth for told, truth, _ in seen)
-    assert any(told for told, _, _ in seen) and not all(told for told, _, _ in seen)
-    # a request that waits for a free place (2 running) does not hold the probes back
-    assert any(queued and not told for told, _, queued in seen)
+    assert seen and all(told == truth for told, truth, _, _ in seen)
+    assert any(told for told, *_ in seen) and not all(told for told, *_ in seen)
+    # the last chunk of a prompt (fits one step) does not hold the probes back
+    assert any(prefilling and not told for told, _, prefilling, _ in seen)
+    # nor does a request that waits for a free place (2 running)
+    assert any(queued and not told for told, _, _, queued in seen)
+
+
+def test_a_burst_whose_last_prompts_fit_one_step_keeps_its_decoders_drafting(demo):
+    """16 prompts arriving at once prefill in two steps; in the second the first 8 decode beside the last 8 prompts,
+    which fit that step: the young do not wait there, and no step of the burst verifies none (before, they waited,
+    and the drafter they skipped cost them two more steps of drafts: 3 more steps for the batch than the fixed
+    policy's, 3.5% of an H100's c16 run)."""
+    prompts = random_prompts([8] * 16, demo.config.vocab_size, seed=5)
+    forced = ForcedAcceptance(3.44, K, enabled=True)     # per-token acceptance 0.9
+    engine = make_engine(demo, make_drafter("all-accept", demo, K, references=[]), k=K, budget=64, chunk=8,
+                         max_running=16, forced=forced)
+    engine.policy.adaptive, engine.policy.costs = True, table(0.8)
+    verified, schedule = [], engine.scheduler.schedule
+    engine.scheduler.schedule = lambda k: (verified.append(k), schedule(k))[1]
+    engine.generate(prompts, SamplingParams(max_tokens=24, ignore_eos=True))
+    assert 0 not in verified, verified
 
 
 @pytest.mark.parametrize("graphs", [False, True])

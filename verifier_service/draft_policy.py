@@ -54,8 +54,10 @@ otherwise stay for good, its drafter's host work paid every step). Until it is j
 with such a sequence in the drafter that is priced k = 0 verifies the best k >= 1 by the same pricing instead (k = 0
 would teach it nothing while the drafter still catches up on it; where asking the drafter is most of a draft's
 cost, that is K, and more observations a step), so that a new request is judged on its own drafts, never locked
-out by the engine's rate. While prompts wait to be prefilled (a burst of requests being admitted, a long prompt's
-chunks) a young sequence waits, for up to MIN_OBSERVATIONS steps: it does not probe, and a step whose sequences in
+out by the engine's rate. While prompts wait to be prefilled (more prompt tokens are left than one step takes: a
+burst of requests being admitted, a long prompt's chunks; the last ones' rest, which fits one step, is no wait: a
+young sequence that waited there would also skip the drafter, and verify no drafts in the next step either) a young
+sequence waits, for up to MIN_OBSERVATIONS steps: it does not probe, and a step whose sequences in
 the drafter all wait verifies none (k is one number for the step: beside judged ones it verifies their k). Drafts
 on its prior would take the waiting prompts' place in the step's token budget and lengthen the step, which delays
 their first tokens and the whole batch after them (beside a drafter of host tokens they would also make the step
@@ -85,7 +87,7 @@ MARGIN = 0.03               # k* replaces K only when its expected tokens per se
 RECENT_DECAY = 0.98         # the engine-wide rate forgets old observations (about the last 50, or a step's)
 MIN_OBSERVATIONS = 8        # a sequence's own observations before it may leave the drafter but for an early exit
 EARLY_REJECTIONS = 2        # its own rejections before it may leave sooner (never on the engine's rate alone)
-REUSE_STEPS = 4             # steps a settled choice stands for the same batch (one priced, three not)
+REUSE_STEPS = 8             # steps a settled choice stands for the same batch (one priced, seven not)
 # It leaves unless the drafter beats plain decoding by m(B) (the module docstring). A near tie goes to plain decoding:
 # the costs are measured to a few percent, and what a sequence gains by staying it gains alone (it finishes
 # sooner), while the other B - 1 sequences' steps pay for its drafts: the margin grows with them, from
@@ -245,15 +247,13 @@ class DraftPolicy:
         self._counted = total
         hits, seen = self._recent
         prior = (hits + PRIOR_WEIGHT * PRIOR_RATE) / (seen + PRIOR_WEIGHT)
-        n = len(seq_stats)
-        accepted = np.fromiter((s.accepted for s in seq_stats), np.float64, count=n)                  # [B]
-        observed = accepted + np.fromiter((s.rejected_steps for s in seq_stats), np.float64, count=n)  # [B]
+        counts = np.array([(s.accepted, s.rejected_steps, s.verify_steps) for s in seq_stats], np.float64)  # [B, 3]
+        accepted, observed, steps = counts[:, 0], counts[:, 0] + counts[:, 1], counts[:, 2]            # [B] each
         rates = np.clip((accepted + PRIOR_WEIGHT * prior) / (observed + PRIOR_WEIGHT), 0.0, 0.999)    # [B]
         lacking = np.maximum(MIN_OBSERVATIONS - observed, 0.0)                                          # [B]
         hopeful = np.clip((accepted + lacking + PRIOR_WEIGHT * prior) / (observed + lacking + PRIOR_WEIGHT),
                           0.0, 0.999)                                                                   # [B]
         hopeful[observed - accepted < EARLY_REJECTIONS] = 1.0      # too few rejections of its own to leave early
-        steps = np.fromiter((s.verify_steps for s in seq_stats), np.float64, count=n)                   # [B]
         return Estimates(rates, (observed >= MIN_OBSERVATIONS) | (steps >= 2 * MIN_OBSERVATIONS), hopeful, steps)
 
     @staticmethod

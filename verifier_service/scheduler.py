@@ -79,6 +79,14 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    @property
+    def prompt_tokens_left(self) -> int:
+        """Prompt tokens still to be prefilled: the running prompts' rest and the whole prompts of the waiting
+        sequences that could be admitted now (as many as there are free places in the batch)."""
+        room = max(0, self.config.max_running - len(self.running))
+        return (sum(s.num_prompt - s.num_cached for s in self.running if s.num_cached < s.num_prompt)
+                + sum(s.num_prompt for s in list(self.waiting)[:room]))
+
     def _chunk(self, seq: Sequence, budget: int, max_drafts: int, start: int | None = None
                ) -> tuple[list[int], int]:
         """The tokens `seq` runs this step and how many of them are drafts (a prompt chunk from `start`, default
