@@ -1,5 +1,7 @@
 """Where the time of issue 11's missed targets goes, on a random 4B-shaped model (32 layers, bf16, graphs on):
 
+`--preset` / `--layers` take another make-tiny shape (random weights made on the device), e.g. the 80B's layers.
+
 1. prefill steps (eager): N prompts x L tokens in one step, wall ms and prompt tokens/s, then a profile of one
 2. engine steps at batch 1 and 16, plain and MTP k = 3 at forced acceptance 3.39: wall per step, the engine's
    phases, and the profiler's top host (self CPU) and GPU entries.
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -28,6 +31,8 @@ from specdec_tools.bench.profile import summarize_events
 from specdec_tools.bench.sync_sites import site, synchronising_stacks
 from specdec_tools.bench.workloads import Workload
 from specdec.models import gated_deltanet
+from specdec.models.loader import load_model
+from specdec_tools.tiny import make_tiny
 from specdec.sampling_params import SamplingParams
 from verifier_service.executor import Executor
 from verifier_service.sequence import Sequence
@@ -40,6 +45,14 @@ SORT = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_t
 def sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+
+
+def dummy_model(preset: str, layers: int, device: torch.device):
+    """A random model of a make-tiny preset's config (its own family: qwen3_next for the 80B), in bf16, made on the
+    device (`--load-format dummy`: no weights written)."""
+    folder = Path(tempfile.mkdtemp(prefix=f"specdec-{preset}-"))
+    make_tiny(folder, preset=preset, overrides={"num_hidden_layers": layers}, weights=False, dtype="bfloat16")
+    return load_model(folder, dtype="bfloat16", device=device, load_format="dummy")
 
 
 def prefill_once(executor: Executor, prompts: int, length: int) -> float:
@@ -188,11 +201,16 @@ def main() -> None:
     parser.add_argument("--skip-prefill", action="store_true")
     parser.add_argument("--skip-engine", action="store_true", help="the prefill table only")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (checks the script runs)")
+    parser.add_argument("--preset", default="qwen3.5-4b",
+                        help="a make-tiny preset (its family's config, random weights made on the device: "
+                             "qwen3-next-80b-a3b with --layers 8 fits one H100); default the 4B shape")
+    parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--chunked-prompt", metavar="L:N", default=None,
                         help="only profile one L-token prompt prefilled in N-token steps (e.g. 8192:1024)")
     args = parser.parse_args()
     device = torch.device("cpu" if args.smoke else "cuda")
-    loaded = random_model(2 if args.smoke else 32, device, smoke=args.smoke)
+    loaded = (random_model(2 if args.smoke else args.layers, device, smoke=args.smoke)
+              if args.smoke or args.preset == "qwen3.5-4b" else dummy_model(args.preset, args.layers, device))
     if args.chunked_prompt:
         length, chunk = (int(x) for x in args.chunked_prompt.split(":"))
         record = {"chunked_prompt": chunked_prompt(loaded, device, length, chunk)}
