@@ -149,7 +149,7 @@ def launch_timers(engine) -> dict[str, list[float]]:
     wrap(engine.executor, "forward", "executor.forward")
     wrap(runner.graphs.staging if runner.graphs else runner.staging, "stage", "  staging")
     wrap(engine_module, "ChainedInputs", "chained inputs")
-    wrap(engine, "_verdict", "verdict (sampler)")
+    wrap(engine.verifying, "verdict", "verdict (sampler)")
     wrap(engine.drafting, "ask_on_device", "drafter (asked)")
     wrap(InFlightStep, "launch", "in-flight launch (host copy)")
     wrap(engine, "_launch", "LAUNCH (all)")
@@ -205,6 +205,7 @@ def main() -> None:
                         help="a make-tiny preset (its family's config, random weights made on the device: "
                              "qwen3-next-80b-a3b with --layers 8 fits one H100); default the 4B shape")
     parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16], help="engine steps' batch sizes")
     parser.add_argument("--chunked-prompt", metavar="L:N", default=None,
                         help="only profile one L-token prompt prefilled in N-token steps (e.g. 8192:1024)")
     args = parser.parse_args()
@@ -223,7 +224,7 @@ def main() -> None:
     loaded.mtp_weights = random_mtp_weights(loaded, device)
     bench = InprocBench(loaded, device)
     workloads = [Workload("inproc", d, c, 32 if args.smoke else 128, 60 if args.smoke else 200, forced_length=f)
-                 for c in (1, 16) for d, f in (("none", None), ("mtp", 3.39))]
+                 for c in args.concurrency for d, f in (("none", None), ("mtp", 3.39))]
     record["engine"] = [] if args.skip_engine else [engine_steps(bench, w) for w in workloads]
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
