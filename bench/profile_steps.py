@@ -3,7 +3,7 @@
 `--preset` / `--layers` take another make-tiny shape (random weights made on the device), e.g. the 80B's layers.
 
 1. prefill steps (eager): N prompts x L tokens in one step, wall ms and prompt tokens/s, then a profile of one
-2. engine steps at batch 1 and 16, plain and MTP k = 3 at forced acceptance 3.39: wall per step, the engine's
+2. engine steps at batch 1 and 16 (`--concurrency`), plain and MTP k = 3 at forced acceptance 3.39: wall per step, the engine's
    phases, and the profiler's top host (self CPU) and GPU entries.
 3. `--chunked-prompt L:N` (instead of 1 and 2): one L-token prompt alone in N-token steps, as a server prefills it
    (issue 38's TTFT): wall ms of each step in graphs and eagerly, and the profiler's top GPU kernels of the
@@ -50,9 +50,9 @@ def sync() -> None:
 def dummy_model(preset: str, layers: int, device: torch.device):
     """A random model of a make-tiny preset's config (its own family: qwen3_next for the 80B), in bf16, made on the
     device (`--load-format dummy`: no weights written)."""
-    folder = Path(tempfile.mkdtemp(prefix=f"specdec-{preset}-"))
-    make_tiny(folder, preset=preset, overrides={"num_hidden_layers": layers}, weights=False, dtype="bfloat16")
-    return load_model(folder, dtype="bfloat16", device=device, load_format="dummy")
+    with tempfile.TemporaryDirectory(prefix=f"specdec-{preset}-") as folder:
+        make_tiny(folder, preset=preset, overrides={"num_hidden_layers": layers}, weights=False, dtype="bfloat16")
+        return load_model(folder, dtype="bfloat16", device=device, load_format="dummy")
 
 
 def prefill_once(executor: Executor, prompts: int, length: int) -> float:

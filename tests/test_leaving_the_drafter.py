@@ -3,6 +3,7 @@ gives up on cost the drafter nothing: it never sees their rows, a step with none
 alone, and outputs stay those of plain decoding. The policy gives up on a sequence when, by its acceptance, plain
 decoding beats every k at the step's batch size (draft_policy.py)."""
 import itertools
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,6 +15,8 @@ from specdec.sampling_params import SamplingParams
 from verifier_service.draft_policy import EARLY_REJECTIONS, MIN_OBSERVATIONS, DraftChoice, StepCosts
 from verifier_service.executor import Executor
 from verifier_service.forced_acceptance import ForcedAcceptance
+from verifier_service.scheduler import Scheduler, SchedulerConfig
+from verifier_service.sequence import Sequence
 from verifier_service.metrics import VerifierMetrics
 
 pytestmark = pytest.mark.timeout(300)
@@ -64,8 +67,8 @@ def with_ids(engine):
 
 def test_the_engine_tells_the_policy_when_prompts_wait(demo):
     """prompts_waiting (a probe then waits: test_leaving_rules.py) is true exactly while more prompt tokens are left
-    to prefill than one step takes: the running prompts' rest and the prompts of waiting sequences that could be
-    admitted. A rest that fits one step is no wait."""
+    to prefill than the step's token budget: the running prompts' rest and the prompts of waiting sequences that
+    could be admitted (the decoders' own tokens not counted). A rest the budget holds is no wait."""
     budget = 16
     engine = make_engine(demo, make_drafter("ngram", demo, K), k=K, budget=budget, chunk=8, max_running=2)
     engine.policy.adaptive, engine.policy.costs = True, table(0.8)
@@ -74,7 +77,7 @@ def test_the_engine_tells_the_policy_when_prompts_wait(demo):
     def spy(*args, **kwargs):
         sched = engine.scheduler
         room = sched.config.max_running - len(sched.running)
-        left = (sum(max(0, s.num_prompt - s.num_cached) for s in sched.running)
+        left = (sum(max(0, s.num_prompt - s.num_cached) for s in sched.running)   # (nothing here is preempted)
                 + sum(s.num_prompt for s in list(sched.waiting)[:room]))
         prefilling = any(not s.is_decoding for s in sched.running)
         seen.append((kwargs["prompts_waiting"], left > budget, prefilling, bool(sched.waiting)))
@@ -84,17 +87,33 @@ def test_the_engine_tells_the_policy_when_prompts_wait(demo):
     engine.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True))
     assert seen and all(told == truth for told, truth, _, _ in seen)
     assert any(told for told, *_ in seen) and not all(told for told, *_ in seen)
-    # the last chunk of a prompt (fits one step) does not hold the probes back
+    # the rest of a prompt that the budget holds does not hold the probes back
     assert any(prefilling and not told for told, _, prefilling, _ in seen)
     # nor does a request that waits for a free place (2 running)
     assert any(queued and not told for told, _, _, queued in seen)
 
 
+def test_the_tokens_left_to_prefill_count_a_preempted_sequences_output():
+    """A preempted sequence recomputes its prompt and output: all of them count while it waits, and their rest once
+    it runs again; a sequence that waits beyond the free places does not count."""
+    sched = Scheduler(SimpleNamespace(stats=None), SchedulerConfig(max_running=2, max_batched_tokens=16))
+    preempted = Sequence(0, list(range(1, 16)), num_prompt=10)    # 10 prompt tokens + 5 of output, caches released
+    running = Sequence(1, list(range(1, 11)), num_prompt=10, num_cached=4)
+    sched.add(preempted)
+    sched.add(Sequence(2, list(range(1, 31)), num_prompt=30))     # no free place for it
+    sched.running.append(running)
+    assert sched.prompt_tokens_left == 15 + 6
+    preempted.num_cached = 12                                     # readmitted, past its prompt: 3 tokens to go
+    sched.waiting.popleft()
+    sched.running.append(preempted)
+    assert sched.prompt_tokens_left == 3 + 6
+
+
 def test_a_burst_whose_last_prompts_fit_one_step_keeps_its_decoders_drafting(demo):
     """16 prompts arriving at once prefill in two steps; in the second the first 8 decode beside the last 8 prompts,
-    which fit that step: the young do not wait there, and no step of the burst verifies none (before, they waited,
-    and the drafter they skipped cost them two more steps of drafts: 3 more steps for the batch than the fixed
-    policy's, 3.5% of an H100's c16 run)."""
+    whose tokens the budget holds: the young do not wait there, and no step of the burst verifies none (before,
+    they waited, and the drafter they skipped cost them two more steps of drafts: 3 more steps for the batch than
+    the fixed policy's, 3.7% of an H100's c16 run)."""
     prompts = random_prompts([8] * 16, demo.config.vocab_size, seed=5)
     forced = ForcedAcceptance(3.44, K, enabled=True)     # per-token acceptance 0.9
     engine = make_engine(demo, make_drafter("all-accept", demo, K, references=[]), k=K, budget=64, chunk=8,

@@ -54,14 +54,15 @@ otherwise stay for good, its drafter's host work paid every step). Until it is j
 with such a sequence in the drafter that is priced k = 0 verifies the best k >= 1 by the same pricing instead (k = 0
 would teach it nothing while the drafter still catches up on it; where asking the drafter is most of a draft's
 cost, that is K, and more observations a step), so that a new request is judged on its own drafts, never locked
-out by the engine's rate. While prompts wait to be prefilled (more prompt tokens are left than one step takes: a
-burst of requests being admitted, a long prompt's chunks; the last ones' rest, which fits one step, is no wait: a
-young sequence that waited there would also skip the drafter, and verify no drafts in the next step either) a young
+out by the engine's rate. While prompts wait to be prefilled (more prompt tokens are left than the step's token
+budget, the decoders' own tokens not counted: a burst of requests being admitted, a long prompt's chunks) a young
 sequence waits, for up to MIN_OBSERVATIONS steps: it does not probe, and a step whose sequences in
 the drafter all wait verifies none (k is one number for the step: beside judged ones it verifies their k). Drafts
 on its prior would take the waiting prompts' place in the step's token budget and lengthen the step, which delays
 their first tokens and the whole batch after them (beside a drafter of host tokens they would also make the step
-synchronous). A
+synchronous). The last of them, whose tokens the budget holds, do not hold it back: its drafts may push part of a
+prompt into the next step, but waiting there would also skip the drafter, and the young would verify no drafts in
+the next step either (at 16 sequences of 128-token prompts: 3 more steps for the batch). A
 sequence out of the drafter costs it nothing: no rows to catch up on, no drafts; while no sequence is in the
 drafter, steps verify none (engine.py) and do not call it. It does not come back (a drafter that takes hidden
 states would have to see its whole context again); requests admitted later start in the drafter, their prior
@@ -247,7 +248,8 @@ class DraftPolicy:
         self._counted = total
         hits, seen = self._recent
         prior = (hits + PRIOR_WEIGHT * PRIOR_RATE) / (seen + PRIOR_WEIGHT)
-        counts = np.array([(s.accepted, s.rejected_steps, s.verify_steps) for s in seq_stats], np.float64)  # [B, 3]
+        counts = np.array([(s.accepted, s.rejected_steps, s.verify_steps) for s in seq_stats],
+                          np.float64).reshape(-1, 3)                                                           # [B, 3]
         accepted, observed, steps = counts[:, 0], counts[:, 0] + counts[:, 1], counts[:, 2]            # [B] each
         rates = np.clip((accepted + PRIOR_WEIGHT * prior) / (observed + PRIOR_WEIGHT), 0.0, 0.999)    # [B]
         lacking = np.maximum(MIN_OBSERVATIONS - observed, 0.0)                                          # [B]

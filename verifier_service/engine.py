@@ -243,8 +243,8 @@ class SpecEngine:
             # a step asking a drafter of host tokens is synchronous whoever is in it, and a verify step replayed
             # from a CUDA graph pads every sequence to 1 + k tokens: priced whole
             proportional = (self.drafting.drafts_on_device or drafter.needs_hidden) and not self.executor.pads_batches
-            # prompts wait when this step cannot finish them all, drafts or not (a burst being admitted, a long
-            # prompt's chunks): the rest of the last ones fitting one step is no wait (draft_policy.py)
+            # prompts wait while more of their tokens are left than one step's budget (a burst being admitted, a
+            # long prompt's chunks); the decoders' own tokens are not counted (draft_policy.py)
             choice = self.policy.choose([s.stats for s in in_drafter], self.stats, len(decoding) - len(in_drafter),
                                         proportional=proportional,
                                         prompts_waiting=sched.prompt_tokens_left > sched.config.max_batched_tokens)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from itertools import islice
 from dataclasses import dataclass
 
 from .block_manager import BlockManager
@@ -81,11 +82,13 @@ class Scheduler:
 
     @property
     def prompt_tokens_left(self) -> int:
-        """Prompt tokens still to be prefilled: the running prompts' rest and the whole prompts of the waiting
-        sequences that could be admitted now (as many as there are free places in the batch)."""
+        """Tokens still to be prefilled before every sequence decodes: the rest of the running ones that prefill and
+        the whole of the waiting ones that could be admitted now (as many as there are free places in the batch),
+        a preempted sequence's output included (it is recomputed). An upper bound: a waiting prompt's cached prefix
+        is found only when it is admitted."""
         room = max(0, self.config.max_running - len(self.running))
-        return (sum(s.num_prompt - s.num_cached for s in self.running if s.num_cached < s.num_prompt)
-                + sum(s.num_prompt for s in list(self.waiting)[:room]))
+        return (sum(len(s.token_ids) - s.num_cached for s in self.running if not s.is_decoding)
+                + sum(len(s.token_ids) - s.num_cached for s in islice(self.waiting, room)))
 
     def _chunk(self, seq: Sequence, budget: int, max_drafts: int, start: int | None = None
                ) -> tuple[list[int], int]:

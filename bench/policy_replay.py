@@ -1,0 +1,77 @@
+"""Replays `specdec bench --preset adaptive`'s inproc workload on this CPU: the real engine and scheduler on the tiny
+random model, the synthetic drafter at a per-token acceptance (forced, as the bench does), and the adaptive policy
+priced with the step costs a GPU run measured (read from that run's JSON), so that the policy's choices can be
+studied without the GPU. Prints, per policy, the engine steps the workload took and the k each step verified
+('-': a step that did not ask the policy: prefill only, or a step that only read the last one).
+
+    PYTHONPATH=$PWD:$PWD/bench python3 -P bench/policy_replay.py \\
+        --costs bench/results/h100/bench_adaptive_h100.json --concurrency 16 --rate 0.9
+
+Only the steps' count and the k sequence carry over to the GPU: the CPU's own step times do not.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import torch
+from step_bench import random_model
+
+import specdec_tools.bench.inprocess as inprocess
+from specdec.sampling_params import SamplingParams
+from specdec_tools.bench.workloads import Workload, length_of_rate
+from verifier_service.draft_policy import StepCosts
+
+
+def measured_costs(path: str) -> StepCosts:
+    """The step costs of the first adaptive workload in a bench JSON that recorded them (the largest batch table)."""
+    tables = [r["metrics"]["step_costs_ms"] for r in json.load(open(path))["results"]
+              if r["metrics"].get("step_costs_ms")]
+    if not tables:
+        raise SystemExit(f"{path}: no adaptive workload with step costs")
+    t = max(tables, key=lambda t: len(t["batch_sizes"]))
+    return StepCosts(tuple(t["batch_sizes"]), np.array(t["ms"]) * 1e-3, np.array(t["drafts"]),
+                     np.array(t["plain_ms"]) * 1e-3)
+
+
+def replay(bench: inprocess.InprocBench, w: Workload, prompt_tokens: int) -> tuple[int, str]:
+    """(engine steps, the k each step verified) for w's requests sent at once."""
+    engine = bench.build_engine(w)
+    for i in range(w.concurrency):
+        engine.add_request(f"r{i}", [3 + (i * 7 + j) % 200 for j in range(prompt_tokens)],
+                           SamplingParams(max_tokens=w.max_tokens, ignore_eos=True))
+    verified, schedule = [], engine.scheduler.schedule
+    engine.scheduler.schedule = lambda k: (verified.append(k), schedule(k))[1]
+    chosen = []
+    while engine.has_work:
+        before = sum(engine.policy.chosen)
+        asked = len(verified)
+        engine.step()
+        chosen.append(str(verified[-1]) if len(verified) > asked and sum(engine.policy.chosen) > before else "-")
+    return len(chosen), "".join(chosen)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--costs", required=True, help="a `specdec bench --preset adaptive` JSON (its step costs)")
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--rate", type=float, default=0.9, help="the synthetic drafter's per-token acceptance")
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    args = parser.parse_args()
+    costs = measured_costs(args.costs)
+    inprocess.measure_step_costs = lambda engine: setattr(engine.policy, "costs", costs) or costs
+    cuda_sized = inprocess.scheduler_for
+    inprocess.scheduler_for = lambda w, device_type: cuda_sized(w, "cuda")   # the GPU's step budget and chunks
+    torch.manual_seed(0)
+    bench = inprocess.InprocBench(random_model(2, torch.device("cpu"), smoke=True), torch.device("cpu"))
+    for policy in ("fixed", "adaptive"):
+        w = Workload("inproc", "synthetic", args.concurrency, args.prompt_tokens, args.max_tokens,
+                     forced_length=length_of_rate(args.rate), accept_rate=args.rate, draft_policy=policy)
+        steps, ks = replay(bench, w, args.prompt_tokens)
+        print(f"{policy:8s} {steps} steps; k per step: {ks}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
