@@ -60,9 +60,9 @@ sequence waits, for up to MIN_OBSERVATIONS steps: it does not probe, and a step 
 the drafter all wait verifies none (k is one number for the step: beside judged ones it verifies their k). Drafts
 on its prior would take the waiting prompts' place in the step's token budget and lengthen the step, which delays
 their first tokens and the whole batch after them (beside a drafter of host tokens they would also make the step
-synchronous). The last of them, whose tokens the budget holds, do not hold it back: its drafts may push part of a
-prompt into the next step, but waiting there would also skip the drafter, and the young would verify no drafts in
-the next step either (at 16 sequences of 128-token prompts: 3 more steps for the batch). A
+synchronous). Prompts whose tokens left the budget holds (a burst's last ones) do not make it wait: its drafts
+may push part of a prompt into the next step, but waiting there would also skip the drafter, and the young would
+verify no drafts in the next step either (at 16 sequences of 128-token prompts: 3 more steps for the batch). A
 sequence out of the drafter costs it nothing: no rows to catch up on, no drafts; while no sequence is in the
 drafter, steps verify none (engine.py) and do not call it. It does not come back (a drafter that takes hidden
 states would have to see its whole context again); requests admitted later start in the drafter, their prior

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from itertools import islice
 from dataclasses import dataclass
+from itertools import islice
 
 from .block_manager import BlockManager
 from .sequence import Sequence
