@@ -9,7 +9,8 @@
 #      and back: the output must be identical in every phase, and the verifier container the same one;
 #   5. checks what it can of the GPU variant (no GPU here), then `down -v`.
 # Container logs are printed on any failure; the exit status is non-zero on any failure, including an engine
-# that does not start.
+# that does not start. At the end the build cache is pruned to its 20 GB most recently used (each run adds a few
+# GB to it: runs on one machine once filled its disk, and a build then failed with "No space left on device").
 #
 # Options: --cold         first remove this script's images, base image and build cache (a from-scratch run)
 #          --keep-engine  leave dockerd running if this script started it (default: stop it at the end)
@@ -82,6 +83,7 @@ on_exit() {
   fi
   docker info > /dev/null 2>&1 && dc down -v --remove-orphans > /dev/null 2>&1
   docker info > /dev/null 2>&1 && drop_replaced
+  docker info > /dev/null 2>&1 && docker builder prune -f --keep-storage 20GB > /dev/null 2>&1
   [ -n "$linked_wheel" ] && rm -f "$linked_wheel"
   if [ "$keep_engine" = 0 ] && [ -f "$STATE/dockerd.pid" ]; then
     local pid; pid=$(cat "$STATE/dockerd.pid")

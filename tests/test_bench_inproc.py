@@ -75,3 +75,35 @@ def test_inproc_steps_are_sized_as_the_verifier_sizes_them_on_the_device():
             max(DEVICE_LIMITS[device]["max_batched_tokens"], 64 * 4), DEVICE_LIMITS[device]["prefill_chunk"], 64)
     assert scheduler_for(wl.Workload("inproc", "mtp", concurrency=512, prompt_tokens=8, max_tokens=8),
                          "cuda").max_batched_tokens == 512 * 4
+
+
+def test_the_policy_replay_runs_both_policies_priced_with_a_runs_step_costs(tmp_path):
+    """bench/policy_replay.py (the adaptive workload replayed on the CPU with a GPU run's step costs) reads the
+    costs from a bench JSON and prints, per policy, its engine steps and the k of each; a JSON without step costs
+    is refused."""
+    import json
+    import os
+    import re
+    import subprocess
+    from pathlib import Path
+    repo = Path(__file__).resolve().parents[1]
+    costs = {"results": [{"metrics": {"step_costs_ms": {
+        "batch_sizes": [1, 2], "ms": [[4.1, 5.1, 5.2, 5.3], [4.2, 5.2, 5.3, 5.4]],
+        "drafts": [[0, 1, 2, 3], [0, 1, 2, 3]], "plain_ms": [4.1, 4.2]}}}]}
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps(costs))
+    env = dict(os.environ, PYTHONPATH=f"{repo}{os.pathsep}{repo / 'bench'}")
+
+    def replay(costs_file):
+        return subprocess.run(["python3", "-P", "bench/policy_replay.py", "--costs", str(costs_file), "--concurrency",
+                               "2", "--prompt-tokens", "8", "--max-tokens", "16"], cwd=repo, env=env,
+                              capture_output=True, text=True, timeout=240)
+    done = replay(path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = re.findall(r"^(fixed|adaptive) +(\d+) steps; k per step: ([-0-3]+)$", done.stdout, re.M)
+    assert [policy for policy, _, _ in lines] == ["fixed", "adaptive"], done.stdout
+    for _, steps, ks in lines:
+        assert int(steps) == len(ks) and "3" in ks           # a step count, and drafts verified at the good rate
+    path.write_text(json.dumps({"results": [{"metrics": {}}]}))
+    refused = replay(path)
+    assert refused.returncode != 0 and "no adaptive workload with step costs" in refused.stderr
