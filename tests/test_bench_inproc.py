@@ -63,6 +63,29 @@ def test_adaptive_passes_alternate_with_the_kept_plain_engines(tiny_model):
     assert bench._plain is None and gone() is None
 
 
+def test_each_round_of_paired_passes_starts_with_another_one(tiny_model):
+    """The adaptive, fixed and plain passes of one round run in an order rotated by one each round, so that none
+    always runs first or right after the other engine; the fixed pass runs with the policy's adaptive flag off,
+    the adaptive one with it on."""
+    from specdec_tools.bench.inprocess import InprocBench
+    bench = InprocBench(tiny_model, torch.device("cpu"), repeats=3)
+    plain_w = wl.Workload("inproc", "none", concurrency=1, prompt_tokens=9, max_tokens=12)
+    fixed = replace(plain_w, drafter="mtp", forced_length=2.5)
+    prompts = wl.prompts_for(plain_w, 257)
+    bench.run(plain_w, prompts, guard_s=120)
+    bench.run(fixed, prompts, guard_s=120)
+    order, timed = [], bench._timed_pass
+
+    def spy(engine, w, *args):
+        kind = "plain" if engine is bench._plain else ("adaptive" if engine.policy.adaptive else "fixed")
+        assert (w.draft_policy == "adaptive") == (kind == "adaptive") and (w.drafter == "none") == (kind == "plain")
+        order.append(kind[0])
+        return timed(engine, w, *args)
+    bench._timed_pass = spy
+    bench.run(replace(fixed, draft_policy="adaptive"), prompts, guard_s=120)
+    assert "".join(order) == "afp" + "fpa" + "paf"
+
+
 def test_inproc_steps_are_sized_as_the_verifier_sizes_them_on_the_device():
     """The verifier's default token budget and prefill chunk for the device (builder.DEVICE_LIMITS), widened so
     that every running sequence verifies in one step."""

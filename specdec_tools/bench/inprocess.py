@@ -176,27 +176,32 @@ class InprocBench:
                       clocks: tuple[CallClock, CallClock]) -> tuple[list[dict], list[dict], list[dict]]:
         """Up to `repeats` timed passes within one guard_s for them all (a further one starts only if one as long as
         the last still fits; none after a pass cut by the guard). The adaptive policy on the fixed one's engine:
-        each of its passes is followed by one of the fixed policy (the second list, `paired_fixed_*`) and, when
-        the plain engine of its shape is kept, by one of plain decoding (the third, `paired_plain_*`): the three
-        in alternation, so that a drift of the machine's speed (a few percent between runs) falls on all."""
+        each of its passes comes with one of the fixed policy (the second list, `paired_fixed_*`) and, when the
+        plain engine of its shape is kept, one of plain decoding (the third, `paired_plain_*`): the three in
+        alternation, so that a drift of the machine's speed (a few percent between runs) falls on all, each round
+        in an order rotated by one, so that none always runs first (or always right after the other engine)."""
         paired = self._reused and w.draft_policy == "adaptive"
         plain_engine = self.plain_engine_for(w) if paired else None
-        deadline, passes, fixed_passes, plain_passes, last_s = time.perf_counter() + guard_s, [], [], [], 0.0
+        passes, fixed_passes, plain_passes = [], [], []
+        # (passes it adds to, engine, workload, prompt rotations, the policy's adaptive flag: None leaves it)
+        kinds = [(passes, engine, w, self._salts, True if paired else None)]
+        if paired:
+            kinds.append((fixed_passes, engine, replace(w, draft_policy="fixed"), self._salts, False))
+        if plain_engine is not None:   # (the clocks time only the other engine: its step split is host-only)
+            kinds.append((plain_passes, plain_engine, self._plain_for, self._plain_salts, None))
+        deadline, last_s = time.perf_counter() + guard_s, 0.0
         while len(passes) < self.repeats and not any(p["truncated"] for p in passes + fixed_passes + plain_passes):
-            left, started = deadline - time.perf_counter(), time.perf_counter()
-            if passes and left < last_s:
+            started = time.perf_counter()
+            if passes and deadline - started < last_s:
                 break
-            passes.append(self._timed_pass(engine, w, salted(prompts, next(self._salts)), left, clocks))
+            shift = len(passes) % len(kinds)
+            for into, on, workload, salts, adaptive in kinds[shift:] + kinds[:shift]:
+                if adaptive is not None:
+                    engine.policy.adaptive = adaptive
+                into.append(self._timed_pass(on, workload, salted(prompts, next(salts)),
+                                             deadline - time.perf_counter(), clocks))
             if paired:
-                engine.policy.adaptive = False
-                fixed_passes.append(self._timed_pass(engine, replace(w, draft_policy="fixed"),
-                                                     salted(prompts, next(self._salts)),
-                                                     deadline - time.perf_counter(), clocks))
                 engine.policy.adaptive = True
-            if plain_engine is not None:   # (the clocks time only the other engine: its step split is host-only)
-                plain_passes.append(self._timed_pass(plain_engine, self._plain_for,
-                                                     salted(prompts, next(self._plain_salts)),
-                                                     deadline - time.perf_counter(), clocks))
             last_s = time.perf_counter() - started
         return passes, fixed_passes, plain_passes
 
