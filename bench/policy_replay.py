@@ -2,7 +2,8 @@
 random model, the synthetic drafter at a per-token acceptance (forced, as the bench does), and the adaptive policy
 priced with the step costs a GPU run measured (read from that run's JSON), so that the policy's choices can be
 studied without the GPU. Prints, per policy, the engine steps the workload took and the k each step verified
-('-': a step that did not ask the policy: prefill only, or a step that only read the last one).
+('-': a step that did not ask the policy: prefill only, a step that only read the last one, or one with no sequence
+in the drafter). Requests are seeded as the bench seeds them, so the forced acceptance draws the same schedule.
 
     PYTHONPATH=$PWD:$PWD/bench python3 -P bench/policy_replay.py \\
         --costs bench/results/h100/bench_adaptive_h100.json --concurrency 16 --rate 0.9
@@ -24,15 +25,20 @@ from specdec_tools.bench.workloads import Workload, length_of_rate
 from verifier_service.draft_policy import StepCosts
 
 
-def measured_costs(path: str) -> StepCosts:
-    """The step costs of the first adaptive workload in a bench JSON that recorded them (the largest batch table)."""
-    tables = [r["metrics"]["step_costs_ms"] for r in json.load(open(path))["results"]
-              if r["metrics"].get("step_costs_ms")]
-    if not tables:
-        raise SystemExit(f"{path}: no adaptive workload with step costs")
-    t = max(tables, key=lambda t: len(t["batch_sizes"]))
-    return StepCosts(tuple(t["batch_sizes"]), np.array(t["ms"]) * 1e-3, np.array(t["drafts"]),
-                     np.array(t["plain_ms"]) * 1e-3)
+def measured_costs(path: str, concurrency: int, rate: float) -> tuple[StepCosts, str]:
+    """The step costs a bench JSON recorded for the synthetic drafter's adaptive workload at this concurrency and
+    rate, else those of its synthetic workload with the most batch sizes; and which workload's they are."""
+    with open(path) as f:
+        results = [r for r in json.load(f)["results"] if r["metrics"].get("step_costs_ms")]
+    synthetic = [r for r in results if r.get("workload", {}).get("drafter") == "synthetic"]
+    same = [r for r in synthetic if (r["workload"]["concurrency"], r["workload"]["accept_rate"]) == (concurrency, rate)]
+    if not (same or synthetic):
+        raise SystemExit(f"{path}: no adaptive workload of the synthetic drafter with step costs")
+    chosen = (same or sorted(synthetic, key=lambda r: -len(r["metrics"]["step_costs_ms"]["batch_sizes"])))[0]
+    t = chosen["metrics"]["step_costs_ms"]
+    plain = None if t.get("plain_ms") is None else np.array(t["plain_ms"]) * 1e-3
+    return (StepCosts(tuple(t["batch_sizes"]), np.array(t["ms"]) * 1e-3, np.array(t["drafts"]), plain),
+            chosen["name"])
 
 
 def replay(bench: inprocess.InprocBench, w: Workload, prompt_tokens: int) -> tuple[int, str]:
@@ -40,7 +46,7 @@ def replay(bench: inprocess.InprocBench, w: Workload, prompt_tokens: int) -> tup
     engine = bench.build_engine(w)
     for i in range(w.concurrency):
         engine.add_request(f"r{i}", [3 + (i * 7 + j) % 200 for j in range(prompt_tokens)],
-                           SamplingParams(max_tokens=w.max_tokens, ignore_eos=True))
+                           SamplingParams(max_tokens=w.max_tokens, seed=i, ignore_eos=True))
     verified, schedule = [], engine.scheduler.schedule
     engine.scheduler.schedule = lambda k: (verified.append(k), schedule(k))[1]
     chosen = []
@@ -60,7 +66,8 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=256)
     args = parser.parse_args()
-    costs = measured_costs(args.costs)
+    costs, source = measured_costs(args.costs, args.concurrency, args.rate)
+    print(f"step costs of {source}", flush=True)
     inprocess.measure_step_costs = lambda engine: setattr(engine.policy, "costs", costs) or costs
     cuda_sized = inprocess.scheduler_for
     inprocess.scheduler_for = lambda w, device_type: cuda_sized(w, "cuda")   # the GPU's step budget and chunks

@@ -40,7 +40,7 @@ def test_fixed_and_adaptive_policies_are_measured_on_one_engine(tiny_model):
 
 def test_adaptive_passes_alternate_with_the_kept_plain_engines(tiny_model):
     """The plain workload's engine is kept beside the drafter's (one engine each, the weights shared): each adaptive
-    pass is followed by a fixed pass and a plain pass on it (`paired_plain_*`); a workload of another shape frees
+    pass comes with a fixed pass and a plain pass on it (`paired_plain_*`); a workload of another shape frees
     it."""
     from specdec_tools.bench.inprocess import InprocBench
     bench = InprocBench(tiny_model, torch.device("cpu"), repeats=2)
@@ -64,9 +64,9 @@ def test_adaptive_passes_alternate_with_the_kept_plain_engines(tiny_model):
 
 
 def test_each_round_of_paired_passes_starts_with_another_one(tiny_model):
-    """The adaptive, fixed and plain passes of one round run in an order rotated by one each round, so that none
-    always runs first or right after the other engine; the fixed pass runs with the policy's adaptive flag off,
-    the adaptive one with it on."""
+    """Round r of the adaptive, fixed and plain passes runs kind r first, the others in their order: each runs first
+    once in three rounds, and the adaptive and the fixed pass each follow the plain engine's pass once; the fixed
+    pass runs with the policy's adaptive flag off, the adaptive one with it on."""
     from specdec_tools.bench.inprocess import InprocBench
     bench = InprocBench(tiny_model, torch.device("cpu"), repeats=3)
     plain_w = wl.Workload("inproc", "none", concurrency=1, prompt_tokens=9, max_tokens=12)
@@ -83,7 +83,7 @@ def test_each_round_of_paired_passes_starts_with_another_one(tiny_model):
         return timed(engine, w, *args)
     bench._timed_pass = spy
     bench.run(replace(fixed, draft_policy="adaptive"), prompts, guard_s=120)
-    assert "".join(order) == "afp" + "fpa" + "paf"
+    assert "".join(order) == "afp" + "fap" + "paf"
 
 
 def test_inproc_steps_are_sized_as_the_verifier_sizes_them_on_the_device():
@@ -102,31 +102,34 @@ def test_inproc_steps_are_sized_as_the_verifier_sizes_them_on_the_device():
 
 def test_the_policy_replay_runs_both_policies_priced_with_a_runs_step_costs(tmp_path):
     """bench/policy_replay.py (the adaptive workload replayed on the CPU with a GPU run's step costs) reads the
-    costs from a bench JSON and prints, per policy, its engine steps and the k of each; a JSON without step costs
-    is refused."""
+    costs of the synthetic drafter's workload from a bench JSON and prints, per policy, its engine steps and the k
+    of each; a JSON without such costs is refused."""
     import json
     import os
     import re
     import subprocess
+    import sys
     from pathlib import Path
     repo = Path(__file__).resolve().parents[1]
-    costs = {"results": [{"metrics": {"step_costs_ms": {
+    costs = {"results": [{"name": "inproc/syn@0.9+adaptive/c2", "metrics": {"step_costs_ms": {
         "batch_sizes": [1, 2], "ms": [[4.1, 5.1, 5.2, 5.3], [4.2, 5.2, 5.3, 5.4]],
-        "drafts": [[0, 1, 2, 3], [0, 1, 2, 3]], "plain_ms": [4.1, 4.2]}}}]}
+        "drafts": [[0, 1, 2, 3], [0, 1, 2, 3]], "plain_ms": [4.1, 4.2]}},
+        "workload": {"drafter": "synthetic", "concurrency": 2, "accept_rate": 0.9}}]}
     path = tmp_path / "costs.json"
     path.write_text(json.dumps(costs))
     env = dict(os.environ, PYTHONPATH=f"{repo}{os.pathsep}{repo / 'bench'}")
 
     def replay(costs_file):
-        return subprocess.run(["python3", "-P", "bench/policy_replay.py", "--costs", str(costs_file), "--concurrency",
+        return subprocess.run([sys.executable, "-P", "bench/policy_replay.py", "--costs", str(costs_file), "--concurrency",
                                "2", "--prompt-tokens", "8", "--max-tokens", "16"], cwd=repo, env=env,
                               capture_output=True, text=True, timeout=240)
     done = replay(path)
     assert done.returncode == 0, done.stderr[-2000:]
+    assert "step costs of inproc/syn@0.9+adaptive/c2" in done.stdout
     lines = re.findall(r"^(fixed|adaptive) +(\d+) steps; k per step: ([-0-3]+)$", done.stdout, re.M)
     assert [policy for policy, _, _ in lines] == ["fixed", "adaptive"], done.stdout
     for _, steps, ks in lines:
         assert int(steps) == len(ks) and "3" in ks           # a step count, and drafts verified at the good rate
     path.write_text(json.dumps({"results": [{"metrics": {}}]}))
     refused = replay(path)
-    assert refused.returncode != 0 and "no adaptive workload with step costs" in refused.stderr
+    assert refused.returncode != 0 and "no adaptive workload of the synthetic drafter" in refused.stderr

@@ -178,8 +178,10 @@ class InprocBench:
         the last still fits; none after a pass cut by the guard). The adaptive policy on the fixed one's engine:
         each of its passes comes with one of the fixed policy (the second list, `paired_fixed_*`) and, when the
         plain engine of its shape is kept, one of plain decoding (the third, `paired_plain_*`): the three in
-        alternation, so that a drift of the machine's speed (a few percent between runs) falls on all, each round
-        in an order rotated by one, so that none always runs first (or always right after the other engine)."""
+        alternation, so that a drift of the machine's speed (a few percent between runs) falls on all. Round r runs
+        kind r (mod 3) first and the others in their order (afp, fap, paf): each runs first once in three rounds,
+        and the adaptive and the fixed pass each follow the other engine's pass once. A pass cut by the guard ends
+        its round."""
         paired = self._reused and w.draft_policy == "adaptive"
         plain_engine = self.plain_engine_for(w) if paired else None
         passes, fixed_passes, plain_passes = [], [], []
@@ -194,12 +196,14 @@ class InprocBench:
             started = time.perf_counter()
             if passes and deadline - started < last_s:
                 break
-            shift = len(passes) % len(kinds)
-            for into, on, workload, salts, adaptive in kinds[shift:] + kinds[:shift]:
+            first = len(passes) % len(kinds)
+            for into, on, workload, salts, adaptive in [kinds[first]] + kinds[:first] + kinds[first + 1:]:
                 if adaptive is not None:
                     engine.policy.adaptive = adaptive
                 into.append(self._timed_pass(on, workload, salted(prompts, next(salts)),
                                              deadline - time.perf_counter(), clocks))
+                if into[-1]["truncated"]:
+                    break
             if paired:
                 engine.policy.adaptive = True
             last_s = time.perf_counter() - started
