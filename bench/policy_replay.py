@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 
-import numpy as np
 import torch
 from step_bench import random_model
 
@@ -35,14 +34,11 @@ def measured_costs(path: str, concurrency: int, rate: float) -> tuple[StepCosts,
     if not (same or synthetic):
         raise SystemExit(f"{path}: no adaptive workload of the synthetic drafter with step costs")
     chosen = (same or sorted(synthetic, key=lambda r: -len(r["metrics"]["step_costs_ms"]["batch_sizes"])))[0]
-    t = chosen["metrics"]["step_costs_ms"]
-    plain = None if t.get("plain_ms") is None else np.array(t["plain_ms"]) * 1e-3
-    return (StepCosts(tuple(t["batch_sizes"]), np.array(t["ms"]) * 1e-3, np.array(t["drafts"]), plain),
-            chosen["name"])
+    return inprocess.costs_of_record(chosen["metrics"]["step_costs_ms"]), chosen["name"]
 
 
-def replay(bench: inprocess.InprocBench, w: Workload, prompt_tokens: int) -> tuple[int, str]:
-    """(engine steps, the k each step verified) for w's requests sent at once."""
+def replay(bench: inprocess.InprocBench, w: Workload, prompt_tokens: int) -> str:
+    """The k each engine step verified ('-': it did not ask the policy) for w's requests sent at once."""
     engine = bench.build_engine(w)
     for i in range(w.concurrency):
         engine.add_request(f"r{i}", [3 + (i * 7 + j) % 200 for j in range(prompt_tokens)],
@@ -55,7 +51,7 @@ def replay(bench: inprocess.InprocBench, w: Workload, prompt_tokens: int) -> tup
         asked = len(verified)
         engine.step()
         chosen.append(str(verified[-1]) if len(verified) > asked and sum(engine.policy.chosen) > before else "-")
-    return len(chosen), "".join(chosen)
+    return "".join(chosen)
 
 
 def main() -> None:
@@ -76,8 +72,8 @@ def main() -> None:
     for policy in ("fixed", "adaptive"):
         w = Workload("inproc", "synthetic", args.concurrency, args.prompt_tokens, args.max_tokens,
                      forced_length=length_of_rate(args.rate), accept_rate=args.rate, draft_policy=policy)
-        steps, ks = replay(bench, w, args.prompt_tokens)
-        print(f"{policy:8s} {steps} steps; k per step: {ks}", flush=True)
+        ks = replay(bench, w, args.prompt_tokens)
+        print(f"{policy:8s} {len(ks)} steps; k per step: {ks}", flush=True)
 
 
 if __name__ == "__main__":

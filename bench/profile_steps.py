@@ -3,8 +3,8 @@
 `--preset` / `--layers` take another make-tiny shape (random weights made on the device), e.g. the 80B's layers.
 
 1. prefill steps (eager): N prompts x L tokens in one step, wall ms and prompt tokens/s, then a profile of one
-2. engine steps at batch 1 and 16 (`--concurrency`), plain and MTP k = 3 at forced acceptance 3.39: wall per step, the engine's
-   phases, and the profiler's top host (self CPU) and GPU entries.
+2. engine steps at batch 1 and 16 (`--concurrency`), plain and MTP k = 3 at forced acceptance 3.39: wall per
+   step, the engine's phases, and the profiler's top host (self CPU) and GPU entries.
 3. `--chunked-prompt L:N` (instead of 1 and 2): one L-token prompt alone in N-token steps, as a server prefills it
    (issue 38's TTFT): wall ms of each step in graphs and eagerly, and the profiler's top GPU kernels of the
    eager run (the same kernels the prefill bucket's graph replays).

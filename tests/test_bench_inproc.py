@@ -1,8 +1,14 @@
 """The inproc path of `specdec bench` (specdec_tools/bench/inprocess.py): steps sized as the verifier sizes them
 on the device, and the fixed and the adaptive draft policy of one drafter measured on one engine, their passes
 paired, and with plain decoding's passes on the plain engine kept beside it."""
+import json
+import os
+import re
+import subprocess
+import sys
 import weakref
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
@@ -104,12 +110,6 @@ def test_the_policy_replay_runs_both_policies_priced_with_a_runs_step_costs(tmp_
     """bench/policy_replay.py (the adaptive workload replayed on the CPU with a GPU run's step costs) reads the
     costs of the synthetic drafter's workload from a bench JSON and prints, per policy, its engine steps and the k
     of each; a JSON without such costs is refused."""
-    import json
-    import os
-    import re
-    import subprocess
-    import sys
-    from pathlib import Path
     repo = Path(__file__).resolve().parents[1]
     costs = {"results": [{"name": "inproc/syn@0.9+adaptive/c2", "metrics": {"step_costs_ms": {
         "batch_sizes": [1, 2], "ms": [[4.1, 5.1, 5.2, 5.3], [4.2, 5.2, 5.3, 5.4]],

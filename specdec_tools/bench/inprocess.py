@@ -11,12 +11,14 @@ import math
 import time
 from dataclasses import replace
 
+import numpy as np
 import torch
 
 from drafter_service.synthetic import SyntheticDrafter
 from specdec.models.loader import LoadedModel
 from specdec.sampling_params import SamplingParams
 from verifier_service.builder import DEVICE_LIMITS, VerifierConfig, build_engine
+from verifier_service.draft_policy import StepCosts
 from verifier_service.engine import SpecEngine
 from verifier_service.scheduler import SchedulerConfig
 from verifier_service.warm_up import measure_step_costs
@@ -34,6 +36,20 @@ BLOCK = 16
 def blocks_for(w: Workload) -> int:
     """KV blocks for the whole workload: every sequence's prompt + output + drafts, no preemption."""
     return sum(math.ceil((p + w.max_tokens + w.num_drafts + 1) / BLOCK) + 1 for p in w.prompt_lengths)
+
+
+def costs_record(costs: StepCosts) -> dict:
+    """The adaptive policy's step costs as a result JSON keeps them (`step_costs_ms`), in ms."""
+    return {"batch_sizes": list(costs.batch_sizes), "ms": (costs.seconds * 1e3).round(3).tolist(),
+            "drafts": costs.drafts.round(3).tolist(),
+            "plain_ms": None if costs.plain is None else (costs.plain * 1e3).round(3).tolist()}
+
+
+def costs_of_record(record: dict) -> StepCosts:
+    """The StepCosts a result JSON's `step_costs_ms` holds (costs_record's inverse)."""
+    plain = record.get("plain_ms")
+    return StepCosts(tuple(record["batch_sizes"]), np.array(record["ms"]) * 1e-3, np.array(record["drafts"]),
+                     None if plain is None else np.array(plain) * 1e-3)
 
 
 def scheduler_for(w: Workload, device_type: str) -> SchedulerConfig:
@@ -235,11 +251,7 @@ class InprocBench:
                 "mean_acceptance_length": round(emitted / verify, 4) if verify else None,
                 "mean_drafts": round(drafted / verify, 4) if verify else None, "steps_by_k": chosen,
                 "left_drafter": left_drafter,
-                "step_costs_ms": None if costs is None else {"batch_sizes": list(costs.batch_sizes),
-                                                             "ms": (costs.seconds * 1e3).round(3).tolist(),
-                                                             "drafts": costs.drafts.round(3).tolist(),
-                                                             "plain_ms": None if costs.plain is None else
-                                                             (costs.plain * 1e3).round(3).tolist()},
+                "step_costs_ms": None if costs is None else costs_record(costs),
                 "engine_steps": len(steps), "preemptions": preemptions, "step_ms": split}
 
     def _drive(self, engine: SpecEngine, w: Workload, prompts, guard_s: float, clocks):
