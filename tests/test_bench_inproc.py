@@ -120,9 +120,9 @@ def test_the_policy_replay_runs_both_policies_priced_with_a_runs_step_costs(tmp_
     env = dict(os.environ, PYTHONPATH=f"{repo}{os.pathsep}{repo / 'bench'}")
 
     def replay(costs_file):
-        return subprocess.run([sys.executable, "-P", "bench/policy_replay.py", "--costs", str(costs_file), "--concurrency",
-                               "2", "--prompt-tokens", "8", "--max-tokens", "16"], cwd=repo, env=env,
-                              capture_output=True, text=True, timeout=240)
+        return subprocess.run([sys.executable, "-P", "bench/policy_replay.py", "--costs", str(costs_file),
+                               "--concurrency", "2", "--prompt-tokens", "8", "--max-tokens", "16"], cwd=repo,
+                              env=env, capture_output=True, text=True, timeout=240)
     done = replay(path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "step costs of inproc/syn@0.9+adaptive/c2" in done.stdout
