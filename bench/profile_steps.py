@@ -8,6 +8,12 @@
 3. `--chunked-prompt L:N` (instead of 1 and 2): one L-token prompt alone in N-token steps, as a server prefills it
    (issue 38's TTFT): wall ms of each step in graphs and eagerly, and the profiler's top GPU kernels of the
    eager run (the same kernels the prefill bucket's graph replays).
+4. `--tensor-parallel-size N`: only 2's engine steps, of the preset's shape split over N ranks (rank r on cuda:r,
+   each making its own random shard), the synthetic drafter's k = 3 random drafts in place of MTP's (no rank holds
+   the whole embedding and LM head the MTP drafter reads), their acceptance forced the same. The profiler sees rank
+   0: its NCCL kernels' time is where its GPU waits for the others. Every rank r > 0 logs its host's wait for rank
+   0's message and its run of a step (rank_group.py) every RANK_STATS_EVERY_S seconds and when its engine closes;
+   a window also holds the engine's warm-up and profiled steps, few beside the others: read its medians.
 Run on the GPU machine: PYTHONPATH=$PWD:$PWD/bench python3 -P bench/profile_steps.py [--out DIR] (-P: bench/kernels.py
 would shadow the kernels package)
 """
@@ -29,7 +35,8 @@ from torch.profiler import ProfilerActivity, profile
 from specdec_tools.bench.inprocess import InprocBench
 from specdec_tools.bench.profile import summarize_events
 from specdec_tools.bench.sync_sites import site, synchronising_stacks
-from specdec_tools.bench.workloads import Workload
+from specdec_tools.bench.workloads import K, Workload
+from specdec.drafting.acceptance_rate import acceptance_rate_for
 from specdec.models import gated_deltanet
 from specdec.models.loader import load_model
 from specdec_tools.tiny import make_tiny
@@ -40,6 +47,12 @@ from verifier_service.sequence import Sequence
 PREFILL_CASES = ((1, 128), (4, 128), (16, 128), (1, 512), (4, 512), (1, 2048), (2, 2048), (1, 4096))
 ACTIVITIES = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
 SORT = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+FORCED_LENGTH = 3.39
+# (drafter, forced mean acceptance length, synthetic drafter's per-token acceptance) of the engine steps' workloads
+DRAFTERS = (("none", None, None), ("mtp", FORCED_LENGTH, None))
+PARALLEL_DRAFTERS = (("none", None, None),
+                     ("synthetic", FORCED_LENGTH, round(acceptance_rate_for(FORCED_LENGTH, K), 2)))
+RANK_STATS_EVERY_S = 5.0
 
 
 def sync() -> None:
@@ -159,6 +172,13 @@ def launch_timers(engine) -> dict[str, list[float]]:
 
 def engine_steps(bench: InprocBench, w: Workload, steps: int = 30) -> dict:
     engine = bench.build_engine(w)
+    try:
+        return _engine_steps(engine, w, steps)
+    finally:
+        engine.executor.close()   # its tensor-parallel ranks, if any
+
+
+def _engine_steps(engine, w: Workload, steps: int) -> dict:
     prompts = [list(range(3 + i, 3 + i + w.prompt_tokens)) for i in range(w.concurrency)]
     for i, p in enumerate(prompts):
         engine.add_request(f"p{i}", p, SamplingParams(max_tokens=w.max_tokens, ignore_eos=True))
@@ -189,10 +209,34 @@ def engine_steps(bench: InprocBench, w: Workload, steps: int = 30) -> dict:
     print(json.dumps({k: v for k, v in summary.items() if k != "top"}))
     for i in range(len(prompts)):
         engine.abort(f"p{i}")
-    return {"workload": w.name, "median_step_ms": round(statistics.median(walls), 3), "phases_ms": mean_phase,
+    return {"workload": w.name, "forced_acceptance_length": w.forced_length,
+            "median_step_ms": round(statistics.median(walls), 3), "phases_ms": mean_phase,
             "launch_parts_ms": launch,
             "sync_sites_per_step": syncs,
             **{k: v for k, v in summary.items() if k != "top"}}
+
+
+def workloads(concurrency: list[int], drafters, smoke: bool) -> list[Workload]:
+    return [Workload("inproc", d, c, 32 if smoke else 128, 200, forced_length=f, accept_rate=a)
+            for c in concurrency for d, f, a in drafters]
+
+
+def parallel_engine_steps(preset: str, layers: int, size: int, concurrency: list[int], device: torch.device,
+                          smoke: bool) -> list[dict]:
+    """engine_steps of `preset`'s shape over `size` tensor-parallel ranks, each making its shard's random weights
+    on its device (`--load-format dummy`), bf16 (fp32 on the CPU)."""
+    with tempfile.TemporaryDirectory(prefix=f"specdec-{preset}-") as folder:
+        make_tiny(folder, preset=preset, overrides={"num_hidden_layers": layers}, weights=False, dtype="bfloat16")
+        bench = InprocBench(None, device, target=dict(
+            model_dir=folder, dtype="float32" if smoke else "bfloat16", load_format="dummy",
+            tensor_parallel_size=size, rank_stats_every_s=RANK_STATS_EVERY_S))
+        return [engine_steps(bench, w) for w in workloads(concurrency, PARALLEL_DRAFTERS, smoke)]
+
+
+def write(record: dict, out: str | None) -> None:
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        Path(out, "profile_steps.json").write_text(json.dumps(record, indent=1))
 
 
 def main() -> None:
@@ -208,27 +252,33 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16], help="engine steps' batch sizes")
     parser.add_argument("--chunked-prompt", metavar="L:N", default=None,
                         help="only profile one L-token prompt prefilled in N-token steps (e.g. 8192:1024)")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
+                        help="N > 1: only the engine steps, of --preset's shape (with --layers) over N ranks "
+                             "(GPUs 0..N-1), the synthetic drafter in place of MTP")
     args = parser.parse_args()
+    parallel = args.tensor_parallel_size > 1
+    if parallel and (args.chunked_prompt or args.skip_engine):
+        parser.error("--tensor-parallel-size profiles engine steps only: not with --chunked-prompt or --skip-engine")
     device = torch.device("cpu" if args.smoke else "cuda")
+    device_name = str(device) if args.smoke else torch.cuda.get_device_name()
+    if parallel:
+        write({"device": device_name, "tensor_parallel_size": args.tensor_parallel_size, "prefill": [],
+               "engine": parallel_engine_steps(args.preset, args.layers, args.tensor_parallel_size, args.concurrency,
+                                               device, args.smoke)}, args.out)
+        return
     loaded = (random_model(2 if args.smoke else args.layers, device, smoke=args.smoke)
               if args.smoke or args.preset == "qwen3.5-4b" else dummy_model(args.preset, args.layers, device))
     if args.chunked_prompt:
         length, chunk = (int(x) for x in args.chunked_prompt.split(":"))
-        record = {"chunked_prompt": chunked_prompt(loaded, device, length, chunk)}
-        if args.out:
-            Path(args.out).mkdir(parents=True, exist_ok=True)
-            Path(args.out, "profile_steps.json").write_text(json.dumps(record, indent=1))
+        write({"chunked_prompt": chunked_prompt(loaded, device, length, chunk)}, args.out)
         return
-    record = {"device": str(device) if args.smoke else torch.cuda.get_device_name(), "prefill": [] if args.skip_prefill else
+    record = {"device": device_name, "tensor_parallel_size": 1, "prefill": [] if args.skip_prefill else
               prefill_table(loaded, device, PREFILL_CASES[:2] if args.smoke else PREFILL_CASES)}
     loaded.mtp_weights = random_mtp_weights(loaded, device)
     bench = InprocBench(loaded, device)
-    workloads = [Workload("inproc", d, c, 32 if args.smoke else 128, 60 if args.smoke else 200, forced_length=f)
-                 for c in args.concurrency for d, f in (("none", None), ("mtp", 3.39))]
-    record["engine"] = [] if args.skip_engine else [engine_steps(bench, w) for w in workloads]
-    if args.out:
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        Path(args.out, "profile_steps.json").write_text(json.dumps(record, indent=1))
+    record["engine"] = [] if args.skip_engine else [engine_steps(bench, w)
+                                                    for w in workloads(args.concurrency, DRAFTERS, args.smoke)]
+    write(record, args.out)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The inproc path of `specdec bench` (specdec_tools/bench/inprocess.py): steps sized as the verifier sizes them
 on the device, and the fixed and the adaptive draft policy of one drafter measured on one engine, their passes
-paired, and with plain decoding's passes on the plain engine kept beside it."""
+paired, and with plain decoding's passes on the plain engine kept beside it; the bench scripts that drive it
+(bench/policy_replay.py, bench/profile_steps.py over tensor-parallel ranks)."""
 import json
 import os
 import re
@@ -133,3 +134,26 @@ def test_the_policy_replay_runs_both_policies_priced_with_a_runs_step_costs(tmp_
     path.write_text(json.dumps({"results": [{"metrics": {}}]}))
     refused = replay(path)
     assert refused.returncode != 0 and "no adaptive workload of the synthetic drafter" in refused.stderr
+
+
+def test_profile_steps_profiles_a_tensor_parallel_engines_steps(tmp_path):
+    """bench/profile_steps.py --tensor-parallel-size 2 (CPU, gloo): the engine steps of a make-tiny preset over two
+    ranks, plain and the synthetic drafter's at forced acceptance, each engine's ranks stopped (rank 1's line of
+    host time per step at its stop); --chunked-prompt runs no ranks and is refused."""
+    repo = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=f"{repo}{os.pathsep}{repo / 'bench'}")
+
+    def profile(*args):
+        return subprocess.run([sys.executable, "-P", "bench/profile_steps.py", "--smoke", "--tensor-parallel-size",
+                               "2", "--preset", "tiny", "--layers", "2", *args], cwd=repo, env=env,
+                              capture_output=True, text=True, timeout=240)
+    done = profile("--concurrency", "1", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads((tmp_path / "profile_steps.json").read_text())
+    assert record["tensor_parallel_size"] == 2 and record["prefill"] == []
+    assert [(e["workload"].split("/")[1], e["forced_acceptance_length"]) for e in record["engine"]] == [
+        ("none", None), ("syn@0.89", 3.39)]
+    assert all(e["median_step_ms"] > 0 and e["launch_parts_ms"]["LAUNCH (all)"] > 0 for e in record["engine"])
+    assert len(re.findall(r"rank 1: \d+ steps in .* running [\d.]+ ms a step", done.stderr)) >= 2
+    refused = profile("--chunked-prompt", "64:32")
+    assert refused.returncode == 2 and "not with --chunked-prompt" in refused.stderr

@@ -60,6 +60,7 @@ class VerifierConfig:
     unsafe_forced_acceptance: bool = False
     enforce_eager: bool = False            # no CUDA graphs
     tensor_parallel_size: int = 1          # ranks the target is split over (rank r on cuda:r; gloo on the CPU)
+    rank_stats_every_s: float = 60.0       # a rank r > 0 logs its host time per step this often (0: never)
     load_format: str = "safetensors"       # dummy: random weights of the config's shapes (benchmarks only)
     quantization: str = "none"             # fp8: the target's linears rounded through FP8 blocks at load time
     overlap: bool = True                   # launch a step before reading the last one's tokens (when it can)
@@ -117,7 +118,7 @@ def build_engine(config: VerifierConfig, make_drafter: DrafterFactory | None = N
     parallel = config.tensor_parallel_size > 1
     if parallel and ":" in config.device:
         raise ValueError(f"--tensor-parallel-size places rank r on cuda:r: give --device cuda, not {config.device}")
-    if parallel and config.in_process_drafter not in (None, "ngram") and config.num_drafts > 0:
+    if parallel and config.in_process_drafter not in (None, "ngram", "synthetic") and config.num_drafts > 0:
         raise ValueError(f"an in-process {config.in_process_drafter} drafter cannot run beside tensor-parallel ranks "
                          f"(no rank holds the whole embedding and LM head): serve it as a drafter service "
                          f"(specdec serve does)")
@@ -141,7 +142,8 @@ def build_engine(config: VerifierConfig, make_drafter: DrafterFactory | None = N
     if parallel:
         executor = Executor.build_parallel(RankSpec(config.model_dir, config.tensor_parallel_size, config.device,
                                                     config.dtype, config.load_format, sizes,
-                                                    quantization=config.quantization), prefix)
+                                                    quantization=config.quantization,
+                                                    stats_every_s=config.rank_stats_every_s), prefix)
         loaded = LoadedModel(model_config, executor.runner.model, {})
     else:
         executor = Executor(ModelRunner(loaded, device=config.device, **sizes), prefix=prefix)

@@ -9,6 +9,8 @@ runs every step rank 0 tells it, in the same order:
 The message crosses a gloo group on the host (step_message.py); the collectives inside the step use NCCL on GPUs
 (rank r on cuda:r) and gloo on the CPU. A step whose inputs rank 0 rewrote on the device from an unread verdict
 (overlapped steps) broadcasts them first (ModelRunner.run's share_inputs).
+A rank r logs its host time per step (its wait for rank 0's message, its run of the step: step_message.py's
+RankStepStats) every RankSpec.stats_every_s seconds of steps and at stop.
 
 A rank that dies before joining is seen at once (rank 0 waits for the ranks at the store, checking they live). A
 rank that exits later is seen at the next step, or by the step it breaks (gloo raises): the step raises RankLost,
@@ -40,7 +42,7 @@ from specdec.transport.host import free_port
 
 from .block_manager import CacheOps
 from .model_runner import ModelRunner
-from .step_message import PER_SEQ, MessageChannel, StepMessage
+from .step_message import PER_SEQ, MessageChannel, RankStepStats, StepMessage
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 600.0   # a rank loads its shard and captures its graphs within this
@@ -64,6 +66,7 @@ class RankSpec:
     runner: dict = field(default_factory=dict)   # ModelRunner's keyword arguments (num_blocks, block_size, ...)
     message_size: int = 0                # words of the step message; 0: message_words' default
     quantization: str = "none"           # "fp8": each rank rounds its own slices through FP8 blocks (loader.py)
+    stats_every_s: float = 60.0          # a rank r > 0 logs its host time per step this often, and at stop (0: never)
 
     @property
     def message_words(self) -> int:
@@ -115,7 +118,9 @@ def rank_main(spec: RankSpec, rank: int, port: int, parent: int) -> None:
     runner = _build_runner(spec, tp)
     channel = MessageChannel(host, spec.message_words)
     log.info("rank %d of %d ready on %s", rank, spec.size, runner.device)
+    stats = RankStepStats(rank, spec.stats_every_s)
     while True:
+        waiting_from = time.perf_counter()
         try:
             message = channel.receive()
         except RuntimeError as e:   # rank 0 is gone: its sockets closed
@@ -123,9 +128,16 @@ def rank_main(spec: RankSpec, rank: int, port: int, parent: int) -> None:
             os._exit(1)
         if message.plan is None:
             break
+        running_from = time.perf_counter()
         runner.apply_before(message.ops)
         runner.run(message.plan, share_inputs=message.share_inputs)
         runner.apply_after(message.ops)
+        line = stats.add(waiting_from, running_from, time.perf_counter())
+        if line:
+            log.info("%s", line)
+    line = stats.close()
+    if line:
+        log.info("%s", line)
     runner.graphs = None         # the graphs hold the communicator the teardown frees
     teardown()
     os._exit(0)

@@ -62,8 +62,12 @@ def scheduler_for(w: Workload, device_type: str) -> SchedulerConfig:
 
 
 class InprocBench:
-    def __init__(self, loaded: LoadedModel, device: torch.device, overlap: bool = True, repeats: int = 1):
-        self.loaded, self.device, self.overlap = loaded, device, overlap
+    def __init__(self, loaded: LoadedModel | None, device: torch.device, overlap: bool = True, repeats: int = 1,
+                 target: dict | None = None):
+        """`target`: VerifierConfig fields of a target that build_engine's engines load themselves (model_dir,
+        dtype, load_format, tensor_parallel_size, ...) with `loaded` None (run() needs `loaded`); the caller stops
+        an engine's tensor-parallel ranks (engine.executor.close())."""
+        self.loaded, self.device, self.overlap, self.target = loaded, device, overlap, target or {}
         self.repeats = repeats            # timed passes per workload; the one of median tokens/s is reported
         self._engine: SpecEngine | None = None     # the last workload's engine, kept for one that differs only
         self._engine_for: Workload | None = None   # in its draft policy (engine_for)
@@ -122,6 +126,7 @@ class InprocBench:
             kv_blocks=blocks_for(w), forced_acceptance_length=w.forced_length or 0.0,
             unsafe_forced_acceptance=bool(w.forced_length), overlap=self.overlap, warm_up=False,
             draft_policy=w.draft_policy)
+        config = replace(config, **self.target)
         if drafter == "synthetic":   # k random drafts a step (no references), their acceptance forced
             def make(loaded, config):
                 return SyntheticDrafter([], k, loaded.config.vocab_size, accept_rate=w.accept_rate)
