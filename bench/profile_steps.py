@@ -20,6 +20,7 @@ would shadow the kernels package)
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import tempfile
@@ -176,6 +177,10 @@ def engine_steps(bench: InprocBench, w: Workload, steps: int = 30) -> dict:
         return _engine_steps(engine, w, steps)
     finally:
         engine.executor.close()   # its tensor-parallel ranks, if any
+        del engine                # the timers' wrappers hold it in cycles: free its weights before the next one
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
 
 def _engine_steps(engine, w: Workload, steps: int) -> dict:
