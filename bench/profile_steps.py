@@ -12,8 +12,8 @@
    each making its own random shard), the synthetic drafter's k = 3 random drafts in place of MTP's (no rank holds
    the whole embedding and LM head the MTP drafter reads), their acceptance forced the same. The profiler sees rank
    0: its NCCL kernels' time is where its GPU waits for the others. Every rank r > 0 logs its host's wait for rank
-   0's message and its run of a step (rank_group.py) every RANK_STATS_EVERY_S seconds and when its engine closes;
-   a window also holds the engine's warm-up and profiled steps, few beside the others: read its medians.
+   0's message and its launch of a step (rank_step_stats.py) every RANK_STATS_EVERY_S seconds and when its engine
+   closes; a window also holds the engine's warm-up and profiled steps, few beside the others: read its medians.
 Run on the GPU machine: PYTHONPATH=$PWD:$PWD/bench python3 -P bench/profile_steps.py [--out DIR] (-P: bench/kernels.py
 would shadow the kernels package)
 """
@@ -226,15 +226,15 @@ def workloads(concurrency: list[int], drafters, smoke: bool) -> list[Workload]:
             for c in concurrency for d, f, a in drafters]
 
 
-def parallel_engine_steps(preset: str, layers: int, size: int, concurrency: list[int], device: torch.device,
+def parallel_engine_steps(preset: str, layers: int, num_ranks: int, concurrency: list[int], device: torch.device,
                           smoke: bool) -> list[dict]:
-    """engine_steps of `preset`'s shape over `size` tensor-parallel ranks, each making its shard's random weights
+    """engine_steps of `preset`'s shape over `num_ranks` tensor-parallel ranks, each making its shard's random weights
     on its device (`--load-format dummy`), bf16 (fp32 on the CPU)."""
     with tempfile.TemporaryDirectory(prefix=f"specdec-{preset}-") as folder:
         make_tiny(folder, preset=preset, overrides={"num_hidden_layers": layers}, weights=False, dtype="bfloat16")
         bench = InprocBench(None, device, target=dict(
             model_dir=folder, dtype="float32" if smoke else "bfloat16", load_format="dummy",
-            tensor_parallel_size=size, rank_stats_every_s=RANK_STATS_EVERY_S))
+            tensor_parallel_size=num_ranks, rank_stats_every_s=RANK_STATS_EVERY_S))
         return [engine_steps(bench, w) for w in workloads(concurrency, PARALLEL_DRAFTERS, smoke)]
 
 

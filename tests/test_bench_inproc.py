@@ -154,6 +154,6 @@ def test_profile_steps_profiles_a_tensor_parallel_engines_steps(tmp_path):
     assert [(e["workload"].split("/")[1], e["forced_acceptance_length"]) for e in record["engine"]] == [
         ("none", None), ("syn@0.89", 3.39)]
     assert all(e["median_step_ms"] > 0 and e["launch_parts_ms"]["LAUNCH (all)"] > 0 for e in record["engine"])
-    assert len(re.findall(r"rank 1: \d+ steps in .* running [\d.]+ ms a step", done.stderr)) >= 2
+    assert len(re.findall(r"rank 1: \d+ steps in .* launching the step [\d.]+ ms a step", done.stderr)) >= 2
     refused = profile("--chunked-prompt", "64:32")
     assert refused.returncode == 2 and "not with --chunked-prompt" in refused.stderr

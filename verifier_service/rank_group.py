@@ -9,8 +9,8 @@ runs every step rank 0 tells it, in the same order:
 The message crosses a gloo group on the host (step_message.py); the collectives inside the step use NCCL on GPUs
 (rank r on cuda:r) and gloo on the CPU. A step whose inputs rank 0 rewrote on the device from an unread verdict
 (overlapped steps) broadcasts them first (ModelRunner.run's share_inputs).
-A rank r logs its host time per step (its wait for rank 0's message, its run of the step: step_message.py's
-RankStepStats) every RankSpec.stats_every_s seconds of steps and at stop.
+A rank r > 0 logs its host time per step (its wait for rank 0's message, its launch of the step:
+rank_step_stats.py) every RankSpec.stats_every_s seconds of steps and at stop.
 
 A rank that dies before joining is seen at once (rank 0 waits for the ranks at the store, checking they live). A
 rank that exits later is seen at the next step, or by the step it breaks (gloo raises): the step raises RankLost,
@@ -42,7 +42,8 @@ from specdec.transport.host import free_port
 
 from .block_manager import CacheOps
 from .model_runner import ModelRunner
-from .step_message import PER_SEQ, MessageChannel, RankStepStats, StepMessage
+from .rank_step_stats import RankStepStats
+from .step_message import PER_SEQ, MessageChannel, StepMessage
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 600.0   # a rank loads its shard and captures its graphs within this
@@ -119,25 +120,26 @@ def rank_main(spec: RankSpec, rank: int, port: int, parent: int) -> None:
     channel = MessageChannel(host, spec.message_words)
     log.info("rank %d of %d ready on %s", rank, spec.size, runner.device)
     stats = RankStepStats(rank, spec.stats_every_s)
+
+    def log_stats(line: str | None) -> None:
+        if line:
+            log.info("%s", line)
     while True:
         waiting_from = time.perf_counter()
         try:
             message = channel.receive()
         except RuntimeError as e:   # rank 0 is gone: its sockets closed
+            log_stats(stats.close())
             log.warning("rank %d: rank 0 is gone (%s); exiting", rank, e)
             os._exit(1)
         if message.plan is None:
             break
-        running_from = time.perf_counter()
+        launching_from = time.perf_counter()
         runner.apply_before(message.ops)
         runner.run(message.plan, share_inputs=message.share_inputs)
         runner.apply_after(message.ops)
-        line = stats.add(waiting_from, running_from, time.perf_counter())
-        if line:
-            log.info("%s", line)
-    line = stats.close()
-    if line:
-        log.info("%s", line)
+        log_stats(stats.add(waiting_from, launching_from, time.perf_counter()))
+    log_stats(stats.close())
     runner.graphs = None         # the graphs hold the communicator the teardown frees
     teardown()
     os._exit(0)

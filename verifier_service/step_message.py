@@ -6,12 +6,9 @@ more, bench/README.md, "Tensor parallelism"). A step larger than the tensor send
     token_ids [T] · seq_lens, start_positions [B] · block_tables [B, W] · table_lens, gdn_slots, gdn_read_offsets,
     num_drafts, logits_per_seq [B] · the step's cache ops: fresh slots [F], restores [R, 2], block copies [C, 2],
     saves [S, 2]
-
-A rank r > 0 times its side of each step (RankStepStats): its wait for rank 0's message and its own work.
 """
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,52 +95,3 @@ class MessageChannel:
         dist.broadcast(body, src=0, group=self.group)
         return StepMessage.unpack(np.concatenate([self.buffer[:HEADER].numpy(), body.numpy()]))
 
-
-class RankStepStats:
-    """A rank's host time per step over a window of `every_s` seconds: its wait for rank 0's message (rank 0's idle
-    gaps between steps included, which sway the mean more than the median) and its run of the step (cache ops and
-    its shard's launches, until they return). `add` gives the window's log line once it is `every_s` long; every_s
-    0: none."""
-    NUM_KEPT = 1 << 14   # the steps of a window whose times make its medians (the first ones)
-
-    def __init__(self, rank: int, every_s: float):
-        self.rank, self.every_s = rank, every_s
-        self._new_window()
-
-    def _new_window(self) -> None:
-        self.started: float | None = None      # the first step's wait began (perf_counter seconds)
-        self.ended = 0.0                       # the last step's run ended
-        self.num_steps, self.waiting_s, self.running_s, self.max_running_s = 0, 0.0, 0.0, 0.0
-        self.waits: list[float] = []
-        self.runs: list[float] = []
-
-    def add(self, waiting_from: float, running_from: float, done: float) -> str | None:
-        """One step: its wait began at `waiting_from`, its run at `running_from`, and it ended at `done`. The
-        window's line when it ends here (the next window begins with the next step), else None."""
-        if self.started is None:
-            self.started = waiting_from
-        self.ended = done
-        waiting_s, running_s = running_from - waiting_from, done - running_from
-        self.num_steps += 1
-        self.waiting_s += waiting_s
-        self.running_s += running_s
-        self.max_running_s = max(self.max_running_s, running_s)
-        if len(self.runs) < self.NUM_KEPT:
-            self.waits.append(waiting_s)
-            self.runs.append(running_s)
-        if self.every_s <= 0 or done - self.started < self.every_s:
-            return None
-        return self.close()
-
-    def close(self) -> str | None:
-        """The line of the steps since the last one (None if none, or with every_s 0); a new window begins."""
-        line = self.line() if self.num_steps and self.every_s > 0 else None
-        self._new_window()
-        return line
-
-    def line(self) -> str:
-        n = self.num_steps
-        return (f"rank {self.rank}: {n} steps in {self.ended - self.started:.1f} s: waiting for rank 0 "
-                f"{self.waiting_s / n * 1e3:.2f} ms a step (p50 {statistics.median(self.waits) * 1e3:.2f}), "
-                f"running {self.running_s / n * 1e3:.2f} ms a step (p50 {statistics.median(self.runs) * 1e3:.2f}, "
-                f"max {self.max_running_s * 1e3:.1f})")

@@ -65,9 +65,11 @@ class InprocBench:
     def __init__(self, loaded: LoadedModel | None, device: torch.device, overlap: bool = True, repeats: int = 1,
                  target: dict | None = None):
         """`target`: VerifierConfig fields of a target that build_engine's engines load themselves (model_dir,
-        dtype, load_format, tensor_parallel_size, ...) with `loaded` None (run() needs `loaded`); the caller stops
-        an engine's tensor-parallel ranks (engine.executor.close())."""
+        dtype, load_format, tensor_parallel_size, ...), which replace build_engine's own, with `loaded` None
+        (run() needs `loaded`); the caller stops an engine's tensor-parallel ranks (engine.executor.close())."""
         self.loaded, self.device, self.overlap, self.target = loaded, device, overlap, target or {}
+        if loaded is not None and self.target.get("model_dir"):
+            raise ValueError("InprocBench: a loaded target or a target's model_dir to load, not both")
         self.repeats = repeats            # timed passes per workload; the one of median tokens/s is reported
         self._engine: SpecEngine | None = None     # the last workload's engine, kept for one that differs only
         self._engine_for: Workload | None = None   # in its draft policy (engine_for)
