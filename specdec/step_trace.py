@@ -6,6 +6,8 @@ the drafter's marks compare directly. Any thread may mark; the marks go to the f
 `flush_every` marks and at close. Off (no path): mark does nothing. On, the process's garbage collections are
 marked too ("gc.start" / "gc.stop", batch = the generation collected): a collection stops every thread of the
 process, so a long one shows as a long step.
+
+PhaseClock: the host seconds of one step's phases, for the engine's per-step split (metrics, benchmarks).
 """
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ import json
 import os
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable, Iterator
 
 
 class StepTrace:
@@ -75,3 +79,25 @@ def read_marks(paths: list[str | os.PathLike]) -> list[dict]:
         with (gzip.open(p, "rt") if str(p).endswith(".gz") else open(p)) as f:
             marks += [json.loads(line) for line in f if line.strip()]
     return sorted(marks, key=lambda m: m["t"])
+
+
+class PhaseClock:
+    """Host seconds of one step's phases, each less what `aside()` (a running total of seconds, e.g. the drafter's)
+    grew by inside it: that time is a phase of its own, counted where it is kept."""
+
+    def __init__(self, aside: Callable[[], float]):
+        self.aside, self.seconds = aside, {}
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        aside, start = self.aside(), time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = (self.seconds.get(name, 0.0) + time.perf_counter() - start
+                                  - (self.aside() - aside))
+
+    def move(self, seconds: float, source: str, target: str) -> None:
+        """`seconds` of phase `source` were spent on `target`'s work."""
+        self.seconds[source] = self.seconds.get(source, 0.0) - seconds
+        self.seconds[target] = self.seconds.get(target, 0.0) + seconds

@@ -22,7 +22,7 @@ from gateway.tokenizer import TextTokenizer
 from specdec.demo import demo_model_dir
 from specdec.rpc.v1 import gateway_pb2, gateway_pb2_grpc, verifier_pb2
 from verifier_service.acceptance_stats import AcceptanceStats
-from verifier_service.engine import RequestOutput
+from verifier_service.requests import RequestOutput
 from verifier_service.metrics import VerifierMetrics
 from verifier_service.servicer import VerifierServicer, usage_of
 

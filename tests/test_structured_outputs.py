@@ -37,9 +37,10 @@ def grammars():
     return Grammars.from_folder(demo_model_dir(), 4096, [0])
 
 
-def engine(kind=None, k=3, draft_masks=True):
+def engine(kind=None, k=3, draft_masks=True, **config_fields):
     config = VerifierConfig(model_dir=str(demo_model_dir()), num_drafts=k if kind else 0, in_process_drafter=kind,
-                            max_context=512, max_running=8, max_batched_tokens=256, prefill_chunk=64, warm_up=False)
+                            max_context=512, max_running=8, max_batched_tokens=256, prefill_chunk=64, warm_up=False,
+                            **config_fields)
     return build_engine(config, in_process_drafter(kind, draft_masks="on" if draft_masks else "off") if kind else None)
 
 
@@ -153,10 +154,9 @@ def test_a_failed_grammar_ends_its_request_alone_with_an_error(tokenizer):
         outputs += eng.step()
     reasons = {o.request_id: o.finish_reason for o in outputs if o.finish_reason}
     assert reasons == {"bad": "error", "free": "length"}
+    forced = engine("ngram", forced_acceptance_length=2.0, unsafe_forced_acceptance=True)
     with pytest.raises(GrammarError, match="forced acceptance"):
-        from verifier_service.forced_acceptance import ForcedAcceptance
-        eng.config = dataclasses.replace(eng.config, forced_acceptance=ForcedAcceptance(2.0, 3, enabled=True))
-        eng.add_request("forced", [1, 2], constrained)
+        forced.add_request("forced", [1, 2], constrained)
 
 
 def test_bad_grammars_are_refused_by_name(grammars):

@@ -6,8 +6,9 @@
                sampler/): accepted drafts and each sampled sequence's emitted token; the drafter is asked on the
                device when it drafts there (drafting_stage.py); nothing is read back yet
     read       the verdict on the host: the step's one sync (in_flight.py)
-    commit     accepted drafts join each sequence's cache, emitted tokens its output; stop checks; a drafter that
-               needs the tokens on the host is asked now for the next step's drafts
+    commit     accepted drafts join each sequence's cache, emitted tokens its output up to its stop (requests.py,
+               which also admits and ends requests); a drafter that needs the tokens on the host is asked now for
+               the next step's drafts
 
 When no request counts penalties or asks for logprobs, and drafts (if any) are made on the device, steps overlap:
 step n + 1 is launched before step n is read, its inputs written on the device from step n's unread verdict
@@ -17,37 +18,32 @@ are the same path; only which step is read differs. Grammar-constrained requests
 masks need step n's tokens, so step n is read after step n + 1's forward is queued and before its verdict.
 
 A sequence's state changes only through its own methods (sequence.py): here at launch and at read, in the
-scheduler, the block manager and the drafting stage at their own moments.
+requests (admitted, given tokens, ended), the scheduler, the block manager and the drafting stage at their own
+moments.
 """
 from __future__ import annotations
 
-import itertools
-import logging
-import random
 import time
 from dataclasses import dataclass, field
 from itertools import chain
 
-import torch
-
 from specdec.drafting import Drafter
-from specdec.grammar import GrammarError, Grammars
+from specdec.grammar import Grammars
 from specdec.models.pinned_upload import PinnedUpload
 from specdec.sampling_params import SamplingParams
-from specdec.step_trace import OFF, StepTrace
+from specdec.step_trace import OFF, PhaseClock, StepTrace
 
 from .acceptance_stats import AcceptanceStats
 from .draft_policy import DraftPolicy
 from .drafting_stage import DraftingStage
 from .executor import Executor
 from .forced_acceptance import ForcedAcceptance
-from .in_flight import ChainedInputs, InFlightStep
+from .in_flight import ChainedInputs, InFlightStep, LaunchedStep
+from .requests import RequestOutput, Requests
 from .sampler import TokenLogprob
 from .scheduler import ScheduledSeq, Scheduler, SchedulerConfig
 from .sequence import Sequence
 from .verify_stage import VerifyStage
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -60,35 +56,10 @@ class EngineConfig:
     overlap: bool = True                       # launch a step before reading the last one's tokens
 
 
-@dataclass
-class RequestOutput:
-    request_id: str
-    new_token_ids: list[int]
-    finish_reason: str | None               # None while running
-    stats: AcceptanceStats
-    num_prompt: int
-    forced_acceptance: bool = False
-    logprobs: list[TokenLogprob] | None = None   # [len(new_token_ids)] when the request asked
-    queue_seconds: float = 0.0              # the request's wait before its first admission
-    cached_tokens: int = 0                  # prompt tokens its first admission took from the prefix cache
-
-
-@dataclass
-class LaunchedStep:
-    """A step whose forward and verdict are queued on the device."""
-    verdict: InFlightStep
-    entries: list[ScheduledSeq]
-    cached_before: list[int]                # each entry's num_cached before the launch
-    hidden: torch.Tensor | None             # its hidden rows, for a drafter asked after the read (else None)
-    read_early: list[RequestOutput] | None = None   # the outputs of the step before, read inside this launch
-    read_early_seconds: float = 0.0
-
-
 class SpecEngine:
     def __init__(self, executor: Executor, drafter: Drafter | None, config: EngineConfig, trace: StepTrace = OFF,
                  grammars: Grammars | None = None):
         self.executor, self.config = executor, config
-        self.grammars = grammars                 # None: the model folder has no tokenizer, grammars are refused
         device = executor.device
         self.scheduler = Scheduler(executor.blocks, config.scheduler)
         self.drafting = DraftingStage(drafter, config.num_drafts, executor.config.vocab_size,
@@ -100,60 +71,37 @@ class SpecEngine:
         self.step_count = 0
         self.last_step_seconds: dict[str, float] = {}
         self.overlapped_draft_steps = 0          # steps that verified drafts, launched before the last one was read
-        self._ids = itertools.count()
-        self._seeds = random.Random()
-        self.by_request: dict[str, Sequence] = {}
-        self.eos = set(executor.config.eos_token_id)
         self.verifying = VerifyStage(device, grammars, config.forced_acceptance)
         self._upload_fill = PinnedUpload(device)   # an overlapped step's inputs from the unread one (ChainedInputs)
         self._in_flight: LaunchedStep | None = None   # an overlapped step launched and not read yet
         capacity = executor.blocks.kv_blocks.size * executor.block_size
-        self.max_len = min(config.max_context, capacity) if config.max_context else capacity
+        self.requests = Requests(self.scheduler, self.drafting, grammars, executor.config.vocab_size,
+                                 set(executor.config.eos_token_id),
+                                 min(config.max_context, capacity) if config.max_context else capacity,
+                                 config.num_drafts, config.forced_acceptance is not None)
 
-    # ---- requests ----------------------------------------------------------------------
+    # ---- requests (requests.py) ---------------------------------------------------------
     def check_grammar(self, params: SamplingParams) -> None:
-        """Compile the request's grammar, if any (any thread: the compiled grammar is cached for add_request);
-        GrammarError when it does not compile or the model has no tokenizer to compile it for."""
-        if params.grammar is None:
-            return
-        if self.config.forced_acceptance:
-            raise GrammarError("grammar: not with forced acceptance (--forced-acceptance-length accepts drafts the "
-                               "grammar refuses)")
-        if self.grammars is None:
-            raise GrammarError("grammar: this model folder has no tokenizer.json, which constrained decoding needs")
-        self.grammars.compile(params.grammar)
+        self.requests.check_grammar(params)
 
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
-        vocab = self.executor.config.vocab_size
-        params.validate(vocab)
-        self.check_grammar(params)
-        if not prompt_ids:
-            raise ValueError("the prompt is empty")
-        if any(not 0 <= t < vocab for t in prompt_ids):
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
-        if request_id in self.by_request:
-            raise ValueError(f"request_id {request_id!r} is already running: request ids must be unique")
-        # Drafts never reach past prompt + max_tokens (a sequence asks for at most remaining - 1 of them), so
-        # the limit is the same as the gateway's: no request passes there and fails here.
-        if len(prompt_ids) + params.max_tokens > self.max_len:
-            raise OverflowError(f"prompt ({len(prompt_ids)}) + max_tokens ({params.max_tokens}) exceeds the "
-                                f"maximum context of {self.max_len} tokens")
-        seed = params.seed if params.seed is not None else self._seeds.getrandbits(62)
-        seq = Sequence(next(self._ids), list(prompt_ids), len(prompt_ids), params, seed, request_id,
-                       in_drafter=self.config.num_drafts > 0)
-        if params.grammar is not None:
-            seq.grammar = self.grammars.matcher(params.grammar)
-        self.by_request[request_id] = seq
-        self.scheduler.add(seq)
+        self.requests.add(request_id, prompt_ids, params)
 
     def abort(self, request_id: str) -> bool:
-        seq = self.by_request.pop(request_id, None)
-        if seq is None:
-            return False
-        self.scheduler.remove(seq)
-        seq.finished("abort")
-        self.drafting.forget([seq])
-        return True
+        return self.requests.abort(request_id)
+
+    @property
+    def by_request(self) -> dict[str, Sequence]:
+        return self.requests.by_id
+
+    @property
+    def max_len(self) -> int:
+        """The longest prompt + max_tokens a request may ask for."""
+        return self.requests.max_len
+
+    @max_len.setter
+    def max_len(self, max_len: int) -> None:
+        self.requests.max_len = max_len
 
     @property
     def trace(self) -> StepTrace:
@@ -206,22 +154,20 @@ class SpecEngine:
             self._settle(previous)            # its drafts, which this step's sequences verify
         schedule = self.scheduler.schedule(self._choose_drafts())  # a sequence whose last step is unread
         self.drafting.forget(schedule.preempted)
-        asked, start = self.drafting.seconds, time.perf_counter()
-        launched = self._launch(schedule.entries, previous, overlap) if schedule.entries else None
-        read_early = launched.read_early if launched is not None else None    # (between its forward and verdict)
-        early_seconds = launched.read_early_seconds if launched is not None else 0.0
-        launch_seconds, asked_in_launch = time.perf_counter() - start - early_seconds, self.drafting.seconds - asked
-        to_read, self._in_flight = (previous, launched) if overlap else (launched, None)
-        if read_early is not None:
-            to_read = None
-        asked, start = self.drafting.seconds, time.perf_counter()
-        outputs = (read_early or []) + (self._read(to_read) if to_read is not None else [])
-        read_seconds, asked_in_read = time.perf_counter() - start + early_seconds, self.drafting.seconds - asked
         # host time per phase: "target" queueing the step, "verify" reading a step and committing it (on a GPU the
         # target's kernels finish inside it: its one sync), "drafter" asking the drafter and reading its answers
         # (taken out of the other two)
-        self.last_step_seconds = {"target": launch_seconds - asked_in_launch, "verify": read_seconds - asked_in_read,
-                                  "drafter": self.drafting.seconds}
+        clock = PhaseClock(lambda: self.drafting.seconds)
+        with clock.phase("target"):
+            launched = self._launch(schedule.entries, previous, overlap) if schedule.entries else None
+        to_read, self._in_flight = (previous, launched) if overlap else (launched, None)
+        read_early = launched.read_early if launched is not None else None    # (between its forward and verdict)
+        if read_early is not None:
+            clock.move(launched.read_early_seconds, "target", "verify")
+            to_read = None
+        with clock.phase("verify"):
+            outputs = (read_early or []) + (self._read(to_read) if to_read is not None else [])
+        self.last_step_seconds = {**clock.seconds, "drafter": self.drafting.seconds}
         if self.drafting.compute_seconds is not None:  # what the drafter itself spent (a remote one reports it)
             self.last_step_seconds["drafter_compute"] = self.drafting.compute_seconds
         self.drafting.seconds, self.drafting.compute_seconds = 0.0, None
@@ -356,43 +302,22 @@ class SpecEngine:
     def _commit_tokens(self, p: ScheduledSeq, tokens: list[int], num_accepted: int,
                        logprobs: list[TokenLogprob] | None) -> RequestOutput:
         seq = p.seq
-        kept, reason = [], None
-        for t in tokens:
-            kept.append(t)
-            # (a grammar allows the stop token only where it may end: then it ends, ignore_eos or not)
-            ends = t in self.eos and (not seq.params.ignore_eos or seq.grammar is not None)
-            if ends or t in seq.params.stop_token_ids:
-                reason = "stop"
-                break
-            if len(seq.output_ids) + len(kept) >= seq.params.max_tokens:
-                reason = "length"
-                break
-        seq.emitted(kept)
-        if seq.grammar is not None and seq.grammar.error:   # the grammar engine failed (e.g. a parser limit)
-            log.error("request %s: its grammar failed (%s); the request ends with an error", seq.request_id,
-                      seq.grammar.error)
-            reason = "error"
+        kept, reason = self.requests.emit(seq, tokens)
         if p.decoding:  # a verify step (the step that completes a prefill is not one)
             seq.verified(p.num_drafts, num_accepted, len(kept))
             self.stats.record(p.num_drafts, num_accepted, len(kept))
         if reason:
-            self._end(seq, reason)
+            self.requests.end(seq, reason)
         return RequestOutput(seq.request_id, kept, reason, seq.stats, seq.num_prompt,
                              forced_acceptance=self.config.forced_acceptance is not None,
                              logprobs=logprobs[:len(kept)] if logprobs is not None else None,
                              queue_seconds=seq.queue_seconds or 0.0, cached_tokens=seq.cached_tokens)
 
-    def _end(self, seq: Sequence, reason: str) -> None:
-        seq.finished(reason)
-        self.by_request.pop(seq.request_id, None)
-        self.scheduler.remove(seq)
-        self.drafting.forget([seq])
-
     # ---- convenience -------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[list[int]]:
         """Run prompts to completion (all added at once); returns each completion's token ids."""
         params = params if isinstance(params, list) else [params] * len(prompts)
-        ids = [f"gen-{next(self._ids)}" for _ in prompts]
+        ids = [f"gen-{next(self.requests.ids)}" for _ in prompts]
         for rid, prompt, sp in zip(ids, prompts, params):
             self.add_request(rid, prompt, sp)
         out: dict[str, list[int]] = {rid: [] for rid in ids}

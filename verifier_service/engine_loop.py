@@ -25,7 +25,8 @@ from typing import Callable
 from specdec.sampling_params import SamplingParams
 from specdec.step_thread import serial_cpu_ops_in_this_thread
 
-from .engine import RequestOutput, SpecEngine
+from .engine import SpecEngine
+from .requests import RequestOutput
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_QUEUED = 256

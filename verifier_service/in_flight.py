@@ -26,6 +26,7 @@ from .scheduler import ScheduledSeq
 
 if TYPE_CHECKING:
     from .drafting_stage import DeviceDraftsAnswer
+    from .requests import RequestOutput
 
 
 @dataclass
@@ -129,6 +130,17 @@ def _to_host(t: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
     copied = torch.cuda.Event()
     copied.record(torch.cuda.current_stream(t.device))
     return host, copied
+
+
+@dataclass
+class LaunchedStep:
+    """A step whose forward and verdict are queued on the device."""
+    verdict: InFlightStep
+    entries: list[ScheduledSeq]
+    cached_before: list[int]                # each entry's num_cached before the launch
+    hidden: torch.Tensor | None             # its hidden rows, for a drafter asked after the read (else None)
+    read_early: list[RequestOutput] | None = None   # the outputs of the step before, read inside this launch
+    read_early_seconds: float = 0.0
 
 
 class ChainedInputs:

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from .engine import RequestOutput, SpecEngine
+from .engine import SpecEngine
+from .requests import RequestOutput
 
 
 class VerifierMetrics:

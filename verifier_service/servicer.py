@@ -15,7 +15,7 @@ from specdec.rpc.sampling_codec import params_from_proto
 from specdec.rpc.v1 import gateway_pb2, verifier_pb2, verifier_pb2_grpc
 from specdec.sampling_params import SamplingError
 
-from .engine import RequestOutput
+from .requests import RequestOutput
 from .engine_loop import EngineLoop, EngineStopped, Failed, FailureKind, QueueFull
 
 log = logging.getLogger(__name__)
