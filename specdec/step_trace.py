@@ -86,7 +86,8 @@ class PhaseClock:
     grew by inside it: that time is a phase of its own, counted where it is kept."""
 
     def __init__(self, aside: Callable[[], float]):
-        self.aside, self.seconds = aside, {}
+        self.aside = aside
+        self.seconds: dict[str, float] = {}
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:

@@ -78,10 +78,11 @@ class SpecEngine:
         self.requests = Requests(self.scheduler, self.drafting, grammars, executor.config.vocab_size,
                                  set(executor.config.eos_token_id),
                                  min(config.max_context, capacity) if config.max_context else capacity,
-                                 config.num_drafts, config.forced_acceptance is not None)
+                                 config.num_drafts > 0, config.forced_acceptance is not None)
 
     # ---- requests (requests.py) ---------------------------------------------------------
     def check_grammar(self, params: SamplingParams) -> None:
+        """Compile the request's grammar, if any: from any thread (Requests.check_grammar)."""
         self.requests.check_grammar(params)
 
     def add_request(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
@@ -309,7 +310,7 @@ class SpecEngine:
         if reason:
             self.requests.end(seq, reason)
         return RequestOutput(seq.request_id, kept, reason, seq.stats, seq.num_prompt,
-                             forced_acceptance=self.config.forced_acceptance is not None,
+                             forced_acceptance=self.requests.forced_acceptance,
                              logprobs=logprobs[:len(kept)] if logprobs is not None else None,
                              queue_seconds=seq.queue_seconds or 0.0, cached_tokens=seq.cached_tokens)
 

@@ -34,13 +34,16 @@ class RequestOutput:
 
 
 class Requests:
+    """The running requests by id, and the admission, stop and end of each (the engine's; one thread but for
+    check_grammar)."""
+
     def __init__(self, scheduler: Scheduler, drafting: DraftingStage, grammars: Grammars | None, vocab_size: int,
-                 eos: set[int], max_len: int, num_drafts: int, forced_acceptance: bool):
+                 eos: set[int], max_len: int, drafting_configured: bool, forced_acceptance: bool):
         """`grammars` None: the model folder has no tokenizer, grammars are refused. `max_len`: the longest
-        prompt + max_tokens admitted."""
+        prompt + max_tokens admitted. `drafting_configured`: a request starts in the drafter (k > 0)."""
         self.scheduler, self.drafting, self.grammars = scheduler, drafting, grammars
         self.vocab_size, self.eos, self.max_len = vocab_size, eos, max_len
-        self.num_drafts, self.forced_acceptance = num_drafts, forced_acceptance
+        self.drafting_configured, self.forced_acceptance = drafting_configured, forced_acceptance
         self.by_id: dict[str, Sequence] = {}
         self.ids = itertools.count()           # sequence ids (and the ids of generate()'s requests)
         self._seeds = random.Random()
@@ -58,7 +61,7 @@ class Requests:
         self.grammars.compile(params.grammar)
 
     def add(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> None:
-        """Admit a request (ValueError / OverflowError / GrammarError when it cannot be served, nothing changed)."""
+        """Admit a request (ValueError / OverflowError / GrammarError when it cannot be served: not admitted)."""
         vocab = self.vocab_size
         params.validate(vocab)
         self.check_grammar(params)
@@ -75,7 +78,7 @@ class Requests:
                                 f"maximum context of {self.max_len} tokens")
         seed = params.seed if params.seed is not None else self._seeds.getrandbits(62)
         seq = Sequence(next(self.ids), list(prompt_ids), len(prompt_ids), params, seed, request_id,
-                       in_drafter=self.num_drafts > 0)
+                       in_drafter=self.drafting_configured)
         if params.grammar is not None:
             seq.grammar = self.grammars.matcher(params.grammar)
         self.by_id[request_id] = seq
