@@ -94,4 +94,3 @@ class MessageChannel:
         body = torch.empty(size - HEADER, dtype=torch.int64)
         dist.broadcast(body, src=0, group=self.group)
         return StepMessage.unpack(np.concatenate([self.buffer[:HEADER].numpy(), body.numpy()]))
-
