@@ -27,6 +27,9 @@
 #   HARD_LIMIT [BUDGET+25]  seconds after which the bench gets SIGINT (it keeps the finished workloads)
 #   TAG [the device: h100, h200]   file-name suffix         EXTRA [""]   more `specdec bench` flags
 #   SETUP [1]    0: do not install the wheels again (ab.sh, after its first pass)
+#   LEAN [0]     1: keep only the JSON and its table (bench.log's tail and device.txt are printed; the PNG can
+#                be drawn from the JSON): the device tool returns at most 8 files a call, 2-3 table runs fit
+#                in one call this way
 #   DRY_RUN [0]  1: print the `specdec bench` command and exit
 # Examples (device tool: carry .whl; the command's time limit 600 s; write the commit into the command here, as a
 # $(git ...) in it would run there):
@@ -122,4 +125,8 @@ if [ "${TRACE:-0}" = 1 ] && [ -d /tmp/specdec-steps ]; then
   cat "$out/step_split.txt"
 fi
 cat "$table"
+if [ "${LEAN:-0}" = 1 ]; then   # the JSON and its table only: the device tool returns 8 files a call
+  tail -5 "$out/bench.log"
+  rm -f "$out/bench.log" "$out/device.txt" "$out"/bench_*.png
+fi
 exit $rc
