@@ -19,6 +19,8 @@ def request_from_args(args: argparse.Namespace, ids: list[int] | None) -> gatewa
         frequency_penalty=args.frequency_penalty, stop=args.stop, ignore_eos=args.ignore_eos)
     if args.seed is not None:
         sampling.seed = args.seed
+    if args.no_speculation:
+        sampling.speculation = False
     if ids is not None:
         return gateway_pb2.GenerateRequest(prompt_token_ids=ids, sampling=sampling)
     return gateway_pb2.GenerateRequest(prompt=args.prompt, sampling=sampling)

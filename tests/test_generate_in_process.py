@@ -70,3 +70,6 @@ def test_generate_gives_the_same_tokens_with_the_drafter_in_process_or_as_a_serv
     usage = [line for line in log_in.splitlines() if line.startswith("[usage")]
     assert usage and usage == [line for line in log_svc.splitlines() if line.startswith("[usage")]
     assert " 0 accepted" not in usage[0]
+    text_plain, log_plain = generate("--no-speculation")   # the per-request switch, from the terminal
+    assert text_plain == text_in
+    assert "; 0 drafted, 0 accepted (0%); 23 verify steps;" in log_plain, log_plain[-1000:]

@@ -27,6 +27,9 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=None, help="reproducible sampling (same tokens with or without drafts)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--no-speculation", action="store_true",
+                   help="this request verifies no drafts (gRPC SamplingParams.speculation = false): the same text, "
+                        "decoded plainly; the stack's drafter stays up for other requests")
     add_client_security_args(p)
     p.set_defaults(run=run, in_process_default=True)
 
