@@ -227,14 +227,14 @@ def workloads(concurrency: list[int], drafters, smoke: bool) -> list[Workload]:
 
 
 def parallel_engine_steps(preset: str, layers: int, num_ranks: int, concurrency: list[int], device: torch.device,
-                          smoke: bool) -> list[dict]:
+                          smoke: bool, all_reduce: str = "one-shot") -> list[dict]:
     """engine_steps of `preset`'s shape over `num_ranks` tensor-parallel ranks, each making its shard's random weights
     on its device (`--load-format dummy`), bf16 (fp32 on the CPU)."""
     with tempfile.TemporaryDirectory(prefix=f"specdec-{preset}-") as folder:
         make_tiny(folder, preset=preset, overrides={"num_hidden_layers": layers}, weights=False, dtype="bfloat16")
         bench = InprocBench(None, device, target=dict(
             model_dir=folder, dtype="float32" if smoke else "bfloat16", load_format="dummy",
-            tensor_parallel_size=num_ranks, rank_stats_every_s=RANK_STATS_EVERY_S))
+            tensor_parallel_size=num_ranks, rank_stats_every_s=RANK_STATS_EVERY_S, all_reduce=all_reduce))
         return [engine_steps(bench, w) for w in workloads(concurrency, PARALLEL_DRAFTERS, smoke)]
 
 
@@ -260,6 +260,8 @@ def main() -> None:
     parser.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
                         help="N > 1: only the engine steps, of --preset's shape (with --layers) over N ranks "
                              "(GPUs 0..N-1), the synthetic drafter in place of MTP")
+    parser.add_argument("--all-reduce", default="one-shot", choices=["one-shot", "nccl"],
+                        help="with --tensor-parallel-size: the verifier's --all-reduce")
     args = parser.parse_args()
     parallel = args.tensor_parallel_size > 1
     if parallel and (args.chunked_prompt or args.skip_engine):
@@ -267,9 +269,10 @@ def main() -> None:
     device = torch.device("cpu" if args.smoke else "cuda")
     device_name = str(device) if args.smoke else torch.cuda.get_device_name()
     if parallel:
-        write({"device": device_name, "tensor_parallel_size": args.tensor_parallel_size, "prefill": [],
+        write({"device": device_name, "tensor_parallel_size": args.tensor_parallel_size,
+               "all_reduce": args.all_reduce, "prefill": [],
                "engine": parallel_engine_steps(args.preset, args.layers, args.tensor_parallel_size, args.concurrency,
-                                               device, args.smoke)}, args.out)
+                                               device, args.smoke, args.all_reduce)}, args.out)
         return
     loaded = (random_model(2 if args.smoke else args.layers, device, smoke=args.smoke)
               if args.smoke or args.preset == "qwen3.5-4b" else dummy_model(args.preset, args.layers, device))

@@ -17,7 +17,7 @@ import threading
 from google.protobuf.message import DecodeError
 
 from specdec.rpc.v1 import drafter_pb2 as pb
-from specdec.step_thread import serial_cpu_ops_in_this_thread
+from specdec.step_thread import step_thread_on
 from specdec.transport.frames import recv_frame, send_frame
 
 from .step_session import StepSession, StreamRefused
@@ -47,7 +47,7 @@ class LocalLane:
 
     def _serve(self, conn: socket.socket) -> None:
         session = StepSession(self.servicer)
-        serial_cpu_ops_in_this_thread(self.servicer.holder.config.device)  # this thread runs every step
+        step_thread_on(self.servicer.holder.config.device)  # this thread runs every step
         log.info("verifier connected: step stream open on the local lane")
         with conn:   # closed after the reason is logged: the verifier sees the end after the log has it
             try:

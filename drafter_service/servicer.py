@@ -13,8 +13,9 @@ import threading
 from specdec.drafting.token_counts import TokenCounter
 from specdec.rpc.v1 import drafter_pb2 as pb
 from specdec.rpc.v1 import drafter_pb2_grpc
-from specdec.step_thread import serial_cpu_ops_in_this_thread
+from specdec.step_thread import step_thread_on
 from specdec.step_trace import OFF, StepTrace
+from specdec.transport import cuda_ipc
 from specdec.transport.host import host_id
 
 from .factory import DrafterHolder
@@ -35,7 +36,7 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
         same_host = request.host_id == host_id()
         offered = list(request.transports) or [pb.INLINE]
         usable = [t for t in offered if t == pb.INLINE or (same_host and t == pb.SHM)
-                  or (same_host and t == pb.CUDA_IPC and self.gpu_uuid and request.gpu_uuid == self.gpu_uuid)]
+                  or (same_host and t == pb.CUDA_IPC and self.sees_gpu(request.gpu_uuid))]
         info = self.holder.info
         f = info.facts
         return pb.DrafterInfoResponse(
@@ -48,9 +49,13 @@ class DrafterServicer(drafter_pb2_grpc.DrafterServicer):
             device_steps=same_host and self.holder.takes_device_steps and self.counter is None,
             device_step_changes=True)   # (read by the stream's DeviceSteps, whatever the drafter)
 
+    def sees_gpu(self, uuid: str) -> bool:
+        """The verifier's GPU is this drafter's, or another this process can map (then copied: P2P)."""
+        return bool(self.gpu_uuid) and (uuid == self.gpu_uuid or cuda_ipc.visible_device_index(uuid) is not None)
+
     def Step(self, request_iterator, context):
         session = StepSession(self)
-        serial_cpu_ops_in_this_thread(self.holder.config.device)  # this handler thread runs every step
+        step_thread_on(self.holder.config.device)  # this handler thread runs every step
         log.info("verifier connected: step stream open")
         for message in request_iterator:
             try:

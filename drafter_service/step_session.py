@@ -73,8 +73,20 @@ class StepSession:
         if not holder.wants_shared_weights:
             return
         if {"embed_tokens", "lm_head"} <= set(weights):
-            holder.attach(weights["embed_tokens"], weights["lm_head"])
-            log.info("mapped the target's embed_tokens and lm_head over CUDA IPC (no second copy)")
+            embed, head = weights["embed_tokens"], weights["lm_head"]
+            device = torch.device(holder.config.device)
+            if device.type == "cuda" and device.index is None:
+                device = torch.device("cuda", torch.cuda.current_device())
+            if embed.device == device:
+                log.info("mapped the target's embed_tokens and lm_head over CUDA IPC (no second copy)")
+            else:   # the verifier's GPU is another of this host: a copy of our own, read over peer-to-peer once
+                tied = embed.data_ptr() == head.data_ptr()
+                embed = embed.to(device)
+                head = embed if tied else head.to(device)
+                gb = (embed.nbytes + (0 if tied else head.nbytes)) / 1e9
+                log.info("copied the target's embed_tokens and lm_head from %s to %s (%.2f GB, once)",
+                         weights["embed_tokens"].device, device, gb)
+            holder.attach(embed, head)
         elif holder.drafter is None:
             holder.load_shared_from_folder()
 

@@ -1,5 +1,5 @@
-"""Intra-op threads for a thread that runs model steps on the CPU (the verifier's engine thread, the drafter's
-step handler).
+"""Threads that run model steps (the verifier's engine thread, the drafter's step handler): their intra-op
+threads on the CPU, and their current GPU (step_thread_on).
 
 PyTorch's CPU ops parallelise with OpenMP (libgomp). Measured on a 2-core CI machine with 2 OpenMP threads, the
 same ops ran much slower from a thread other than the main one: a 64x256 @ 256x256 matmul + softmax took 55 µs
@@ -21,3 +21,13 @@ def serial_cpu_ops_in_this_thread(device: torch.device | str) -> None:
     """On the CPU, run this thread's ops without OpenMP workers (faster than waking them, see above)."""
     if torch.device(device).type == "cpu":
         torch.set_num_threads(1)
+
+
+def step_thread_on(device: torch.device | str) -> None:
+    """Make this thread ready to run model steps on `device`. CUDA's current device is per thread, and a new thread
+    (a gRPC handler) starts on GPU 0: a drafter on cuda:1 would capture its graphs, and take its current streams,
+    on the wrong GPU. So a GPU given by index becomes this thread's; on the CPU, serial ops (above)."""
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is not None:
+        torch.cuda.set_device(d)
+    serial_cpu_ops_in_this_thread(d)

@@ -184,3 +184,25 @@ def test_the_local_lane_is_offered_on_this_host_only_and_unreachable_lanes_fall_
     finally:
         remote.close()
         server.stop(0)
+
+
+def test_cuda_ipc_is_accepted_from_any_gpu_this_drafter_can_map(monkeypatch):
+    """A drafter on a GPU of its own (cuda:1) still takes the verifier's CUDA-IPC buffers when it can see the
+    verifier's GPU (then copies over peer-to-peer); a GPU it cannot see, or another host, gets SHM / INLINE."""
+    from drafter_service.servicer import DrafterServicer
+    from specdec.rpc.v1 import drafter_pb2 as pb
+    from specdec.transport import cuda_ipc
+    from specdec.transport.host import host_id
+    monkeypatch.setattr(cuda_ipc, "visible_device_index", {"GPU-verifier": 0, "GPU-drafter": 1}.get)
+    holder = SimpleNamespace(info=MTP, takes_device_steps=True)
+    offer = [pb.CUDA_IPC, pb.SHM, pb.INLINE]
+
+    def accepted(drafter_gpu: str, verifier_gpu: str, host: str = host_id()) -> list:
+        servicer = DrafterServicer(holder, drafter_gpu)
+        return list(servicer.Info(pb.DrafterInfoRequest(transports=offer, host_id=host, gpu_uuid=verifier_gpu),
+                                  None).transports)
+    assert accepted("GPU-drafter", "GPU-drafter") == offer             # the same GPU
+    assert accepted("GPU-drafter", "GPU-verifier") == offer            # another GPU it sees: mapped, then copied
+    assert accepted("GPU-drafter", "GPU-elsewhere") == [pb.SHM, pb.INLINE]
+    assert accepted("", "GPU-verifier") == [pb.SHM, pb.INLINE]         # a drafter on the CPU
+    assert accepted("GPU-drafter", "GPU-verifier", "another-host") == [pb.INLINE]

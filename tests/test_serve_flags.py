@@ -59,3 +59,25 @@ def test_serve_passes_security_metrics_and_limits_on(tmp_path, certs):
         assert "Traceback" not in serve.text()
     finally:
         serve.stop()
+
+
+def test_serve_places_the_drafter_and_picks_the_all_reduce(tmp_path):
+    """--drafter-device reaches the drafter service as its --device, --all-reduce the ranks' verifier; the
+    services' --device takes cuda:N and says what is wrong with anything else."""
+    from specdec_tools.cli import build_parser
+    from specdec_tools.commands.serve_cmd import stack_config
+    model = str(tiny_with_tokenizer(tmp_path / "model"))
+    args = build_parser().parse_args(["serve", "--model", model, "--drafter", "ngram", "--drafter-device", "cuda:1",
+                                      "-tp", "2", "--all-reduce", "nccl"])
+    config = stack_config(args, 0)
+    assert config.drafter_args[-2:] == ("--device", "cuda:1")
+    verifier = " ".join(config.verifier_args)
+    assert "--tensor-parallel-size 2 --all-reduce nccl" in verifier
+    assert build_parser().parse_args(["drafter", "--device", "cuda:3"]).device == "cuda:3"
+    for wrong in ("gpu", "cuda:x", "cuda:"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["drafter", "--device", wrong])
+    args = build_parser().parse_args(["serve", "--model", model, "--drafter", "ngram", "--drafter-device", "cuda:1",
+                                      "--in-process-drafter"])
+    with pytest.raises(ValueError, match="--drafter-device places the drafter service"):
+        stack_config(args, 0)

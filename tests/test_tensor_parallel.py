@@ -344,6 +344,7 @@ def test_two_gpus_with_graphs_and_overlap_match_one(tmp_path, cuda):
                                              max_context=256, tensor_parallel_size=size))
         try:
             assert engine.executor.runner.graphs is not None
+            assert (engine.executor.runner.model.tp.one_shot is not None) == (size == 2)   # (--all-reduce one-shot)
             logits[size] = _steps(engine.executor)
             tokens[size] = engine.generate(prompts, params)
         finally:

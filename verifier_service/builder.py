@@ -61,6 +61,7 @@ class VerifierConfig:
     enforce_eager: bool = False            # no CUDA graphs
     tensor_parallel_size: int = 1          # ranks the target is split over (rank r on cuda:r; gloo on the CPU)
     rank_stats_every_s: float = 60.0       # a rank r > 0 logs its host time per step this often (0: never)
+    all_reduce: str = "one-shot"           # tensor parallel on GPUs: one-shot for small messages, or nccl only
     load_format: str = "safetensors"       # dummy: random weights of the config's shapes (benchmarks only)
     quantization: str = "none"             # fp8: the target's linears rounded through FP8 blocks at load time
     overlap: bool = True                   # launch a step before reading the last one's tokens (when it can)
@@ -122,6 +123,8 @@ def build_engine(config: VerifierConfig, make_drafter: DrafterFactory | None = N
         raise ValueError(f"an in-process {config.in_process_drafter} drafter cannot run beside tensor-parallel ranks "
                          f"(no rank holds the whole embedding and LM head): serve it as a drafter service "
                          f"(specdec serve does)")
+    if config.device.startswith("cuda:"):   # this thread loads the target and captures its graphs on cuda:K
+        torch.cuda.set_device(config.device)
     config = config.with_device_limits()
     for name in ("max_running", "max_batched_tokens", "prefill_chunk", "block_size", "prefix_checkpoint_interval"):
         if getattr(config, name) < 1:
@@ -143,7 +146,8 @@ def build_engine(config: VerifierConfig, make_drafter: DrafterFactory | None = N
         executor = Executor.build_parallel(RankSpec(config.model_dir, config.tensor_parallel_size, config.device,
                                                     config.dtype, config.load_format, sizes,
                                                     quantization=config.quantization,
-                                                    stats_every_s=config.rank_stats_every_s), prefix)
+                                                    stats_every_s=config.rank_stats_every_s,
+                                                    all_reduce=config.all_reduce), prefix)
         loaded = LoadedModel(model_config, executor.runner.model, {})
     else:
         executor = Executor(ModelRunner(loaded, device=config.device, **sizes), prefix=prefix)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from specdec.sampling_params import SamplingParams
-from specdec.step_thread import serial_cpu_ops_in_this_thread
+from specdec.step_thread import step_thread_on
 
 from .engine import SpecEngine
 from .requests import RequestOutput
@@ -128,7 +128,7 @@ class EngineLoop:
 
     # ---- the engine thread ---------------------------------------------------------------
     def _run(self) -> None:
-        serial_cpu_ops_in_this_thread(self.engine.executor.device)
+        step_thread_on(self.engine.executor.device)
         try:
             while not self._stop:
                 self._apply()

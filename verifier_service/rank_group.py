@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from specdec.models.loader import load_model
-from specdec.models.tensor_parallel import TensorParallel
+from specdec.models.loader import load_model, parse_dtype
+from specdec.models.tensor_parallel import OneShotAllReduce, TensorParallel
 from specdec.process_guard import die_with_parent
 from specdec.transport.host import free_port
 
@@ -50,6 +50,7 @@ START_TIMEOUT_S = 600.0   # a rank loads its shard and captures its graphs withi
 STUCK_AFTER_S = 10.0      # a rank exited and no step has raised RankLost since: rank 0 waits in a collective
 REPORTED_GRACE_S = 2.0    # a step raised RankLost: the failed requests reach their clients, then the exit
 TEARDOWN_S = 10.0
+ONE_SHOT_MAX_BYTES = 2 << 20   # a message up to this size takes the one-shot all-reduce (--all-reduce one-shot)
 
 
 class RankLost(RuntimeError):
@@ -68,6 +69,7 @@ class RankSpec:
     message_size: int = 0                # words of the step message; 0: message_words' default
     quantization: str = "none"           # "fp8": each rank rounds its own slices through FP8 blocks (loader.py)
     stats_every_s: float = 60.0          # a rank r > 0 logs its host time per step this often, and at stop (0: never)
+    all_reduce: str = "one-shot"         # on GPUs: "one-shot" (symmetric memory) for small messages, or "nccl" only
 
     @property
     def message_words(self) -> int:
@@ -98,9 +100,25 @@ def _join(spec: RankSpec, rank: int, port: int, check_alive=None) -> tuple[Tenso
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=rank,
                             world_size=spec.size, device_id=device if device.type == "cuda" else None)
     host = dist.new_group(backend="gloo")
-    tp = TensorParallel(rank, spec.size)
+    tp = TensorParallel(rank, spec.size, one_shot=_one_shot(spec, device, rank))
     tp.all_reduce(torch.zeros(1, device=device))   # the communicators exist before any graph captures them
+    tp.all_reduce(torch.zeros(8, dtype=parse_dtype(spec.dtype), device=device))   # (and the one-shot's buffer)
     return tp, host
+
+
+def _one_shot(spec: RankSpec, device: torch.device, rank: int) -> OneShotAllReduce | None:
+    """The one-shot all-reduce of small messages on GPUs (--all-reduce one-shot), None where NCCL does all."""
+    if device.type != "cuda" or spec.all_reduce != "one-shot":
+        return None
+    try:
+        one_shot = OneShotAllReduce(ONE_SHOT_MAX_BYTES, parse_dtype(spec.dtype), device)
+    except (RuntimeError, ImportError, AttributeError) as e:   # (every rank fails alike: the rendezvous is joint)
+        log.warning("one-shot all-reduce unavailable (%s): NCCL sums every message", e)
+        return None
+    if rank == 0:
+        log.info("all-reduce: one-shot over symmetric memory up to %d KiB (%s), NCCL above",
+                 ONE_SHOT_MAX_BYTES >> 10, spec.dtype)
+    return one_shot
 
 
 def _build_runner(spec: RankSpec, tp: TensorParallel) -> ModelRunner:

@@ -26,10 +26,38 @@ import torch.distributed as dist
 from .model_config import ModelConfig
 
 
+class OneShotAllReduce:
+    """A sum over the ranks' GPUs in one kernel (torch's symmetric memory, without NVLink multicast): each rank
+    copies x into its slice of a buffer every rank has mapped, the ranks meet at a barrier of signal flags, and each
+    reads all N slices over NVLink / PCIe peer access and adds them:
+
+        x_r ← Σ_s buf_s[:n]        (buf_r[:n] ← x_r first; one launch, no NCCL proxy, graph-capturable)
+
+    For the small messages of decode and verify steps this beats NCCL's ring (bench/README: all-reduce); larger
+    ones, and dtypes other than the buffer's, go to NCCL. The kernel ends with a second barrier, so the next call
+    may overwrite the buffer while no rank still reads it."""
+
+    def __init__(self, max_bytes: int, dtype: torch.dtype, device: torch.device):
+        from torch.distributed import _symmetric_memory as symm_mem
+        self.dtype, self.group = dtype, dist.group.WORLD.group_name
+        self.buffer = symm_mem.empty(max_bytes // dtype.itemsize, dtype=dtype, device=device)   # [max_numel]
+        symm_mem.rendezvous(self.buffer, self.group)
+
+    def fits(self, x: torch.Tensor) -> bool:
+        """x is of the buffer's dtype, fits it, and is contiguous and 16-byte aligned (the kernel's vector width)."""
+        return (x.dtype == self.dtype and x.is_contiguous() and x.numel() <= self.buffer.numel()
+                and x.data_ptr() % 16 == 0 and x.numel() * x.element_size() % 16 == 0)
+
+    def __call__(self, x: torch.Tensor) -> None:
+        flat = x.view(-1)
+        torch.ops.symm_mem.one_shot_all_reduce_copy_out(self.buffer[:flat.numel()], flat, "sum", self.group, flat)
+
+
 @dataclass(frozen=True)
 class TensorParallel:
     rank: int = 0
     size: int = 1                   # the collectives run over the default process group
+    one_shot: OneShotAllReduce | None = dataclasses.field(default=None, compare=False)   # None: NCCL / gloo only
 
     @property
     def active(self) -> bool:
@@ -37,7 +65,9 @@ class TensorParallel:
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum of x over the ranks, in place (a no-op at size 1)."""
-        if self.active:
+        if self.one_shot is not None and self.one_shot.fits(x):
+            self.one_shot(x)
+        elif self.active:
             dist.all_reduce(x)
         return x
 

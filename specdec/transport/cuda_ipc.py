@@ -44,9 +44,18 @@ def import_tensor(e: CudaIpcExport, dtype: torch.dtype, shape: tuple[int, ...], 
     return out.set_(storage, element_offset, shape)
 
 
+def visible_device_index(uuid: str) -> int | None:
+    """This process's index of the GPU `uuid`, None if it cannot see that GPU (CUDA_VISIBLE_DEVICES, another host).
+    A GPU visible here may be another than the one this process computes on: a tensor mapped from it is read
+    there and copied over (peer-to-peer across NVLink or PCIe where the GPUs allow it)."""
+    if not uuid or not torch.cuda.is_available():
+        return None
+    return next((i for i in range(torch.cuda.device_count()) if gpu_uuid(i) == uuid), None)
+
+
 def find_device_by_uuid(uuid: str) -> int:
-    for i in range(torch.cuda.device_count()):
-        if gpu_uuid(i) == uuid:
-            return i
-    raise RuntimeError(f"GPU {uuid} is not visible to this process (CUDA IPC needs the same GPU)")
+    index = visible_device_index(uuid)
+    if index is None:
+        raise RuntimeError(f"GPU {uuid} is not visible to this process (CUDA IPC needs a GPU it can see)")
+    return index
 

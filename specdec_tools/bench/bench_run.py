@@ -59,6 +59,8 @@ class BenchConfig:
     prefill_chunk: int | None = None     # gateway path: the verifier's --prefill-chunk (token budget widened to fit)
     service_defaults: bool = False       # gateway path: the services' own limits and cache sizes, not the bench's
     lone_prefill_chunk: int | None = None  # gateway path: the verifier's --lone-prefill-chunk
+    verifier_args: tuple[str, ...] = ()  # gateway path: more flags for the verifier service (after the bench's)
+    drafter_args: tuple[str, ...] = ()   # gateway path: more flags for the drafter service
 
 
 @dataclass
@@ -97,7 +99,8 @@ class BenchRun:
                                          tensor_parallel_size=c.tensor_parallel_size, load_format=c.load_format,
                                          quantization=c.quantization, grammar=c.grammar, draft_masks=c.draft_masks,
                                          prefill_chunk=c.prefill_chunk, service_defaults=c.service_defaults,
-                                         lone_prefill_chunk=c.lone_prefill_chunk)
+                                         lone_prefill_chunk=c.lone_prefill_chunk,
+                                         service_args=(c.verifier_args, c.drafter_args))
         return self._gateway
 
     # ---- the run ------------------------------------------------------------------------
@@ -120,7 +123,8 @@ class BenchRun:
                                     "grammar": c.grammar[0] if c.grammar else None,
                                     "draft_masks": c.draft_masks, "prefill_chunk": c.prefill_chunk,
                                     "service_defaults": c.service_defaults,
-                                    "lone_prefill_chunk": c.lone_prefill_chunk},
+                                    "lone_prefill_chunk": c.lone_prefill_chunk,
+                                    "verifier_args": list(c.verifier_args), "drafter_args": list(c.drafter_args)},
                        "roofline": None, "profile": None, "results": self.results, "skipped": self.skipped,
                        "problems": []}
         log.info("measuring the device copy and the weight-GEMM chain (%d GEMMs)", len(self.traffic.linear_shapes))

@@ -72,13 +72,15 @@ class GatewayBench:
                  tensor_parallel_size: int = 1, load_format: str = "safetensors", quantization: str = "none",
                  grammar: tuple[str, str] | None = None, draft_masks: str = "auto",
                  prefill_chunk: int | None = None, service_defaults: bool = False,
-                 lone_prefill_chunk: int | None = None):
+                 lone_prefill_chunk: int | None = None,
+                 service_args: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())):
         self.model, self.device, self.dtype, self.startup_timeout_s = model, device, dtype, startup_timeout_s
         self.grammar = grammar            # (kind, text) every request is constrained by, or None
         self.draft_masks = draft_masks    # the mtp drafter's --draft-masks
         self.prefill_chunk = prefill_chunk  # the verifier's --prefill-chunk (None: its default)
         self.service_defaults = service_defaults  # no sizing flags: the services size themselves
         self.lone_prefill_chunk = lone_prefill_chunk  # the verifier's --lone-prefill-chunk (None: its default)
+        self.service_args = service_args  # (verifier's, drafter's) flags given to the bench, after its own
         self.workloads_run = 0            # each workload's passes rotate its prompts by salts of their own
         self.tensor_parallel_size, self.load_format = tensor_parallel_size, load_format
         self.quantization = quantization  # the verifier's --quantization
@@ -134,6 +136,8 @@ class GatewayBench:
             verifier += ["--forced-acceptance-length", str(w.forced_length), "--unsafe-forced-acceptance"]
         verifier += [] if w.prefix_cache else ["--no-prefix-caching"]
         verifier += ["--draft-policy", w.draft_policy] if w.drafter != "none" else []   # (a GPU's default: adaptive)
+        verifier += list(self.service_args[0])
+        drafter += list(self.service_args[1]) if service != "none" else []
         config = StackConfig(model=self.model, drafter=service, num_drafts=w.num_drafts or 3, device=self.device,
                              dtype=self.dtype, port=0, verifier_args=tuple(verifier), drafter_args=tuple(drafter),
                              log_dir=self.logs.name,

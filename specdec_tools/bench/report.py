@@ -212,6 +212,9 @@ def render_table(record: dict, markdown: bool = False) -> str:
         head += f"; prompt chunks of {settings['lone_prefill_chunk']}+ tokens alone, in turns"
     if settings.get("service_defaults"):
         head += "; the services' default limits and cache sizes"
+    for service in ("verifier", "drafter"):
+        if settings.get(f"{service}_args"):
+            head += f"; {service} {' '.join(settings[f'{service}_args'])}"
     if settings.get("grammar"):
         head += f"; every request constrained by a {settings['grammar']} grammar"
         if any(r.get("workload", {}).get("drafter") == "mtp" for r in record.get("results", [])):

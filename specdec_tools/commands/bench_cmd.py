@@ -49,7 +49,7 @@ def add_parser(sub) -> None:
                    help="write a random checkpoint of this make-tiny preset into --model first if it holds none "
                         f"({', '.join(sorted(TINY))})")
     p.add_argument("--layers", type=int, default=None, help="with --make-tiny: decoder layers (shrinks the checkpoint)")
-    add_tensor_parallel_arg(p)
+    add_tensor_parallel_arg(p, all_reduce=False)
     add_load_format_arg(p)
     add_quantization_arg(p)
     p.add_argument("--paths", nargs="+", choices=["inproc", "gateway", "colocated", "peer"],
@@ -93,6 +93,12 @@ def add_parser(sub) -> None:
     p.add_argument("--lone-prefill-chunk", type=int, default=None, metavar="N",
                    help="gateway path: the verifier's --lone-prefill-chunk (prompt chunks of N+ tokens run alone, in "
                         "turns with the decoding sequences)")
+    p.add_argument("--verifier-args", default="", metavar="'FLAGS'",
+                   help="gateway path: more flags for the verifier service, appended to the bench's, e.g. "
+                        "'--all-reduce nccl' (an A/B of one flag: two runs that differ only here)")
+    p.add_argument("--drafter-args", default="", metavar="'FLAGS'",
+                   help="gateway path: more flags for the drafter service, e.g. '--device cuda:1' (a GPU of its "
+                        "own)")
     p.add_argument("--service-defaults", action="store_true",
                    help="gateway path: start the verifier and the drafter with their own defaults for the context, "
                         "the running sequences, the token budget, the prefill chunk and the caches (sized from "
@@ -155,6 +161,9 @@ def build_config(args: argparse.Namespace):
             raise ValueError(f"--tensor-parallel-size / --load-format dummy time the gateway path only (the "
                              f"verifier starts the ranks); drop --paths {' '.join(other)} or filter with "
                              f"--paths gateway")
+    if (args.verifier_args or args.drafter_args) and {w.path for w in chosen} - {"gateway"}:
+        raise ValueError("--verifier-args / --drafter-args reach the services of the gateway path only: add "
+                         "--paths gateway")
     if args.quantization != "none" and any(w.path == "peer" for w in chosen):
         raise ValueError("--quantization times our stack only (the peer is transformers in its dtype): drop the "
                          "peer path (--paths gateway inproc colocated)")
@@ -180,7 +189,8 @@ def build_config(args: argparse.Namespace):
         plot=not args.no_plot, seed=args.seed, tensor_parallel_size=args.tensor_parallel_size,
         load_format=args.load_format, quantization=args.quantization, grammar=grammar, draft_masks=args.draft_masks,
         prefill_chunk=args.prefill_chunk, service_defaults=args.service_defaults,
-        lone_prefill_chunk=args.lone_prefill_chunk,
+        lone_prefill_chunk=args.lone_prefill_chunk, verifier_args=tuple(shlex.split(args.verifier_args)),
+        drafter_args=tuple(shlex.split(args.drafter_args)),
         command="specdec " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
 
 

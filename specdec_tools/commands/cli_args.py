@@ -6,10 +6,18 @@ import os
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=os.environ.get("SPECDEC_MODEL") or None,
                    help="Hugging Face model folder (default: $SPECDEC_MODEL, else the embedded demo model)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
-                   help="where the model runs (default auto: cuda when a GPU is visible, else cpu; another GPU "
-                        "than the first: CUDA_VISIBLE_DEVICES)")
+    p.add_argument("--device", default="auto", type=device_name, metavar="{auto,cpu,cuda,cuda:N}",
+                   help="where the model runs (default auto: cuda when a GPU is visible, else cpu; cuda is the "
+                        "first visible GPU; cuda:N another, e.g. a drafter on a GPU of its own)")
     p.add_argument("--dtype", default="auto", help="float32 | bfloat16 | float16 | auto (bf16 on GPU, fp32 on CPU)")
+
+
+def device_name(text: str) -> str:
+    """--device's value: auto, cpu, cuda or cuda:N."""
+    kind, _, index = text.partition(":")
+    if text in ("auto", "cpu", "cuda") or (kind == "cuda" and index.isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r}: choose auto, cpu, cuda or cuda:N")
 
 
 def add_load_format_arg(p: argparse.ArgumentParser) -> None:
@@ -27,10 +35,15 @@ def add_quantization_arg(p: argparse.ArgumentParser) -> None:
                         "into --dtype. The MoE routed experts and the MTP head are dequantized everywhere")
 
 
-def add_tensor_parallel_arg(p: argparse.ArgumentParser) -> None:
+def add_tensor_parallel_arg(p: argparse.ArgumentParser, all_reduce: bool = True) -> None:
     p.add_argument("-tp", "--tensor-parallel-size", type=int, default=1, metavar="N",
                    help="split the target over N ranks by heads and columns (rank r on cuda:r, started by the "
                         "verifier; NCCL between GPUs, gloo on the CPU); default 1")
+    if all_reduce:
+        p.add_argument("--all-reduce", default="one-shot", choices=["one-shot", "nccl"],
+                       help="with --tensor-parallel-size on GPUs: one-shot (default) sums messages of up to 2 MiB "
+                            "(decode and verify steps) in one kernel over peer-mapped buffers (torch's symmetric "
+                            "memory), NCCL the larger ones; nccl: NCCL sums every message")
 
 
 def add_cache_args(p: argparse.ArgumentParser) -> None:
@@ -121,7 +134,9 @@ def resolve(args: argparse.Namespace) -> tuple[str, str, str]:
     from specdec.demo import demo_model_dir
     model = args.model or demo_model_dir()
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
+    if device.startswith("cuda") and int(device.partition(":")[2] or 0) >= torch.cuda.device_count():
+        raise ValueError(f"--device {device}: {torch.cuda.device_count()} GPU(s) visible to this process")
+    dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
     return model, device, dtype
 
 

@@ -50,6 +50,10 @@ def add_stack_args(p: argparse.ArgumentParser) -> None:
                    help="with the mtp drafter: draft over the ids of this `specdec draft-vocab` file only")
     add_enforce_eager_arg(p)
     add_tensor_parallel_arg(p)
+    p.add_argument("--drafter-device", default=None, metavar="DEVICE",
+                   help="the drafter service's device, e.g. cuda:1 for a GPU of its own (default: the verifier's "
+                        "--device, its rank 0's GPU). On another GPU of this host hidden states still cross by "
+                        "CUDA IPC, then a peer-to-peer copy; the shared embed_tokens / lm_head are copied once")
     add_load_format_arg(p)
     add_quantization_arg(p)
     p.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
@@ -88,7 +92,11 @@ def stack_config(args: argparse.Namespace, port: int, log_dir: str | None = None
     verifier_args = ("--enforce-eager",) if args.enforce_eager else ()
     verifier_args += ("--draft-policy", args.draft_policy)
     if args.tensor_parallel_size != 1:
-        verifier_args += ("--tensor-parallel-size", str(args.tensor_parallel_size))
+        verifier_args += ("--tensor-parallel-size", str(args.tensor_parallel_size), "--all-reduce", args.all_reduce)
+    if args.drafter_device:
+        if in_process:
+            raise ValueError("--drafter-device places the drafter service: drop --in-process-drafter")
+        drafter_args += ("--device", args.drafter_device)
     if args.quantization != "none":
         verifier_args += ("--quantization", args.quantization)
     if args.load_format != "safetensors":

@@ -84,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
         forced_acceptance_length=args.forced_acceptance_length, unsafe_forced_acceptance=args.unsafe_forced_acceptance,
         enforce_eager=args.enforce_eager, overlap=args.overlap, warm_up=args.warm_up,
         trace_steps=args.trace_steps, tensor_parallel_size=args.tensor_parallel_size, load_format=args.load_format,
+        all_reduce=args.all_reduce,
         quantization=args.quantization)
     serve(config, args.host, args.port, make_drafter)
     return 0
