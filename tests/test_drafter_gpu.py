@@ -165,6 +165,7 @@ def test_a_drafter_on_a_gpu_of_its_own_serves_the_same_drafts(tmp_path):
     served = {}
     for device in ("cuda:0", "cuda:1"):
         logs = tmp_path / device.replace(":", "")
+        logs.mkdir()
         stack = LocalStack(StackConfig(model=demo_model_dir(), drafter="mtp", num_drafts=3, device="cuda",
                                        dtype="float32", port=0, log_dir=str(logs),
                                        verifier_args=("--draft-policy", "fixed"), drafter_args=("--device", device),
