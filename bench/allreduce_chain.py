@@ -19,9 +19,12 @@ import torch.distributed as dist
 from specdec.models.tensor_parallel import OneShotAllReduce
 
 
-def chain_us(fn, rows: int, hidden: int, reps: int, replays: int, rank: int, size: int) -> tuple[float, bool]:
-    """(µs per all-reduce in a graph of `reps`, whether every sum was right)."""
-    xs = [torch.empty(rows, hidden, dtype=torch.bfloat16, device="cuda") for _ in range(reps)]   # [rows, hidden]
+def chain_us(fn, rows: int, hidden: int, reps: int, replays: int, rank: int, size: int,
+             offset: int = 0) -> tuple[float, bool]:
+    """(µs per all-reduce in a graph of `reps`, whether every sum was right); each message starts `offset`
+    elements into its allocation."""
+    xs = [torch.empty(rows * hidden + offset, dtype=torch.bfloat16, device="cuda")[offset:].view(rows, hidden)
+          for _ in range(reps)]                                                                  # [rows, hidden]
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):   # warm-up outside the graph (NCCL's first call sets up its channels)
@@ -53,6 +56,9 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=2048, help="the model's hidden size (default: the 80B-A3B's)")
     p.add_argument("--reps", type=int, default=100, help="all-reduces in one graph")
     p.add_argument("--replays", type=int, default=20)
+    p.add_argument("--offset", type=int, default=0, metavar="ELEMENTS",
+                   help="each message starts this many elements into its allocation (1: not 16-byte aligned, "
+                        "which the one-shot kernel takes through an aligned copy)")
     p.add_argument("--out", default=None, help="JSON file (rank 0 writes it)")
     args = p.parse_args()
     dist.init_process_group("nccl")
@@ -64,7 +70,7 @@ def main() -> None:
     for n in args.rows:
         row = {"rows": n, "bytes": n * args.hidden * 2}
         for name, fn in (("nccl", dist.all_reduce), ("one_shot", one_shot)):
-            us, right = chain_us(fn, n, args.hidden, args.reps, args.replays, rank, size)
+            us, right = chain_us(fn, n, args.hidden, args.reps, args.replays, rank, size, args.offset)
             row[f"{name}_us"], row[f"{name}_right"] = round(us, 2), right
         rows.append(row)
         if rank == 0:
@@ -72,7 +78,8 @@ def main() -> None:
     if rank == 0 and args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "ranks": size,
-                                              "hidden": args.hidden, "reps": args.reps, "rows": rows}, indent=1))
+                                              "hidden": args.hidden, "reps": args.reps, "offset": args.offset,
+                                              "rows": rows}, indent=1))
     dist.destroy_process_group()
 
 

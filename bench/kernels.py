@@ -15,6 +15,7 @@ Sections (rows: milliseconds per call, GB/s, fraction of the device-copy rooflin
                            (layer_kernels.py; attention over --context cached positions, MoE at the Qwen3-Next
                            shape: 512 experts, top 10)
   moe-route / -experts / -block  with --moe only: a MoE block's decode kernels at two shapes (moe_kernels.py)
+  moe-split                with --moe-split only: a token's experts over N GPUs, by columns or whole (moe_kernels.py)
   sampling                 the one-launch speculative sampler vs the torch path (greedy, coupled, q rows; CUDA
                            and --smoke: sampling_bench.py)
   step                     plain decode and k=3 verify of a random 4B-shaped model (--layers of it), eager vs
@@ -201,6 +202,9 @@ def main() -> int:
     p.add_argument("--moe", metavar="TOKENS", type=int, nargs="+", default=None,
                    help="only the MoE block's decode kernels at these token counts (e.g. 1 2 4 8 16 32)")
     p.add_argument("--sweep", action="store_true", help="with --fp8-linear / --moe: time every candidate tiling too")
+    p.add_argument("--moe-split", metavar="RANKS", type=int, default=None,
+                   help="only a decode token's experts over RANKS GPUs, split by columns against placed whole "
+                        "(expert parallel), as one rank runs them (moe_kernels.split_rows)")
     args = p.parse_args()
     device = torch.device(args.device)
     shape = SHAPE_SMOKE if args.smoke else SHAPE_4B
@@ -222,6 +226,10 @@ def main() -> int:
     if args.fp8_linear:
         from fp8_kernels import fp8_linear_rows
         guarded(rows, "fp8-linear", lambda: fp8_linear_rows(args.fp8_linear, device, copy_bw, args.sweep, args.smoke))
+        return finish(rows, args.out)
+    if args.moe_split:
+        from moe_kernels import split_rows
+        guarded(rows, "moe-split", lambda: split_rows(device, copy_bw, args.smoke, args.moe_split))
         return finish(rows, args.out)
     if args.moe:
         from moe_kernels import moe_rows

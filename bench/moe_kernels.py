@@ -149,6 +149,35 @@ def moe_rows(tokens_list: list[int], device, copy_bw: float, sweep: bool, smoke:
     return out
 
 
+def split_rows(device, copy_bw: float, smoke: bool, ranks: int = 2, samples: int = 20000) -> list[dict]:
+    """One decode token's routed experts over `ranks` GPUs, as a rank runs them (next-80b; T = 1):
+      columns   every rank reads 1/ranks of the columns of each of the token's top-k experts (tensor_parallel.py's
+                layout): top-k experts of width / ranks
+      whole     expert parallel: a rank holds 1/ranks of the experts, whole, and runs those of the token's top-k
+                it holds; the step waits for the rank that holds most: n experts of full width, n = 1..k, and
+                "whole, expected" = the mean over uniformly random top-k sets of the busiest rank's time
+    The all-reduce after the experts is the same either way (partial sums of every rank)."""
+    from kernels.moe import moe_experts
+    s = SHAPES_SMOKE["smoke"] if smoke else SHAPES["next-80b"]
+    k, case, out = s["top_k"], f"{'smoke' if smoke else 'next-80b'} T=1, {ranks} ranks", []
+
+    def timed(shape: dict, impl: str) -> float:
+        c = MoEBlockCase(shape, 1, device)
+        ms, mode = time_ms(lambda: moe_experts(c.x, *c.next_experts(), c.weights, c.ids), device)
+        out.append(row("moe-split", case, impl, ms, mode, c.expert_bytes, copy_bw))
+        return ms
+    timed({**s, "inter": s["inter"] // ranks}, f"columns ({k} experts, width {s['inter'] // ranks})")
+    whole = {n: timed({**s, "experts": s["experts"] // ranks, "top_k": n}, f"whole, {n} experts")
+             for n in range(-(-k // ranks), k + 1)}
+    picks = torch.rand(samples, s["experts"]).argsort(dim=1)[:, :k]      # [samples, k] random top-k sets
+    busiest = torch.stack([(picks // (s["experts"] // ranks) == r).sum(1) for r in range(ranks)]).amax(0)
+    expected = sum(whole[int(n)] for n in busiest) / samples
+    share = {n: float((busiest == n).float().mean()) for n in whole}
+    out.append(row("moe-split", case, "whole, expected", expected, "mean", note="busiest rank's experts: " + ", ".join(
+        f"{n}: {p:.0%}" for n, p in share.items() if p)))
+    return out
+
+
 def fp8_rows(c: MoEBlockCase, case: str, t: int, device, copy_bw: float, sweep: bool) -> list[dict]:
     """The routed experts in FP8 on each kernel (and, with --sweep up to 64 pairs, the decode GEMVs' tiles)."""
     from kernels.moe import moe_experts, triton_experts

@@ -44,12 +44,17 @@ class OneShotAllReduce:
         symm_mem.rendezvous(self.buffer, self.group)
 
     def fits(self, x: torch.Tensor) -> bool:
-        """x is of the buffer's dtype, fits it, and is contiguous and 16-byte aligned (the kernel's vector width)."""
+        """x is of the buffer's dtype, fits it, is contiguous and a whole number of the kernel's 16-byte vectors.
+        Shapes only: every rank must decide alike (one rank in NCCL, another here, would wait forever)."""
         return (x.dtype == self.dtype and x.is_contiguous() and x.numel() <= self.buffer.numel()
-                and x.data_ptr() % 16 == 0 and x.numel() * x.element_size() % 16 == 0)
+                and x.numel() * x.element_size() % 16 == 0)
 
     def __call__(self, x: torch.Tensor) -> None:
         flat = x.view(-1)
+        if flat.data_ptr() % 16:   # a view at an odd offset: the kernel reads and writes aligned 16-byte vectors
+            flat.copy_(torch.ops.symm_mem.one_shot_all_reduce_copy(self.buffer[:flat.numel()], flat.clone(), "sum",
+                                                                   self.group))
+            return
         torch.ops.symm_mem.one_shot_all_reduce_copy_out(self.buffer[:flat.numel()], flat, "sum", self.group, flat)
 
 
