@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -65,7 +66,9 @@ def main() -> None:
     rank, size = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(rank)
     dist.all_reduce(torch.zeros(1, device="cuda"))
+    os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"   # as the verifier's ranks: no NVLink multicast object
     one_shot = OneShotAllReduce(max(args.rows) * args.hidden * 2, torch.bfloat16, torch.device("cuda", rank))
+    one_shot.join()
     rows = []
     for n in args.rows:
         row = {"rows": n, "bytes": n * args.hidden * 2}

@@ -199,14 +199,27 @@ class DrafterHolder:
             torch.cuda.empty_cache()
 
     def attach(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> None:
-        """(Re)build the MTP drafter around these embed_tokens / lm_head weights (a new verifier's, too)."""
+        """(Re)build the MTP drafter around these embed_tokens / lm_head weights (a new verifier's, too). Weights
+        on another GPU (a verifier's, mapped over CUDA IPC) are copied to this drafter's, once, peer-to-peer."""
         from .mtp.mtp_drafter import MTPDrafter
         config, mtp = self.mtp_parts
         c = self.config
         if self.drafter is not None and c.device.startswith("cuda"):
-            self.drafter = None   # its KV cache fills this process's share: freed before the new one is made
+            self.drafter = None   # its KV cache (and weight copies) fill this process's share: freed first
             gc.collect()
             torch.cuda.empty_cache()
+        device = torch.device(c.device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        if embed_weight.device == device:
+            log.info("mapped the target's embed_tokens and lm_head over CUDA IPC (no second copy)")
+        else:
+            tied = embed_weight.data_ptr() == lm_head_weight.data_ptr()
+            source = embed_weight.device
+            embed_weight = embed_weight.to(device)                                                 # [V, H]
+            lm_head_weight = embed_weight if tied else lm_head_weight.to(device)                   # [V, H]
+            log.info("copied the target's embed_tokens and lm_head from %s to %s (%.2f GB, once)", source, device,
+                     embed_weight.nbytes * (1 if tied else 2) / 1e9)
         drafter = MTPDrafter.from_parts(config, mtp, embed_weight, lm_head_weight, c.max_drafts,
                                         c.num_blocks, c.block_size, c.device, self.mtp_options, self.draft_masks)
         drafter.facts = replace(drafter.facts, vocab_fingerprint=self.mtp_facts.vocab_fingerprint)

@@ -65,28 +65,19 @@ class StepSession:
             except (ValueError, OSError, RuntimeError) as e:
                 log.warning("refused setup: %s", e)
                 raise StreamRefused(grpc.StatusCode.INVALID_ARGUMENT, f"setup: {e}") from e
-            self._attach_weights()
+            try:
+                self._attach_weights()
+            except torch.OutOfMemoryError as e:   # (a copy of the weights onto this GPU, say): refused, not a trace
+                log.warning("refused setup: %s", e)
+                raise StreamRefused(grpc.StatusCode.RESOURCE_EXHAUSTED, f"setup: {e}") from e
 
     def _attach_weights(self) -> None:
         """A verifier's shared weights replace any earlier verifier's (which may be gone, its memory freed)."""
         holder, weights = self.servicer.holder, self.buffers.weights
         if not holder.wants_shared_weights:
             return
-        if {"embed_tokens", "lm_head"} <= set(weights):
-            embed, head = weights["embed_tokens"], weights["lm_head"]
-            device = torch.device(holder.config.device)
-            if device.type == "cuda" and device.index is None:
-                device = torch.device("cuda", torch.cuda.current_device())
-            if embed.device == device:
-                log.info("mapped the target's embed_tokens and lm_head over CUDA IPC (no second copy)")
-            else:   # the verifier's GPU is another of this host: a copy of our own, read over peer-to-peer once
-                tied = embed.data_ptr() == head.data_ptr()
-                embed = embed.to(device)
-                head = embed if tied else head.to(device)
-                gb = (embed.nbytes + (0 if tied else head.nbytes)) / 1e9
-                log.info("copied the target's embed_tokens and lm_head from %s to %s (%.2f GB, once)",
-                         weights["embed_tokens"].device, device, gb)
-            holder.attach(embed, head)
+        if {"embed_tokens", "lm_head"} <= set(weights):   # mapped over CUDA IPC (copied if on another GPU)
+            holder.attach(weights["embed_tokens"], weights["lm_head"])
         elif holder.drafter is None:
             holder.load_shared_from_folder()
 

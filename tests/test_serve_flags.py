@@ -81,3 +81,6 @@ def test_serve_places_the_drafter_and_picks_the_all_reduce(tmp_path):
                                       "--in-process-drafter"])
     with pytest.raises(ValueError, match="--drafter-device places the drafter service"):
         stack_config(args, 0)
+    assert build_parser().parse_args(["serve", "--drafter-device", "cuda:01"]).drafter_device == "cuda:1"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--drafter-device", "gpu1"])

@@ -17,12 +17,14 @@ def offered_transports(device: torch.device, override: str) -> list[str]:
 
 def cuda_buffer(name: str, t: torch.Tensor, event: torch.cuda.Event | None = None) -> dict:
     e = cuda_ipc.export_tensor(t)
+    with torch.cuda.device(t.device):   # an unrecorded event is made on the current GPU: this thread's may be another
+        event_handle = event.ipc_handle() if event is not None else b""
     return dict(
         name=name, transport="cuda_ipc", size_bytes=t.numel() * t.element_size(),
         dtype=tensor_bytes.DTYPE_NAMES[t.dtype], shape=list(t.shape), cuda_mem_handle=e.mem_handle,
         cuda_storage_size_bytes=e.storage_size_bytes, cuda_storage_offset_bytes=e.storage_offset_bytes,
         cuda_ref_counter_handle=e.ref_counter_handle, cuda_ref_counter_offset=e.ref_counter_offset,
-        cuda_event_handle=event.ipc_handle() if event is not None else b"", gpu_uuid=cuda_ipc.gpu_uuid(t.device))
+        cuda_event_handle=event_handle, gpu_uuid=cuda_ipc.gpu_uuid(t.device))
 
 
 class HiddenSender:

@@ -35,12 +35,23 @@ class OneShotAllReduce:
 
     For the small messages of decode and verify steps this beats NCCL's ring (bench/README: all-reduce); larger
     ones, and dtypes other than the buffer's, go to NCCL. The kernel ends with a second barrier, so the next call
-    may overwrite the buffer while no rank still reads it."""
+    may overwrite the buffer while no rank still reads it. Two steps, each on every rank: allocate (__init__), then
+    `join` (the rendezvous that maps the other ranks' buffers); torch's kernel sums bf16 and fp32 only."""
+
+    DTYPES = (torch.bfloat16, torch.float32)
 
     def __init__(self, max_bytes: int, dtype: torch.dtype, device: torch.device):
         from torch.distributed import _symmetric_memory as symm_mem
+        if dtype not in self.DTYPES:
+            raise ValueError(f"the one-shot all-reduce sums bfloat16 and float32, not {dtype}")
         self.dtype, self.group = dtype, dist.group.WORLD.group_name
         self.buffer = symm_mem.empty(max_bytes // dtype.itemsize, dtype=dtype, device=device)   # [max_numel]
+
+    def join(self) -> None:
+        """Map every rank's buffer (collective). Without NVLink multicast: the caller sets torch's
+        TORCH_SYMM_MEM_DISABLE_MULTICAST=1 first, since the rendezvous would otherwise create a multicast object
+        on GPUs that offer it (this kernel never reads it)."""
+        from torch.distributed import _symmetric_memory as symm_mem
         symm_mem.rendezvous(self.buffer, self.group)
 
     def fits(self, x: torch.Tensor) -> bool:
@@ -50,7 +61,7 @@ class OneShotAllReduce:
                 and x.numel() * x.element_size() % 16 == 0)
 
     def __call__(self, x: torch.Tensor) -> None:
-        flat = x.view(-1)
+        flat = x.view(-1)                                                                         # [numel]
         if flat.data_ptr() % 16:   # a view at an odd offset: the kernel reads and writes aligned 16-byte vectors
             flat.copy_(torch.ops.symm_mem.one_shot_all_reduce_copy(self.buffer[:flat.numel()], flat.clone(), "sum",
                                                                    self.group))

@@ -275,7 +275,7 @@ class GatewayBench:
 
     def _memory(self) -> dict:
         pids = {name: p.pid for name, p in self.stack.procs.items()}
-        gpu = gpu_memory_by_pid() if self.device == "cuda" else {}
+        gpu = gpu_memory_by_pid() if self.device.startswith("cuda") else {}
         if gpu:
             return {f"{name}_gpu_mib": gpu.get(pid) for name, pid in pids.items() if name != "gateway"}
         return {f"{name}_rss_mib": rss_mib(pid) for name, pid in pids.items()}

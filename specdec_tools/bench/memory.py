@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def gpu_memory_by_pid() -> dict[int, float]:
-    """MiB of GPU memory each process uses, as nvidia-smi reports it ({} without nvidia-smi)."""
+    """MiB of GPU memory each process uses, over all GPUs, as nvidia-smi reports it ({} without nvidia-smi)."""
     if not shutil.which("nvidia-smi"):
         return {}
     out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
@@ -17,7 +17,7 @@ def gpu_memory_by_pid() -> dict[int, float]:
     for line in out.strip().splitlines():
         pid, _, mib = line.partition(",")
         if pid.strip().isdigit() and mib.strip().replace(".", "", 1).isdigit():
-            usage[int(pid)] = float(mib)
+            usage[int(pid)] = usage.get(int(pid), 0.0) + float(mib)   # (a line per GPU the process holds)
     return usage
 
 

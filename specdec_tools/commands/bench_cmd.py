@@ -95,10 +95,12 @@ def add_parser(sub) -> None:
                         "turns with the decoding sequences)")
     p.add_argument("--verifier-args", default="", metavar="'FLAGS'",
                    help="gateway path: more flags for the verifier service, appended to the bench's, e.g. "
-                        "'--all-reduce nccl' (an A/B of one flag: two runs that differ only here)")
+                        "--verifier-args=--all-reduce=nccl or --verifier-args '--all-reduce nccl' (a value that "
+                        "starts with -- needs the = or the quotes; an A/B of one flag: two runs that differ only "
+                        "here)")
     p.add_argument("--drafter-args", default="", metavar="'FLAGS'",
-                   help="gateway path: more flags for the drafter service, e.g. '--device cuda:1' (a GPU of its "
-                        "own)")
+                   help="gateway path: more flags for the drafter service, e.g. --drafter-args=--device=cuda:1 (a "
+                        "GPU of its own)")
     p.add_argument("--service-defaults", action="store_true",
                    help="gateway path: start the verifier and the drafter with their own defaults for the context, "
                         "the running sequences, the token budget, the prefill chunk and the caches (sized from "

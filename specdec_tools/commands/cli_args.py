@@ -15,8 +15,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 def device_name(text: str) -> str:
     """--device's value: auto, cpu, cuda or cuda:N."""
     kind, _, index = text.partition(":")
-    if text in ("auto", "cpu", "cuda") or (kind == "cuda" and index.isdigit()):
+    if text in ("auto", "cpu", "cuda"):
         return text
+    if kind == "cuda" and index.isdigit():
+        return f"cuda:{int(index)}"
     raise argparse.ArgumentTypeError(f"{text!r}: choose auto, cpu, cuda or cuda:N")
 
 

@@ -3,7 +3,7 @@ import argparse
 import sys
 
 from .cli_args import (add_draft_policy_arg, add_enforce_eager_arg, add_load_format_arg, add_model_args,
-                       add_quantization_arg, add_tensor_parallel_arg, resolve)
+                       add_quantization_arg, add_tensor_parallel_arg, device_name, resolve)
 from .gateway_cmd import add_public_args, gateway_argv
 from .in_process_drafter import IN_PROCESS_KINDS
 
@@ -50,7 +50,7 @@ def add_stack_args(p: argparse.ArgumentParser) -> None:
                    help="with the mtp drafter: draft over the ids of this `specdec draft-vocab` file only")
     add_enforce_eager_arg(p)
     add_tensor_parallel_arg(p)
-    p.add_argument("--drafter-device", default=None, metavar="DEVICE",
+    p.add_argument("--drafter-device", default=None, metavar="DEVICE", type=device_name,
                    help="the drafter service's device, e.g. cuda:1 for a GPU of its own (default: the verifier's "
                         "--device, its rank 0's GPU). On another GPU of this host hidden states still cross by "
                         "CUDA IPC, then a peer-to-peer copy; the shared embed_tokens / lm_head are copied once")
@@ -94,8 +94,9 @@ def stack_config(args: argparse.Namespace, port: int, log_dir: str | None = None
     if args.tensor_parallel_size != 1:
         verifier_args += ("--tensor-parallel-size", str(args.tensor_parallel_size), "--all-reduce", args.all_reduce)
     if args.drafter_device:
-        if in_process:
-            raise ValueError("--drafter-device places the drafter service: drop --in-process-drafter")
+        if in_process or drafter == "none":
+            raise ValueError("--drafter-device places the drafter service: not with --in-process-drafter or "
+                             "--drafter none")
         drafter_args += ("--device", args.drafter_device)
     if args.quantization != "none":
         verifier_args += ("--quantization", args.quantization)
