@@ -150,42 +150,48 @@ def test_a_decode_step_synchronises_once_in_the_verifier(model_dir, kind, overla
     assert Counter(s.split(":")[0] for s in sites) == {name: 5 for name in allowed}, sites
 
 
-def test_a_drafter_on_a_gpu_of_its_own_serves_the_same_drafts(tmp_path):
-    """The drafter service on cuda:1 beside a verifier on cuda:0 (`--drafter-device cuda:1`): hidden states and
-    device steps cross by CUDA IPC and a peer-to-peer copy, the shared embed_tokens / lm_head are copied once, and
-    the stack serves the same greedy tokens, with the same drafts accepted, as with the drafter on cuda:0."""
+@pytest.mark.parametrize("verifier_device,drafter_device", [("cuda:0", "cuda:1"), ("cuda:1", "cuda:0")])
+def test_a_drafter_on_a_gpu_of_its_own_serves_the_plain_tokens(tmp_path, verifier_device, drafter_device):
+    """The drafter service on one GPU, the verifier on another (`--drafter-device`; the verifier's `--device
+    cuda:1` too): hidden states and device steps cross by CUDA IPC and a peer-to-peer copy, the shared embed_tokens
+    / lm_head are copied once, the IPC events live on the verifier's GPU, and the stack serves the greedy tokens of
+    plain decoding with drafts accepted."""
     import grpc
 
     from specdec.demo import demo_model_dir
     from specdec.rpc.v1 import gateway_pb2, gateway_pb2_grpc
     from specdec_tools.local_stack import LocalStack, StackConfig
+    from verifier_service.builder import VerifierConfig, build_engine
     if torch.cuda.device_count() < 2:
         pytest.fail("needs 2 GPUs: run on nvidia-h100-x2 / nvidia-h200-x2")
     prompts = [[11, 52, 7, 300, 41, 9], list(range(60, 110)), [5]]
-    served = {}
-    for device in ("cuda:0", "cuda:1"):
-        logs = tmp_path / device.replace(":", "")
-        logs.mkdir()
-        stack = LocalStack(StackConfig(model=demo_model_dir(), drafter="mtp", num_drafts=3, device="cuda",
-                                       dtype="float32", port=0, log_dir=str(logs),
-                                       verifier_args=("--draft-policy", "fixed"), drafter_args=("--device", device),
-                                       startup_timeout_s=300))
-        stack.start()
-        try:
-            with grpc.insecure_channel(stack.address) as channel:
-                stub = gateway_pb2_grpc.GatewayStub(channel)
-                served[device] = []
-                for ids in prompts:
-                    replies = list(stub.Generate(gateway_pb2.GenerateRequest(
-                        prompt_token_ids=ids, sampling=gateway_pb2.SamplingParams(max_tokens=48, ignore_eos=True)),
-                        timeout=120))
-                    served[device].append(([t for r in replies for t in r.token_ids],
-                                           replies[-1].usage.accepted_tokens))
-        finally:
-            stack.stop()
-        verifier_log = (logs / "verifier.log").read_text()
-        assert "transport cuda_ipc" in verifier_log and ", device steps" in verifier_log, verifier_log[-3000:]
-    assert served["cuda:0"] == served["cuda:1"]
-    assert all(accepted > 0 for _, accepted in served["cuda:1"])
-    assert "copied the target's embed_tokens and lm_head from cuda:0 to cuda:1" in (
-        tmp_path / "cuda1" / "drafter.log").read_text()
+    engine = build_engine(VerifierConfig(demo_model_dir(), device="cuda:0", num_drafts=0, max_running=4,
+                                         max_context=256, kv_blocks=64))   # plain decoding
+    try:
+        plain = engine.generate(prompts, SamplingParams(max_tokens=48, ignore_eos=True))
+    finally:
+        engine.executor.close()
+        del engine
+        torch.cuda.empty_cache()   # the services' memory sizing sees the GPU free again
+    stack = LocalStack(StackConfig(model=demo_model_dir(), drafter="mtp", num_drafts=3, device=verifier_device,
+                                   dtype="float32", port=0, log_dir=str(tmp_path),
+                                   verifier_args=("--draft-policy", "fixed"),
+                                   drafter_args=("--device", drafter_device), startup_timeout_s=300))
+    stack.start()
+    served = []
+    try:
+        with grpc.insecure_channel(stack.address) as channel:
+            stub = gateway_pb2_grpc.GatewayStub(channel)
+            for ids in prompts:
+                replies = list(stub.Generate(gateway_pb2.GenerateRequest(
+                    prompt_token_ids=ids, sampling=gateway_pb2.SamplingParams(max_tokens=48, ignore_eos=True)),
+                    timeout=120))
+                served.append(([t for r in replies for t in r.token_ids], replies[-1].usage.accepted_tokens))
+    finally:
+        stack.stop()
+    verifier_log = (tmp_path / "verifier.log").read_text()
+    assert "transport cuda_ipc" in verifier_log and ", device steps" in verifier_log, verifier_log[-3000:]
+    assert [tokens for tokens, _ in served] == plain
+    assert all(accepted > 0 for _, accepted in served)
+    assert f"copied the target's embed_tokens and lm_head from {verifier_device} to {drafter_device}" in (
+        tmp_path / "drafter.log").read_text()
