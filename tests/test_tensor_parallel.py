@@ -352,3 +352,41 @@ def test_two_gpus_with_graphs_and_overlap_match_one(tmp_path, cuda):
     for (h1, l1), (h2, l2) in zip(logits[1], logits[2]):
         assert (l2 - l1).abs().max().item() <= 1e-4 * l1.abs().max().item()
     assert tokens[1] == tokens[2]
+
+
+def _set_up_one_shot(rank: int, port: int, results) -> None:
+    """A rank of test_one_shot_is_set_up_on_every_rank_or_on_none: rank 0's allocation fails, rank 1's works."""
+    import torch.distributed as dist
+
+    from specdec.models.tensor_parallel import OneShotAllReduce
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    host = dist.new_group(backend="gloo")
+    joined = []
+
+    def allocate(self, max_bytes, dtype, device):
+        if rank == 0:
+            raise RuntimeError("out of memory (planted)")
+        self.dtype = dtype
+    OneShotAllReduce.__init__ = allocate
+    OneShotAllReduce.join = lambda self: joined.append(rank)   # would be a rendezvous only one rank reaches
+    made = OneShotAllReduce.set_up(1 << 20, torch.bfloat16, torch.device("cpu"), rank, host)
+    half = OneShotAllReduce.set_up(1 << 20, torch.float16, torch.device("cpu"), rank, host)
+    results.put((rank, made is None, joined, half is None))
+    dist.destroy_process_group()
+
+
+def test_one_shot_is_set_up_on_every_rank_or_on_none():
+    """A rank whose one-shot buffer cannot be allocated makes every rank sum over NCCL instead (the others must
+    not join a rendezvous it never reaches, nor sum one way while it sums the other); fp16 never takes it."""
+    import multiprocessing as mp
+
+    from specdec.transport.host import free_port
+    context, port = mp.get_context("spawn"), free_port()
+    results = context.Queue()
+    ranks = [context.Process(target=_set_up_one_shot, args=(r, port, results)) for r in range(2)]
+    for p in ranks:
+        p.start()
+    got = sorted(results.get(timeout=120) for _ in ranks)
+    for p in ranks:
+        p.join(30)
+    assert got == [(0, True, [], True), (1, True, [], True)]

@@ -107,42 +107,10 @@ def _join(spec: RankSpec, rank: int, port: int, check_alive=None) -> tuple[Tenso
 
 
 def _one_shot(spec: RankSpec, device: torch.device, rank: int, host) -> OneShotAllReduce | None:
-    """The one-shot all-reduce of small messages on GPUs (--all-reduce one-shot), None where NCCL does all. Every
-    rank takes the same: a rank whose allocation or rendezvous failed makes all fall back to NCCL (a rank summing
-    one way and another the other would wait for each other forever)."""
+    """The one-shot all-reduce of small messages on GPUs (--all-reduce one-shot), None where NCCL does all."""
     if device.type != "cuda" or spec.all_reduce != "one-shot":
         return None
-    dtype = parse_dtype(spec.dtype)
-    if dtype not in OneShotAllReduce.DTYPES:
-        if rank == 0:
-            log.info("all-reduce: NCCL sums every message (the one-shot kernel sums bf16 and fp32, not %s)", dtype)
-        return None
-    os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"   # read by torch's rendezvous: no NVLink multicast object
-    one_shot, problem = None, ""
-    try:
-        one_shot = OneShotAllReduce(ONE_SHOT_MAX_BYTES, dtype, device)
-    except (RuntimeError, ImportError, AttributeError) as e:
-        problem = f"{type(e).__name__}: {e}"
-    if _all_ranks(not problem, host) and one_shot is not None:
-        try:
-            one_shot.join()
-        except (RuntimeError, AttributeError) as e:
-            problem = f"{type(e).__name__}: {e}"
-        if _all_ranks(not problem, host):
-            if rank == 0:
-                log.info("all-reduce: one-shot over symmetric memory up to %d KiB (%s), NCCL above",
-                         ONE_SHOT_MAX_BYTES >> 10, spec.dtype)
-            return one_shot
-    log.warning("rank %d: one-shot all-reduce unavailable (%s): NCCL sums every message", rank,
-                problem or "another rank could not set it up")
-    return None
-
-
-def _all_ranks(ok: bool, host) -> bool:
-    """Whether `ok` holds on every rank (a collective over the host group)."""
-    flag = torch.tensor([int(ok)])
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=host)
-    return bool(flag.item())
+    return OneShotAllReduce.set_up(ONE_SHOT_MAX_BYTES, parse_dtype(spec.dtype), device, rank, host)
 
 
 def _build_runner(spec: RankSpec, tp: TensorParallel) -> ModelRunner:

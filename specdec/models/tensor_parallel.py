@@ -18,12 +18,16 @@ columns) of each checkpoint tensor it reads.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from .model_config import ModelConfig
+
+log = logging.getLogger(__name__)
 
 
 class OneShotAllReduce:
@@ -47,6 +51,36 @@ class OneShotAllReduce:
         self.dtype, self.group = dtype, dist.group.WORLD.group_name
         self.buffer = symm_mem.empty(max_bytes // dtype.itemsize, dtype=dtype, device=device)   # [max_numel]
 
+    @classmethod
+    def set_up(cls, max_bytes: int, dtype: torch.dtype, device: torch.device, rank: int,
+               host: dist.ProcessGroup) -> OneShotAllReduce | None:
+        """Every rank's one-shot all-reduce, or None on every rank: a rank whose allocation or rendezvous failed
+        makes all fall back to NCCL (agreed over the `host` group: a rank summing one way and another the other
+        would wait for each other forever); None for dtypes the kernel does not sum."""
+        if dtype not in cls.DTYPES:
+            if rank == 0:
+                log.info("all-reduce: NCCL sums every message (the one-shot kernel sums bf16 and fp32, not %s)", dtype)
+            return None
+        os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"   # read by torch's rendezvous: no multicast object
+        one_shot, problem = None, ""
+        try:
+            one_shot = cls(max_bytes, dtype, device)
+        except (RuntimeError, ImportError, AttributeError) as e:
+            problem = f"{type(e).__name__}: {e}"
+        if _on_all_ranks(not problem, host) and one_shot is not None:
+            try:
+                one_shot.join()
+            except (RuntimeError, AttributeError) as e:
+                problem = f"{type(e).__name__}: {e}"
+            if _on_all_ranks(not problem, host):
+                if rank == 0:
+                    log.info("all-reduce: one-shot over symmetric memory up to %d KiB (%s), NCCL above",
+                             max_bytes >> 10, dtype)
+                return one_shot
+        log.warning("rank %d: one-shot all-reduce unavailable (%s): NCCL sums every message", rank,
+                    problem or "another rank could not set it up")
+        return None
+
     def join(self) -> None:
         """Map every rank's buffer (collective). Without NVLink multicast: the caller sets torch's
         TORCH_SYMM_MEM_DISABLE_MULTICAST=1 first, since the rendezvous would otherwise create a multicast object
@@ -67,6 +101,13 @@ class OneShotAllReduce:
                                                                    self.group))
             return
         torch.ops.symm_mem.one_shot_all_reduce_copy_out(self.buffer[:flat.numel()], flat, "sum", self.group, flat)
+
+
+def _on_all_ranks(ok: bool, host: dist.ProcessGroup) -> bool:
+    """Whether `ok` holds on every rank (a collective over the host group)."""
+    flag = torch.tensor([int(ok)])
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=host)
+    return bool(flag.item())
 
 
 @dataclass(frozen=True)
