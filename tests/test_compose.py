@@ -37,7 +37,7 @@ VARIANTS = {  # name: (files, in the order given to `docker compose -f`, profile
     "cpu": (["compose.yaml", "compose.cpu.yaml"], "cpu"),
 }
 DOCKERFILES = {"compose/Dockerfile.gpu", "compose/Dockerfile.cpu", "compose/Dockerfile.gateway"}
-ENV_VARS = {"MODEL_DIR", "SPECDEC_MODEL", "DRAFTER", "K", "GPU", "GATEWAY_PORT", "HTTP_PORT", "TP"}
+ENV_VARS = {"MODEL_DIR", "SPECDEC_MODEL", "DRAFTER", "K", "GPU", "GATEWAY_PORT", "HTTP_PORT", "TP", "DRAFTER_DEVICE"}
 
 
 # ---- loading and merging compose files as docker compose does ---------------------------------------------------
@@ -219,6 +219,9 @@ def test_gpu_variant_shares_one_gpu_and_its_namespaces():
     assert flag(two["verifier"]["command"], "--tensor-parallel-size") == "2"
     for name in ("verifier", "drafter"):   # both see the two GPUs: rank 0 and the drafter on the first
         assert two[name]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["0,1"]
+    own = interpolate(variant("gpu"), {"GPU": "0,1", "DRAFTER_DEVICE": "cuda:1"})["services"]   # a GPU of its own
+    assert flag(own["drafter"]["command"], "--device") == "cuda:1"
+    assert flag(own["verifier"]["command"], "--device") == "cuda"
     assert "deploy" not in services["gateway"]
     assert flag(services["verifier"]["command"], "--transport") == "cuda_ipc"
     assert services["drafter"]["ipc"] in ("service:verifier", "host")
@@ -241,7 +244,8 @@ def test_variants_differ_only_in_device_transport_and_image():
     gpu, cpu = variant("gpu")["services"], variant("cpu")["services"]
     for name in SERVICES:
         g, c = list(gpu[name]["command"]), list(cpu[name]["command"])
-        for cmd, device, transport in ((g, "cuda", "cuda_ipc"), (c, "cpu", "shm")):
+        gpu_device = "${DRAFTER_DEVICE:-cuda}" if name == "drafter" else "cuda"   # (its GPU may be another)
+        for cmd, device, transport in ((g, gpu_device, "cuda_ipc"), (c, "cpu", "shm")):
             for option, value in (("--device", device), ("--transport", transport)):
                 if option in cmd:
                     i = cmd.index(option)
