@@ -9,6 +9,7 @@ import grpc
 import pytest
 
 from specdec_tools.bench import checks, report
+from specdec_tools.bench.gateway_clients import send_conversations
 from specdec_tools.bench import workloads as wl
 from specdec_tools.bench.latency import RequestTrace, TurnRecord, turn_figures
 
@@ -108,9 +109,9 @@ class FakeCall:
 
 @pytest.fixture
 def fake_gateway(monkeypatch):
-    from specdec_tools.bench import gateway_path
+    from specdec_tools.bench import gateway_clients, gateway_path
     fake = FakeGateway()
-    monkeypatch.setattr(gateway_path.gateway_pb2_grpc, "GatewayStub", fake)
+    monkeypatch.setattr(gateway_clients.gateway_pb2_grpc, "GatewayStub", fake)
     bench = gateway_path.GatewayBench("unused", "cpu", "float32")
     bench.stack = SimpleNamespace(address="127.0.0.1:1", stop=lambda: None)   # never connected: the stub is fake
     def scrape():   # the verifier's counters: engine steps (3 a request), the prefix cache's tokens asked, served
@@ -226,7 +227,7 @@ def test_each_turn_sends_the_conversation_so_far(fake_gateway):
     fake, bench = fake_gateway
     w = small()
     convs = wl.conversations_for(w, 1000)
-    records, truncated = bench._conversations(w, convs, 60.0)
+    records, truncated = send_conversations(bench.stack.address, w, convs, 60.0)
     assert not truncated and len(records) == w.requests == len(fake.requests) == 12
     sent = {r.request_id: (list(r.prompt_token_ids), out, r.sampling.seed) for r, out, _ in fake.requests}
     assert len({seed for _, _, seed in sent.values()}) == 12
@@ -253,7 +254,7 @@ def test_the_guard_cuts_the_conversations(fake_gateway):
     fake.chunk_s = 0.1                    # 3 deliveries a turn: about 0.22 s each
     w = small()
     start = time.perf_counter()
-    records, truncated = bench._conversations(w, wl.conversations_for(w, 1000), 0.3)
+    records, truncated = send_conversations(bench.stack.address, w, wl.conversations_for(w, 1000), 0.3)
     assert truncated and time.perf_counter() - start < 5.0
     assert 3 <= len(records) < w.requests and len(fake.requests) == len(records)
     assert max(r.trace.sent for r in records) < start + 0.3

@@ -1,5 +1,5 @@
 """`specdec bench`: the measuring instrument for speed (issue 10). See bench/README.md.
 
-workloads (what runs) → inprocess / gateway_path / peer (the three paths) → latency, traffic, roofline (the
+workloads (what runs) → inprocess / gateway_path (gateway_clients: its streams) / peer (the paths) → latency, traffic, roofline (the
 figures) → checks (their identities) → report (JSON, table, PNG); bench_run ties them together.
 """

@@ -21,18 +21,15 @@ from __future__ import annotations
 import logging
 import re
 import tempfile
-import threading
 import time
 import urllib.request
 from pathlib import Path
 
-import grpc
-
 from specdec_tools.local_stack import LocalStack, StackConfig, free_port
-from specdec.rpc.v1 import gateway_pb2, gateway_pb2_grpc
 
+from .gateway_clients import send_conversations, send_streams
 from .inprocess import blocks_for, scheduler_for
-from .latency import RequestTrace, TurnRecord, interference, median_pass, summarize, turn_figures
+from .latency import interference, median_pass, summarize, turn_figures
 from .memory import gpu_memory_by_pid, rss_mib
 from .workloads import Conversations, Workload, salted
 
@@ -223,10 +220,10 @@ class GatewayBench:
     def _send(self, w: Workload, prompts: list[list[int]] | Conversations, guard_s: float):
         """One pass: (traces, finals, truncated, turn records or None)."""
         if w.turns:
-            records, truncated = self._conversations(w, prompts, guard_s)
+            records, truncated = send_conversations(self.stack.address, w, prompts, guard_s, self.grammar)
             return ([r.trace for r in records], [(r.finish_reason, r.usage) for r in records], truncated,
                     records)
-        return (*self._streams(w, prompts, guard_s), None)
+        return (*send_streams(self.stack.address, w, prompts, guard_s, self.grammar), None)
 
     def _measure(self, w: Workload, prompts: list[list[int]] | Conversations, guard_s: float) -> dict:
         """One timed pass of the workload, with the verifier's counters and step split over it."""
@@ -280,119 +277,6 @@ class GatewayBench:
             return {f"{name}_gpu_mib": gpu.get(pid) for name, pid in pids.items() if name != "gateway"}
         return {f"{name}_rss_mib": rss_mib(pid) for name, pid in pids.items()}
 
-    def _streams(self, w: Workload, prompts: list[list[int]], guard_s: float):
-        n = len(prompts)
-        traces = [RequestTrace(sent=0.0) for _ in range(n)]
-        finals: list[tuple[str, object]] = [("none", None)] * n
-        calls: list = [None] * n
-        barrier = threading.Barrier(n + 1)
-        late = threading.Event()     # an interfering long prompt (the last) waits for it: set once the rest decode
-        sampling = dict(max_tokens=w.max_tokens, temperature=w.temperature, ignore_eos=True)
-        if self.grammar is not None:   # (ignore_eos: a grammar still ends where it ends, before max_tokens)
-            kind, text = self.grammar
-            sampling["grammar"] = gateway_pb2.Grammar(**{kind: True if kind == "json_object" else text})
-        with grpc.insecure_channel(self.stack.address) as channel:
-            stub = gateway_pb2_grpc.GatewayStub(channel)
-
-            def stream(i: int) -> None:
-                request = gateway_pb2.GenerateRequest(request_id=f"bench-{i}", prompt_token_ids=prompts[i],
-                                                      sampling=gateway_pb2.SamplingParams(seed=i, **sampling))
-                barrier.wait()
-                if w.long_prompt and i == n - 1:
-                    late.wait(guard_s)
-                traces[i].sent = time.perf_counter()
-                calls[i] = stub.Generate(request, timeout=guard_s + 120)
-                try:
-                    for reply in calls[i]:
-                        traces[i].add(time.perf_counter(), len(reply.token_ids))
-                        if reply.finish_reason:
-                            finals[i] = (reply.finish_reason, reply.usage)
-                except grpc.RpcError as e:
-                    finals[i] = (e.code().name.lower(), None)
-                    if i == 0:   # (the others' codes are in finish_reasons)
-                        log.warning("%s: a request failed: %s: %s", w.name, e.code().name, e.details())
-            threads = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(n)]
-            for t in threads:
-                t.start()
-            barrier.wait()
-            deadline = time.perf_counter() + guard_s
-            if w.long_prompt:   # (a few deliveries each, well before their last)
-                _when_decoding(traces[:-1], late, deadline, deliveries=max(1, min(16, w.max_tokens // 4)))
-            for t in threads:
-                t.join(max(0.0, deadline - time.perf_counter()))
-            truncated = any(t.is_alive() for t in threads)
-            for call in calls if truncated else []:
-                if call is not None:
-                    call.cancel()
-            for t in threads:
-                t.join(30)
-        return traces, finals, truncated
-
-    def _conversations(self, w: Workload, convs: Conversations, guard_s: float
-                       ) -> tuple[list[TurnRecord], bool]:
-        """w.concurrency conversations at once (started together), each sending its w.turns turns in order: a turn
-        is sent when the last has finished, its prompt the last turn's prompt + the tokens it gave back + this
-        turn's user tokens. A conversation stops at a turn that ends without a usage (an error status); at the
-        guard, turns in flight are cancelled and no more are sent. Returns the records of the turns sent, and
-        whether the guard cut the pass."""
-        n = w.concurrency
-        records: list[list[TurnRecord]] = [[] for _ in range(n)]
-        calls: list = [None] * n
-        barrier = threading.Barrier(n + 1)
-        stop = threading.Event()
-        sampling = dict(max_tokens=w.max_tokens, temperature=w.temperature, ignore_eos=True)
-        if self.grammar is not None:
-            kind, text = self.grammar
-            sampling["grammar"] = gateway_pb2.Grammar(**{kind: True if kind == "json_object" else text})
-        with grpc.insecure_channel(self.stack.address) as channel:
-            stub = gateway_pb2_grpc.GatewayStub(channel)
-
-            def converse(c: int) -> None:
-                history: list[int] = []
-                barrier.wait()
-                for turn in range(w.turns):
-                    if stop.is_set():
-                        return
-                    prompt = convs.prompt(c, turn, history)
-                    request = gateway_pb2.GenerateRequest(
-                        request_id=f"bench-c{c}-t{turn + 1}", prompt_token_ids=prompt,
-                        sampling=gateway_pb2.SamplingParams(seed=c * w.turns + turn, **sampling))
-                    record = TurnRecord(c, turn + 1, len(prompt), RequestTrace(sent=time.perf_counter()))
-                    records[c].append(record)
-                    calls[c] = stub.Generate(request, timeout=guard_s + 120)
-                    output: list[int] = []
-                    try:
-                        for reply in calls[c]:
-                            record.trace.add(time.perf_counter(), len(reply.token_ids))
-                            output += reply.token_ids
-                            if reply.finish_reason:
-                                record.finish_reason, record.usage = reply.finish_reason, reply.usage
-                    except grpc.RpcError as e:   # (after its last message: the turn is complete all the same)
-                        record.finish_reason = record.finish_reason if record.usage else e.code().name.lower()
-                        if not stop.is_set():
-                            log.warning("%s: conversation %d, turn %d failed: %s: %s", w.name, c, turn + 1,
-                                        e.code().name, e.details())
-                    if record.usage is None:
-                        return
-                    history = prompt + output
-            threads = [threading.Thread(target=converse, args=(c,), daemon=True) for c in range(n)]
-            for t in threads:
-                t.start()
-            barrier.wait()
-            deadline = time.perf_counter() + guard_s
-            for t in threads:
-                t.join(max(0.0, deadline - time.perf_counter()))
-            truncated = any(t.is_alive() for t in threads)
-            stop.set()
-            give_up = time.perf_counter() + 30
-            while any(t.is_alive() for t in threads) and time.perf_counter() < give_up:
-                for call in calls:       # (again: a turn may have been sent since the last round)
-                    if call is not None:
-                        call.cancel()
-                for t in threads:
-                    t.join(0.05)
-        return [r for conv in records for r in conv], truncated
-
     def stop(self) -> None:
         if self.stack is not None:
             self.stack.stop()
@@ -401,15 +285,6 @@ class GatewayBench:
     def close(self) -> None:
         self.stop()
         self.logs.cleanup()
-
-
-def _when_decoding(traces: list[RequestTrace], late: threading.Event, deadline: float,
-                   deliveries: int = 16) -> None:
-    """Set `late` once every trace has `deliveries` deliveries (their ITL before the long prompt has data), or at
-    the deadline."""
-    while time.perf_counter() < deadline and any(len(t.times) < deliveries for t in traces):
-        time.sleep(0.002)
-    late.set()
 
 
 def _delta(before: dict, after: dict, name: str) -> float:
