@@ -16,6 +16,7 @@ import random
 import tempfile
 import time
 
+from specdec_tools.bench.gateway_clients import send_streams
 from specdec_tools.bench.gateway_path import GatewayBench
 from specdec_tools.bench.inprocess import blocks_for, scheduler_for
 from specdec_tools.bench.latency import summarize
@@ -47,7 +48,7 @@ def run_variant(args, extra: list[str]) -> dict:
     prompts = [[rng.randrange(1, 1000) for _ in range(w.prompt_tokens)] for _ in range(w.concurrency)]
     try:
         for run in ("first", "second"):
-            traces, _, _ = bench._streams(w, prompts, guard_s=300)
+            traces, _, _ = send_streams(bench.stack.address, w, prompts, guard_s=300)
             s = summarize(traces)
             gaps = [b - a for t in traces for a, b in zip(t.times, t.times[1:])]
             out[run] = {k: s[k] for k in ("output_tokens_per_s", "ttft_ms_p50", "itl_ms_p50", "itl_ms_p99")}
