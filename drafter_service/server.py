@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import logging
 
-import torch
-
 from specdec.drafting.token_counts import TokenCounter
 from specdec.rpc import serving
 from specdec.rpc.v1 import drafter_pb2, drafter_pb2_grpc
 from specdec.startup_heap import freeze_startup_heap
+from specdec.step_thread import use_gpu_in_this_thread
 from specdec.step_trace import StepTrace
 
 from .factory import DrafterConfig, DrafterHolder
@@ -24,8 +23,7 @@ def start(config: DrafterConfig, host: str, port: int) -> serving.RunningServer:
     # first, so that a counts file of another vocabulary fails before any weights load
     c = config
     counter = TokenCounter(c.count_tokens, c.vocab_size, c.count_every_s) if c.count_tokens else None
-    if config.device.startswith("cuda:"):   # this thread loads the weights and captures the graphs on cuda:K
-        torch.cuda.set_device(config.device)   # (step_thread_on, which the CPU's main thread must not take)
+    use_gpu_in_this_thread(config.device)   # this thread loads the weights and captures the graphs there
     holder = DrafterHolder(config)  # loads weights before the port reports SERVING
     uuid = ""
     if config.device.startswith("cuda"):

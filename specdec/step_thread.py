@@ -23,11 +23,17 @@ def serial_cpu_ops_in_this_thread(device: torch.device | str) -> None:
         torch.set_num_threads(1)
 
 
-def step_thread_on(device: torch.device | str) -> None:
-    """Make this thread ready to run model steps on `device`. CUDA's current device is per thread, and a new thread
-    (a gRPC handler) starts on GPU 0: a drafter on cuda:1 would capture its graphs, and take its current streams,
-    on the wrong GPU. So a GPU given by index becomes this thread's; on the CPU, serial ops (above)."""
+def use_gpu_in_this_thread(device: torch.device | str) -> None:
+    """A GPU given by index (cuda:1) becomes this thread's current one. CUDA's current device is per thread, and a
+    new thread (a gRPC handler) starts on GPU 0: a drafter on cuda:1 would capture its graphs, and take its current
+    streams, on the wrong GPU. Nothing for the CPU or a bare "cuda"."""
     d = torch.device(device)
     if d.type == "cuda" and d.index is not None:
         torch.cuda.set_device(d)
-    serial_cpu_ops_in_this_thread(d)
+
+
+def step_thread_on(device: torch.device | str) -> None:
+    """Make this thread ready to run model steps on `device`: its GPU, or on the CPU serial ops (above). Not for a
+    main thread on the CPU, which keeps its OpenMP threads."""
+    use_gpu_in_this_thread(device)
+    serial_cpu_ops_in_this_thread(device)

@@ -12,6 +12,7 @@ from specdec.drafting import Drafter, vocabulary_fingerprint
 from specdec.grammar import Grammars
 from specdec.models.loader import LoadedModel, load_model
 from specdec.models.model_config import ModelConfig
+from specdec.step_thread import use_gpu_in_this_thread
 from specdec.step_trace import StepTrace
 
 from .block_manager import PrefixCaching
@@ -123,8 +124,7 @@ def build_engine(config: VerifierConfig, make_drafter: DrafterFactory | None = N
         raise ValueError(f"an in-process {config.in_process_drafter} drafter cannot run beside tensor-parallel ranks "
                          f"(no rank holds the whole embedding and LM head): serve it as a drafter service "
                          f"(specdec serve does)")
-    if config.device.startswith("cuda:"):   # this thread loads the target and captures its graphs on cuda:K
-        torch.cuda.set_device(config.device)
+    use_gpu_in_this_thread(config.device)   # this thread loads the target and captures its graphs there
     config = config.with_device_limits()
     for name in ("max_running", "max_batched_tokens", "prefill_chunk", "block_size", "prefix_checkpoint_interval"):
         if getattr(config, name) < 1:
