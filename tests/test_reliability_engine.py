@@ -153,7 +153,7 @@ def test_request_at_exactly_the_context_limit_runs_with_drafts(tiny_model):
     """prompt + max_tokens == max_len must pass (the gateway accepts it) even with k drafts per step."""
     k = 3
     engine = make_engine(tiny_model, drafter=make_drafter("ngram", tiny_model, k), k=k, num_blocks=64)
-    engine.max_len = 40
+    engine.requests.max_len = 40
     prompt = [7, 8, 9, 7, 8, 9, 7, 8, 9, 7]
     out = engine.generate([prompt], SamplingParams(max_tokens=engine.max_len - len(prompt), ignore_eos=True))[0]
     assert len(out) == engine.max_len - len(prompt)

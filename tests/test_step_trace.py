@@ -105,7 +105,7 @@ def test_a_traced_engine_and_drafter_service_give_every_segment(tiny_model, tmp_
             assert time.monotonic() < deadline
             time.sleep(0.05)
         engine = make_engine(tiny_model, remote, k=K)
-        engine.trace = trace
+        engine.drafting.trace = trace
         prompt = random_prompts([6], cfg.vocab_size)[0] * 3              # repeats: the n-gram drafter drafts
         engine.generate([prompt], SamplingParams(max_tokens=30, ignore_eos=True))
     finally:

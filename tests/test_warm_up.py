@@ -64,7 +64,7 @@ def test_without_a_drafter_the_warm_up_drafts_nothing(tiny_model, k):
 
 def test_a_short_maximum_context_skips_the_warm_up_with_a_warning(tiny_model, caplog):
     engine = make_engine(tiny_model, make_drafter("ngram", tiny_model, 3), 3, max_running=2)
-    engine.max_len = 20   # a decoder of the mixed steps (3 + 32 tokens) would not fit: refused, not a failed start
+    engine.requests.max_len = 20   # a decoder of the mixed steps (3 + 32 tokens) would not fit: refused, not a failed start
     assert engine.max_len < MIN_CONTEXT
     calls, forward = [], engine.executor.forward
     engine.executor.forward = lambda *args, **kwargs: (calls.append(1), forward(*args, **kwargs))[1]

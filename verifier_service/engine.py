@@ -100,17 +100,9 @@ class SpecEngine:
         """The longest prompt + max_tokens a request may ask for."""
         return self.requests.max_len
 
-    @max_len.setter
-    def max_len(self, max_len: int) -> None:
-        self.requests.max_len = max_len
-
     @property
     def trace(self) -> StepTrace:
         return self.drafting.trace
-
-    @trace.setter
-    def trace(self, trace: StepTrace) -> None:
-        self.drafting.trace = trace
 
     @property
     def drafter(self) -> Drafter | None:
