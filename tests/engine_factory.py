@@ -14,14 +14,15 @@ BLOCK = 4
 
 
 def make_engine(loaded, drafter=None, k=0, num_blocks=256, max_running=8, forced=None, chunk=8, budget=64,
-                overlap=True, lone_chunk=0, prefix=None):
+                overlap=True, lone_chunk=0, prefix=None, mixed_chunk=0):
     """prefix: a PrefixCaching (default: off)."""
     executor = Executor.build(loaded, num_blocks=num_blocks, block_size=BLOCK, max_seqs=max_running, max_drafts=k,
                               device=loaded.model.embed_tokens.weight.device, max_batched_tokens=budget,
                               prefix=prefix or PrefixCaching(enabled=False))
     config = EngineConfig(num_drafts=k, forced_acceptance=forced, overlap=overlap,
                           scheduler=SchedulerConfig(max_running=max_running, max_batched_tokens=budget,
-                                                    prefill_chunk=chunk, lone_prefill_chunk=lone_chunk))
+                                                    prefill_chunk=chunk, mixed_prefill_chunk=mixed_chunk,
+                                                    lone_prefill_chunk=lone_chunk))
     return SpecEngine(executor, drafter, config)
 
 

@@ -133,6 +133,12 @@ def test_cpu_engine_defaults():
     lone = build_engine(VerifierConfig(model_dir=str(demo_model_dir()), num_drafts=0, lone_prefill_chunk=32,
                                        warm_up=False))
     assert lone.scheduler.config.lone_prefill_chunk == 32 and s.lone_prefill_chunk == 0   # off unless asked
+    assert s.mixed_prefill_chunk == cpu["mixed_prefill_chunk"] == cpu["prefill_chunk"]
+    mixed = build_engine(VerifierConfig(model_dir=str(demo_model_dir()), num_drafts=0, mixed_prefill_chunk=64,
+                                        warm_up=False))
+    assert mixed.scheduler.config.mixed_prefill_chunk == 64
+    with pytest.raises(ValueError, match="mixed-prefill-chunk"):
+        build_engine(VerifierConfig(model_dir=str(demo_model_dir()), mixed_prefill_chunk=-1, warm_up=False))
 
 
 # ---- the drafter's KV cache ----------------------------------------------------------------------------------

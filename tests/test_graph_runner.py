@@ -67,9 +67,10 @@ def test_prefill_and_mixed_buckets_stop_at_the_token_budget(tiny_model):
     assert Bucket.prefill(256) not in executor.runner.graphs.buckets()
 
 
-@pytest.mark.parametrize("max_seqs, k, pairs", [(1, 3, ((1, 256), (1, 512), (1, 1024))),
-                                                (2, 0, ((2, 256), (2, 512), (2, 1024))),
-                                                (8, 3, ((4, 256), (4, 512), (4, 1024), (8, 256), (8, 512), (8, 1024)))])
+@pytest.mark.parametrize("max_seqs, k, pairs", [(1, 3, ((1, 256), (1, 512), (1, 576), (1, 1024))),
+                                                (2, 0, ((2, 256), (2, 512), (2, 576), (2, 1024))),
+                                                (8, 3, ((4, 256), (4, 512), (4, 576), (4, 1024), (8, 256), (8, 512),
+                                                        (8, 576), (8, 1024)))])
 def test_only_reachable_mixed_buckets_are_captured(tiny_model, max_seqs, k, pairs):
     """b sequences of up to P tokens (the largest prefill bucket: 1024 under this budget) never fill more than
     b * P tokens; at k = 0 one sequence's mixed bucket of P tokens is the prefill bucket of P, which is_mixed does
@@ -91,6 +92,18 @@ def test_a_mixed_step_takes_more_sequences_when_its_logit_rows_need_them(tiny_mo
     assert executor.runner.graphs.bucket_for(plan).seqs == 4
     plan = prefill_plan([30, 20, 20], logits=14)                      # 42 logit rows: 16 sequences' 64
     assert executor.runner.graphs.bucket_for(plan) == Bucket.mixed(16, 256, 512, 3)
+
+
+def test_a_mixed_prefill_chunk_beside_sixteen_decoders_does_not_pad_to_the_largest_bucket(tiny_model):
+    """A GPU's mixed prefill chunk (512 tokens) beside 15 decoding sequences, or beside 16 verifying 3 drafts, takes
+    the 576-token mixed graph: its GEMMs run on 576 rows, not 1024."""
+    executor = Executor.build(tiny_model, num_blocks=16, block_size=4, max_seqs=16, max_drafts=3,
+                              max_batched_tokens=1024)
+    executor.runner.use_graphs(capture=False)
+    assert executor.runner.graphs.bucket_for(prefill_plan([512] + [1] * 15)).tokens == 576
+    plan = prefill_plan([512] + [4] * 15, logits=4)
+    plan.logits_per_seq[0] = 1
+    assert executor.runner.graphs.bucket_for(plan).tokens == 576
 
 
 def prefill_plan(lens, logits=1):

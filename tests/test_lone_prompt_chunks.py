@@ -6,6 +6,7 @@ from engine_factory import make_drafter, make_engine, random_prompts
 from test_overlapped_steps import run
 
 from specdec.sampling_params import SamplingParams
+from verifier_service.block_manager import PrefixCaching
 
 pytestmark = pytest.mark.timeout(300)
 LONE = 16
@@ -57,7 +58,7 @@ def test_a_prompt_alone_does_not_wait_for_turns(tiny_model):
     engine = make_engine(tiny_model, chunk=32, budget=64, lone_chunk=LONE)
     steps = recorded(engine)
     run(engine, {"long": (prompt, SamplingParams(max_tokens=4, ignore_eos=True))})
-    assert [n for s in steps for _, n, d in s if not d] == [32, 32, 32, 32, 22]   # five chunks in five steps
+    assert [n for s in steps for _, n, d in s if not d] == [30] * 5   # five equal chunks in five steps
 
 
 def test_long_prompts_with_no_one_else_run_together_without_empty_turns(tiny_model):
@@ -68,3 +69,44 @@ def test_long_prompts_with_no_one_else_run_together_without_empty_turns(tiny_mod
     prefill = [i for i, s in enumerate(steps) if any(not d for _, _, d in s)]
     assert all(steps[prefill[0]:prefill[-1] + 1]), "an empty step while the prompts prefill"
     assert any(len(s) == 2 and not any(d for _, _, d in s) for s in steps)   # both prompts' chunks in one step
+
+
+
+def test_a_prompt_beside_decoders_runs_in_equal_chunks_with_no_sliver(tiny_model):
+    """Three decoders leave a prompt 61 tokens of a 64-token step. With checkpoints every 64 tokens it reaches each
+    in two chunks of about 32 (not 61, then a sliver of 3 that costs the decoders a step of its own); without them it
+    runs in equal chunks to its end. The outputs are the same both ways, and a repeat of the prompt resumes from
+    its last checkpoint."""
+    decoders, (_, prompt, params) = requests(tiny_model)
+    prompt = (prompt * 2)[:300]
+    outputs = []
+    for prefix in (True, False):
+        engine = make_engine(tiny_model, chunk=64, budget=64,
+                             prefix=PrefixCaching(checkpoint_interval=64, num_checkpoints=16) if prefix else None)
+        steps = recorded(engine)
+        outputs.append(run(engine, decoders, add_later={3: ("long", prompt, params)}))
+        chunks = [n for s in steps for r, n, d in s if r == "long" and not d]
+        assert len(chunks) == (10 if prefix else 5), chunks            # 4 x (32 + 32) + 44 + 1; 5 x 60
+        assert max(chunks) <= 61 and min(chunks[:-1] if prefix else chunks) >= 31, chunks
+    assert outputs[0] == outputs[1]
+
+
+@pytest.mark.parametrize("drafter", [None, "mtp"])
+def test_a_prompt_beside_decoders_takes_the_mixed_chunk_and_alone_the_whole_one(tiny_model, drafter):
+    """--mixed-prefill-chunk bounds a prompt's chunk while decoders share its steps (each of them waits for the whole
+    step); once they are done it takes --prefill-chunk. Outputs are those of one chunk size throughout."""
+    decoders, (_, prompt, params) = requests(tiny_model)
+    decoders = {rid: (p, SamplingParams(max_tokens=10, ignore_eos=True)) for rid, (p, _) in decoders.items()}
+    prompt = (prompt * 4)[:600]
+    k = 3 if drafter else 0
+    outputs = []
+    for mixed in (0, 16):
+        engine = make_engine(tiny_model, make_drafter(drafter, tiny_model, k) if drafter else None, k=k, chunk=64,
+                             budget=96, mixed_chunk=mixed, num_blocks=1024)
+        steps = recorded(engine)
+        outputs.append(run(engine, decoders, add_later={3: ("long", prompt, params)}))
+        beside = [n for s in steps for r, n, d in s if r == "long" and not d and any(dd for _, _, dd in s)]
+        alone = [n for s in steps for r, n, d in s if r == "long" and not d and len(s) == 1]
+        assert beside and alone, (beside, alone)
+        assert (max(beside) <= 16 if mixed else min(beside) > 16) and max(alone) > 16, (beside, alone)
+    assert outputs[0] == outputs[1]

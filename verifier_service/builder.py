@@ -49,6 +49,7 @@ class VerifierConfig:
     max_queued: int = DEFAULT_MAX_QUEUED   # requests waiting beyond max_running; more: RESOURCE_EXHAUSTED
     max_batched_tokens: int = 0            # tokens per target forward
     prefill_chunk: int = 0                 # prompt tokens per sequence per step
+    mixed_prefill_chunk: int = 0           # ... in a step that decoding sequences share
     lone_prefill_chunk: int = 0            # a prompt chunk this long runs alone, in turns with the others (0: off)
     block_size: int = 16
     prefix_caching: bool = True            # resume prompts from cached prefixes (block_manager.py)
@@ -96,12 +97,15 @@ class VerifierConfig:
                              self.prefix_checkpoints or 2 * self.max_running)
 
 
-# The defaults of --max-running, --max-batched-tokens and --prefill-chunk. On a GPU: 64 sequences, the largest
-# decode graph bucket; steps of up to 1024 tokens, the largest prefill and mixed graph buckets, so that a step
-# mixing a prompt chunk with decoders replays a graph (the chunk takes what the decoders leave of the budget).
-# On the CPU: small steps that keep a demo's streams moving.
-DEVICE_LIMITS = {"cuda": {"max_running": 64, "max_batched_tokens": 1024, "prefill_chunk": 1024},
-                 "cpu": {"max_running": 16, "max_batched_tokens": 512, "prefill_chunk": 256}}
+# The defaults of --max-running, --max-batched-tokens, --prefill-chunk and --mixed-prefill-chunk. On a GPU: 64
+# sequences, the largest decode graph bucket; steps of up to 1024 tokens, the largest prefill and mixed graph
+# buckets, so that a step mixing a prompt chunk with decoders replays a graph; beside decoders a chunk of 512
+# tokens, so that their gap while a long prompt prefills is that of a 512-token step (with up to 64 decoding
+# tokens it replays the 576-token mixed graph). On the CPU: small steps that keep a demo's streams moving.
+DEVICE_LIMITS = {"cuda": {"max_running": 64, "max_batched_tokens": 1024, "prefill_chunk": 1024,
+                          "mixed_prefill_chunk": 512},
+                 "cpu": {"max_running": 16, "max_batched_tokens": 512, "prefill_chunk": 256,
+                         "mixed_prefill_chunk": 256}}
 
 
 # Builds the in-process drafter around the loaded target (the CLI passes one: this package imports no drafter).
@@ -126,7 +130,8 @@ def build_engine(config: VerifierConfig, make_drafter: DrafterFactory | None = N
                          f"(specdec serve does)")
     use_gpu_in_this_thread(config.device)   # this thread loads the target and captures its graphs there
     config = config.with_device_limits()
-    for name in ("max_running", "max_batched_tokens", "prefill_chunk", "block_size", "prefix_checkpoint_interval"):
+    for name in ("max_running", "max_batched_tokens", "prefill_chunk", "mixed_prefill_chunk", "block_size",
+                 "prefix_checkpoint_interval"):
         if getattr(config, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(config, name)}")
     model_config = loaded.config if loaded is not None else ModelConfig.from_folder(config.model_dir)
@@ -177,7 +182,7 @@ def build_engine(config: VerifierConfig, make_drafter: DrafterFactory | None = N
         log.warning("FORCED ACCEPTANCE (mean length %.2f): output is not the target's; benchmarks only",
                     config.forced_acceptance_length)
     scheduler = SchedulerConfig(config.max_running, config.max_batched_tokens, config.prefill_chunk,
-                                config.lone_prefill_chunk)
+                                config.mixed_prefill_chunk, config.lone_prefill_chunk)
     engine_config = EngineConfig(config.num_drafts, config.adaptive_drafts, scheduler, forced, config.max_context,
                                  config.overlap)
     if drafter is not None:

@@ -1,7 +1,9 @@
 """Continuous batching: which sequences run this step, with which tokens.
 
 Each step every running sequence gets a chunk: decoding ones verify [last committed, drafts...]; prefilling
-ones take the next piece of their prompt (chunked prefill, mixed with decoding) within a token budget.
+ones take the next piece of their prompt (chunked prefill, mixed with decoding) within a token budget: at most
+`prefill_chunk` tokens, or `mixed_prefill_chunk` in a step that decoding sequences share (a decoder waits for the
+whole step, so its gap grows with the chunk), in equal pieces up to the next checkpoint or the prompt's end.
 Admission needs a free GDN slot and KV blocks for the first chunk (the block manager's). With prefix caching a
 sequence is admitted at the longest cached checkpoint of its tokens (block_manager.py), and a prompt chunk ends
 where the next checkpoint falls, so that the state there is kept. When blocks run out, kept checkpoints are dropped
@@ -32,6 +34,7 @@ class SchedulerConfig:
     max_running: int = 16           # sequences in the running batch (GDN slot groups)
     max_batched_tokens: int = 512   # tokens per target forward
     prefill_chunk: int = 256        # prompt tokens per sequence per step
+    mixed_prefill_chunk: int = 0    # ... in a step that also carries decoding sequences (0: prefill_chunk)
     lone_prefill_chunk: int = 0     # a prompt chunk this long runs alone, every other step (0: always mixed)
 
 
@@ -90,10 +93,10 @@ class Scheduler:
         return (sum(len(s.token_ids) - s.num_cached for s in self.running if not s.is_decoding)
                 + sum(len(s.token_ids) - s.num_cached for s in islice(self.waiting, room)))
 
-    def _chunk(self, seq: Sequence, budget: int, max_drafts: int, start: int | None = None
+    def _chunk(self, seq: Sequence, budget: int, max_drafts: int, prompt_limit: int, start: int | None = None
                ) -> tuple[list[int], int]:
-        """The tokens `seq` runs this step and how many of them are drafts (a prompt chunk from `start`, default
-        num_cached, ends at the next checkpoint if it reaches one)."""
+        """The tokens `seq` runs this step and how many of them are drafts (a prompt chunk of at most `prompt_limit`
+        tokens from `start`, default num_cached, ends at the next checkpoint if it reaches one)."""
         limit = min(max_drafts if seq.in_drafter else 0, budget - 1, seq.remaining - 1)
         if seq.is_decoding and seq.unread_steps:  # its token and drafts are on the device: the engine fills them in
             drafts = max(0, min(seq.device_drafts, limit))
@@ -102,11 +105,18 @@ class Scheduler:
             drafts = seq.drafts[:max(0, limit)]
             return [seq.token_ids[-1]] + drafts, len(drafts)
         start = seq.num_cached if start is None else start
-        end = min(start + self.config.prefill_chunk, start + budget, len(seq.token_ids))
+        return seq.token_ids[start:self._chunk_end(seq, start, min(prompt_limit, budget))], 0
+
+    def _chunk_end(self, seq: Sequence, start: int, limit: int) -> int:
+        """Where a prompt chunk of at most `limit` tokens from `start` ends. A checkpoint (or the prompt's end) further
+        than `limit` is reached in equal pieces, so that no piece is a sliver: with 15 decoders in a 1024-token step
+        (limit 1009) a 1024-token stretch between checkpoints runs as 512 + 512, not 1009 + 15, and each of the two
+        steps costs about half, where 1009 + 15 cost one whole step and one small one that still reads every
+        weight."""
         checkpoint = self.blocks.next_checkpoint(seq, start)
-        if checkpoint is not None:
-            end = min(end, checkpoint)
-        return seq.token_ids[start:end], 0
+        goal = len(seq.token_ids) if checkpoint is None else checkpoint
+        pieces = -(-(goal - start) // limit)                # ceil: the steps it takes to reach goal
+        return start + -(-(goal - start) // pieces)
 
     def _entry(self, seq: Sequence, chunk: list[int], num_drafts: int, resumed: int = 0) -> ScheduledSeq:
         """The step's entry of `seq` (its caches reserved): a prompt chunk that ends at a checkpoint says so."""
@@ -144,7 +154,8 @@ class Scheduler:
             return []
         runnable = [seq for seq in self.running if self._can_run(seq)]
         long = [seq for seq in runnable if not seq.is_decoding and len(
-            self._chunk(seq, self.config.max_batched_tokens, max_drafts)[0]) >= self.config.lone_prefill_chunk]
+            self._chunk(seq, self.config.max_batched_tokens, max_drafts, self.config.prefill_chunk)[0])
+            >= self.config.lone_prefill_chunk]
         return long if len(long) < len(runnable) else []
 
     @staticmethod
@@ -163,10 +174,14 @@ class Scheduler:
         long = self._long_prompts(max_drafts)
         alone = self.last_lone = bool(long) and not self.last_lone      # the first one's turn, or everyone else's
         waiting_turn = set() if alone else {seq.seq_id for seq in long}
+        prompt_limit = self.config.prefill_chunk
+        if self.config.mixed_prefill_chunk and not alone and any(
+                seq.is_decoding and self._can_run(seq) for seq in self.running):
+            prompt_limit = min(prompt_limit, self.config.mixed_prefill_chunk)
         for seq in long[:1] if alone else list(self.running):
             if seq not in self.running or budget <= 0 or not self._can_run(seq) or seq.seq_id in waiting_turn:
                 continue
-            chunk, d = self._chunk(seq, budget, max_drafts)
+            chunk, d = self._chunk(seq, budget, max_drafts, prompt_limit)
             while not self.blocks.fits(seq, self._reach(seq, chunk)) and seq in self.running:
                 self._preempt_for_blocks(self.running[-1], preempted)
             if seq not in self.running:
@@ -180,7 +195,7 @@ class Scheduler:
                 break
             hit = self.blocks.match(seq) if seq.reuse_prefix and seq.num_cached == 0 else None
             start = hit.num_cached(self.blocks.block_size) if hit is not None else seq.num_cached
-            chunk, d = self._chunk(seq, budget, max_drafts, start)
+            chunk, d = self._chunk(seq, budget, max_drafts, prompt_limit, start)
             if not self.blocks.can_admit(seq, start + len(chunk), hit):
                 break
             self.waiting.popleft()

@@ -40,7 +40,8 @@ log = logging.getLogger(__name__)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 PREFILL_TOKENS = (32, 64, 128, 256, 512, 1024)   # prefill buckets: one sequence of up to this many tokens
 MIXED_SEQS = (4, 16, 64)              # mixed buckets: sequences (padding ones cost an early exit per program)
-MIXED_TOKENS = (256, 512, 1024)       # mixed buckets: tokens in all (the GEMMs run on every one of them)
+MIXED_TOKENS = (256, 512, 576, 1024)  # mixed buckets: tokens in all (the GEMMs run on every one of them); 576:
+#                                       a GPU's mixed prefill chunk (512) beside up to 64 decoding tokens
 Step = Callable[[ForwardBatch], tuple[torch.Tensor, ...]]
 
 

@@ -61,6 +61,10 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
                         "on a GPU, the largest CUDA-graph step; 512 on the CPU; larger steps run eagerly)")
     p.add_argument("--prefill-chunk", type=int, default=0, metavar="N",
                    help="prompt tokens per sequence per step (default: 1024 on a GPU, 256 on the CPU)")
+    p.add_argument("--mixed-prefill-chunk", type=int, default=0, metavar="N",
+                   help="prompt tokens per sequence in a step that decoding sequences share: each of them waits for "
+                        "the whole step, so this bounds their gap while a long prompt prefills (default: 512 on a "
+                        "GPU, 256 on the CPU; at most --prefill-chunk)")
     p.add_argument("--lone-prefill-chunk", type=int, default=0, metavar="N",
                    help="a prompt chunk of N or more tokens runs alone, in steps that take turns with the other "
                         "running sequences (default 0: chunks share steps with them). On a GPU with fla-core "
@@ -85,8 +89,8 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
 
 
 def check_cache_args(args: argparse.Namespace) -> None:
-    for name in ("max_context", "max_running", "max_batched_tokens", "prefill_chunk", "lone_prefill_chunk",
-                 "kv_blocks", "prefix_checkpoints"):
+    for name in ("max_context", "max_running", "max_batched_tokens", "prefill_chunk", "mixed_prefill_chunk",
+                 "lone_prefill_chunk", "kv_blocks", "prefix_checkpoints"):
         if getattr(args, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0 (0: the default), got {getattr(args, name)}")
     if not 0 < args.gpu_memory_utilization <= 1:
