@@ -5,9 +5,9 @@
 1. prefill steps (eager): N prompts x L tokens in one step, wall ms and prompt tokens/s, then a profile of one
 2. engine steps at batch 1 and 16 (`--concurrency`), plain and MTP k = 3 at forced acceptance 3.39: wall per
    step, the engine's phases, and the profiler's top host (self CPU) and GPU entries.
-3. `--chunked-prompt L:N` (instead of 1 and 2): one L-token prompt alone in N-token steps, as a server prefills it
-   (issue 38's TTFT): wall ms of each step in graphs and eagerly, and the profiler's top GPU kernels of the
-   eager run (the same kernels the prefill bucket's graph replays).
+3. `--chunked-prompt L:N[:D] ...` (instead of 1 and 2): one L-token prompt in N-token steps, as a server prefills
+   it (issue 38's TTFT), with D decoding sequences in each step (its interference): wall ms of each step in graphs
+   and eagerly, and the profiler's top GPU kernels of the eager run (the same kernels the graphs replay).
 4. `--tensor-parallel-size N`: only 2's engine steps, of the preset's shape split over N ranks (rank r on cuda:r,
    each making its own random shard), the synthetic drafter's k = 3 random drafts in place of MTP's (no rank holds
    the whole embedding and LM head the MTP drafter reads), their acceptance forced the same. The profiler sees rank
@@ -106,30 +106,45 @@ def prefill_table(loaded, device, cases=PREFILL_CASES) -> list[dict]:
     return rows
 
 
-def chunked_prompt(loaded, device, length: int, chunk: int) -> dict:
-    """One prompt of `length` tokens prefilled alone in steps of `chunk` tokens, in CUDA graphs and eagerly."""
-    record, runs = {"length": length, "chunk": chunk}, {}
+def chunked_prompt(loaded, device, length: int, chunk: int, beside: int = 0) -> dict:
+    """One prompt of `length` tokens prefilled in steps of `chunk` tokens, in CUDA graphs and eagerly; with `beside`
+    decoding sequences (128-token prompts, prefilled first and untimed) each running one token in every step, as
+    when a long prompt arrives among decoders (issue 38's interference). Token budget: the GPU default, 1024, or
+    the step's tokens if more."""
+    record, runs = {"length": length, "chunk": chunk, "beside": beside}, {}
+    vocab = loaded.config.vocab_size
     for mode, eager in (("graphs", False), ("eager", True)):
-        executor = Executor.build(loaded, length // 16 + 8, 16, 1, 0, device, max_batched_tokens=chunk,
-                                  enforce_eager=eager)
+        executor = Executor.build(loaded, length // 16 + 8 + beside * 16, 16, 1 + beside, 0, device,
+                                  max_batched_tokens=max(1024, chunk + beside), enforce_eager=eager)
 
         def run() -> list[float]:
-            vocab = loaded.config.vocab_size
             seq, walls = Sequence(0, [7 + i % (vocab - 8) for i in range(length)], length), []
+            decoders = [Sequence(1 + i, [7 + (i * 131 + j) % (vocab - 8) for j in range(128)], 128)
+                        for i in range(beside)]
+            if decoders:
+                executor.forward(decoders, [d.token_ids[:] for d in decoders])
+                for d in decoders:
+                    d.num_cached = len(d.token_ids)
             for start in range(0, length, chunk):
                 piece = seq.token_ids[start: start + chunk]
+                for d in decoders:
+                    d.token_ids.append(7)
                 sync()
                 t0 = time.perf_counter()
-                executor.forward([seq], [piece])
+                executor.forward([*decoders, seq], [*([7] for _ in decoders), piece])
                 sync()
                 walls.append(round((time.perf_counter() - t0) * 1e3, 2))
                 seq.launched(len(piece), 0, samples=False, decoding=False)
-            executor.blocks.release(seq)
+                for d in decoders:
+                    d.num_cached += 1
+            for s in (seq, *decoders):
+                executor.blocks.release(s)
             return walls
         run()                                                   # compile / autotune
         walls, runs[mode] = run(), run
         record[mode] = {"total_ms": round(sum(walls), 1), "step_ms": walls}
-        print(f"prompt {length} in chunks of {chunk}, {mode}: {sum(walls):.1f} ms; steps {walls}", flush=True)
+        print(f"prompt {length} in chunks of {chunk} beside {beside} decoders, {mode}: {sum(walls):.1f} ms; "
+              f"steps {walls}", flush=True)
     with profile(activities=ACTIVITIES) as prof:
         runs["eager"]()
         sync()
@@ -255,8 +270,9 @@ def main() -> None:
                              "qwen3-next-80b-a3b with --layers 8 fits one H100); default the 4B shape")
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16], help="engine steps' batch sizes")
-    parser.add_argument("--chunked-prompt", metavar="L:N", default=None,
-                        help="only profile one L-token prompt prefilled in N-token steps (e.g. 8192:1024)")
+    parser.add_argument("--chunked-prompt", metavar="L:N[:D]", nargs="+", default=None,
+                        help="only profile one L-token prompt prefilled in N-token steps (e.g. 8192:1024), with D "
+                             "decoding sequences in each step (default 0); several cases one after the other")
     parser.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
                         help="N > 1: only the engine steps, of --preset's shape (with --layers) over N ranks "
                              "(GPUs 0..N-1), the synthetic drafter in place of MTP")
@@ -277,8 +293,9 @@ def main() -> None:
     loaded = (random_model(2 if args.smoke else args.layers, device, smoke=args.smoke)
               if args.smoke or args.preset == "qwen3.5-4b" else dummy_model(args.preset, args.layers, device))
     if args.chunked_prompt:
-        length, chunk = (int(x) for x in args.chunked_prompt.split(":"))
-        write({"chunked_prompt": chunked_prompt(loaded, device, length, chunk)}, args.out)
+        cases = [[int(x) for x in case.split(":")] for case in args.chunked_prompt]
+        write({"device": device_name, "chunked_prompt": [chunked_prompt(loaded, device, *case) for case in cases]},
+              args.out)
         return
     record = {"device": device_name, "tensor_parallel_size": 1, "prefill": [] if args.skip_prefill else
               prefill_table(loaded, device, PREFILL_CASES[:2] if args.smoke else PREFILL_CASES)}

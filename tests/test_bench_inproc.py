@@ -157,3 +157,19 @@ def test_profile_steps_profiles_a_tensor_parallel_engines_steps(tmp_path):
     assert len(re.findall(r"rank 1: \d+ steps in .* launching the step [\d.]+ ms a step", done.stderr)) >= 2
     refused = profile("--chunked-prompt", "64:32")
     assert refused.returncode == 2 and "not with --chunked-prompt" in refused.stderr
+
+
+def test_profile_steps_times_a_chunked_prompt_alone_and_beside_decoders(tmp_path):
+    """bench/profile_steps.py --chunked-prompt L:N[:D] (CPU smoke): each case's steps, one per chunk, with the D
+    decoding sequences in every one of them (their cache stays valid: a step of 3 decoders and a 32-token chunk
+    runs), in graph mode and eagerly."""
+    repo = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=f"{repo}{os.pathsep}{repo / 'bench'}")
+    done = subprocess.run([sys.executable, "-P", "bench/profile_steps.py", "--smoke", "--chunked-prompt", "64:32",
+                           "96:32:3", "--out", str(tmp_path)], cwd=repo, env=env, capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    cases = json.loads((tmp_path / "profile_steps.json").read_text())["chunked_prompt"]
+    assert [(c["length"], c["chunk"], c["beside"]) for c in cases] == [(64, 32, 0), (96, 32, 3)]
+    assert [len(c[mode]["step_ms"]) for c in cases for mode in ("graphs", "eager")] == [2, 2, 3, 3]
+    assert "beside 3 decoders, eager" in done.stdout
