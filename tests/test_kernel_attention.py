@@ -77,6 +77,34 @@ def test_triton_matches_reference(seqs, shape, num_splits):
                     atol=2e-5)
 
 
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_a_chunk_beside_decoders_in_a_padded_bucket_matches_reference(num_splits):
+    """A graph bucket's step: one prompt chunk among decoders and padding sequences of no tokens, max_seqlen the
+    bucket's (larger than the chunk), trailing rows of no sequence. The flat query tiles find each sequence's rows
+    from cu_seqlens; the tiles past the last one write nothing."""
+    seqs = [(9, 1), (0, 1), (2, 29), (40, 1), (0, 0), (0, 0)]
+    case, real = make_case(seqs, 8, 2, 24, 4, pad_tokens=11, seed=3)
+    case["max_seqlen"] = 64
+    cfg = triton_attention.launch_config(len(seqs), 64, 8, 2, 24, case["q"].device, num_splits,
+                                         num_tokens=case["q"].shape[0])
+    assert cfg["num_tiles"] == -(-case["q"].shape[0] // cfg["BLOCK_M"]) + len(seqs) < len(seqs) * 64 // cfg["BLOCK_M"]
+    check_attention(case, real, lambda **kw: triton_attention.paged_attention_triton(**kw, num_splits=num_splits),
+                    atol=2e-5)
+
+
+def test_splits_aim_at_four_programs_per_sm_for_a_chunk_beside_decoders(monkeypatch):
+    """At the 4B shape on 132 SMs: a 512-token chunk beside 15 decoders in the 576-token mixed graph (tiles of 16
+    tokens: 36 + 16 flat tiles x 4 kv heads) splits its keys 4 ways, as a 512-token chunk alone does (2 programs per
+    SM); a 1024-token chunk alone 2 ways; decode at 16 sequences 8 ways (unchanged)."""
+    monkeypatch.setattr(triton_attention, "_num_sms", lambda device: 132)
+
+    def splits(num_seqs, max_seqlen, num_tokens):
+        return triton_attention.launch_config(num_seqs, max_seqlen, 16, 4, 256, torch.device("cpu"),
+                                              num_tokens=num_tokens)["NUM_SPLITS"]
+    assert splits(16, 1024, 576) == 4 and splits(1, 512, 512) == 4
+    assert splits(1, 1024, 1024) == 2 and splits(16, 1, 16) == 8
+
+
 def test_default_launch_splits_and_half_precision():
     """The launcher's own split choice (several splits on the interpreter's 8 'SMs') in fp16. (The interpreter's
     tl.dot reads bf16 operands as integers, so bf16 is checked by the GPU tests only.)"""

@@ -2,8 +2,12 @@
 
 Same signature and semantics as `reference.paged_attention_ref`.
 
-One program owns (sequence b, query block m, kv head h, KV split s). Its tile has ROWS = BLOCK_M tokens × GROUP_PAD
-query heads of kv head h, so each KV tile is loaded once for every query head that shares it (GQA). Keys are
+One program owns (query tile, kv head h, KV split s). Its tile has ROWS = BLOCK_M tokens × GROUP_PAD query heads of
+kv head h, so each KV tile is loaded once for every query head that shares it (GQA). The query tiles are numbered
+flat over the batch: sequence b owns cdiv(len_b, BLOCK_M) of them, after those of sequences 0..b−1, and a program
+finds its (b, query block m) from the prefix sums of cu_seqlens. So the grid holds at most T / BLOCK_M + B tiles,
+not B × the longest sequence's: a step that mixes a prompt chunk with decoders (or pads a graph bucket with
+sequences of no tokens) launches no program per (decoder, chunk block) that would only exit. Keys are
 gathered through the block table position by position (any cache block_size works). Online softmax in the log2
 domain, fp32 accumulators:
     m' = max(m, max_n s_n);  l' = l·2^(m−m') + Σ_n 2^(s_n−m');  acc' = acc·2^(m−m') + Σ_n 2^(s_n−m') v_n
@@ -14,7 +18,7 @@ l = 0, acc = 0 and never produces NaN; such rows are either padding (not stored)
 Split-KV (flash-decoding): when the grid would be too small to fill the GPU (decode / verify at small batch), the
 key range of each query block is cut into NUM_SPLITS contiguous runs of tiles; each split stores its (acc, m, l)
 and `_combine_kernel` merges them:  M = max_s m_s,  out = Σ_s acc_s 2^(m_s−M) / Σ_s l_s 2^(m_s−M).
-The grid depends only on (B, max_seqlen, NKV, splits) — all host ints — so it is static for a CUDA-graph bucket.
+The grid depends only on (T, B, max_seqlen, NKV, splits) — all host ints — so it is static for a CUDA-graph bucket.
 """
 import functools
 
@@ -28,39 +32,48 @@ NEG_BIG = tl.constexpr(-1e30)  # finite "minus infinity" of the running max (see
 
 
 @triton.jit
-def _tile_rows(cu_seqlens_ptr, positions_ptr, seq, m_block, kv_head,
-               BLOCK_M: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, ROWS: tl.constexpr):
-    """Rows of this program's tile: flat token, query head, validity, and position (−1 for invalid rows)."""
+def _tile_rows(cu_seqlens_ptr, positions_ptr, tile, num_seqs, kv_head,
+               BLOCK_M: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, ROWS: tl.constexpr,
+               SEQS_PAD: tl.constexpr):
+    """Rows of flat query tile `tile`: its sequence, flat token, query head, validity, and position (−1 for invalid
+    rows). Sequence b's tiles are numbered from Σ_{i<b} cdiv(len_i, BLOCK_M); a tile past the last is all invalid."""
+    b = tl.arange(0, SEQS_PAD)
+    lo = tl.load(cu_seqlens_ptr + b, mask=b < num_seqs, other=0)
+    hi = tl.load(cu_seqlens_ptr + b + 1, mask=b < num_seqs, other=0)
+    tiles = (hi - lo + BLOCK_M - 1) // BLOCK_M                                  # [SEQS_PAD] tiles per sequence
+    ends = tl.cumsum(tiles, 0)                                                  # tiles of sequences 0..b
+    seq = tl.sum((ends <= tile).to(tl.int32), 0)                                # the first b whose tiles pass it
+    rows = tl.arange(0, ROWS)
+    live = (tl.full([ROWS], 0, tl.int32) + seq) < num_seqs                      # [ROWS]: not past the last tile
+    seq = tl.minimum(seq, num_seqs - 1)
+    m_block = tile - tl.sum(tl.where(b == seq, ends - tiles, 0), 0)
     start = tl.load(cu_seqlens_ptr + seq)
     end = tl.load(cu_seqlens_ptr + seq + 1)
-    rows = tl.arange(0, ROWS)
     row_tok = rows // GROUP_PAD
     row_grp = rows % GROUP_PAD
     tok = start + m_block * BLOCK_M + row_tok                                   # [ROWS] int32
-    valid = (row_tok < BLOCK_M) & (row_grp < GROUP) & (tok < end)
+    valid = (row_tok < BLOCK_M) & (row_grp < GROUP) & (tok < end) & live
     pos = tl.load(positions_ptr + tok, mask=valid, other=-1).to(tl.int64)       # [ROWS]
     head = kv_head * GROUP + row_grp
-    return tok.to(tl.int64), head.to(tl.int64), valid, pos
+    return seq, tok.to(tl.int64), head.to(tl.int64), valid, pos
 
 
-# num_tokens and stride_bt (the step's widest block table) vary per step: not specialised on them, so a new value
-# never compiles a new variant
-@triton.jit(do_not_specialize=["num_tokens", "stride_bt"])
+# num_tokens, num_seqs and stride_bt (the step's widest block table) vary per step: not specialised on them, so a
+# new value never compiles a new variant
+@triton.jit(do_not_specialize=["num_tokens", "num_seqs", "stride_bt"])
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, positions_ptr, block_tables_ptr, cu_seqlens_ptr,
     out_ptr, part_acc_ptr, part_ml_ptr,
-    scale_log2e, block_size, num_tokens, num_heads,
+    scale_log2e, block_size, num_tokens, num_seqs, num_heads,
     stride_qt, stride_qh, stride_cb, stride_cr, stride_ch, stride_ot, stride_oh, stride_bt,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    IEEE: tl.constexpr,
+    SEQS_PAD: tl.constexpr, IEEE: tl.constexpr,
 ):
-    seq = tl.program_id(0)
-    m_block = tl.program_id(1)
-    kv_head = tl.program_id(2) // NUM_SPLITS
-    split = tl.program_id(2) % NUM_SPLITS
-    tok, head, valid, q_pos = _tile_rows(cu_seqlens_ptr, positions_ptr, seq, m_block, kv_head,
-                                         BLOCK_M, GROUP, GROUP_PAD, ROWS)
+    kv_head = tl.program_id(1) // NUM_SPLITS
+    split = tl.program_id(1) % NUM_SPLITS
+    seq, tok, head, valid, q_pos = _tile_rows(cu_seqlens_ptr, positions_ptr, tl.program_id(0), num_seqs, kv_head,
+                                              BLOCK_M, GROUP, GROUP_PAD, ROWS, SEQS_PAD)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
     p_q = q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :]
@@ -114,19 +127,17 @@ def _paged_attention_kernel(
         tl.store(p_acc, acc, mask=has_keys[:, None] & d_ok[None, :])
 
 
-# num_tokens varies per step: not specialised on it, so a new value never compiles a new variant
-@triton.jit(do_not_specialize=["num_tokens"])
+# num_tokens and num_seqs vary per step: not specialised on them, so a new value never compiles a new variant
+@triton.jit(do_not_specialize=["num_tokens", "num_seqs"])
 def _combine_kernel(
-    cu_seqlens_ptr, positions_ptr, out_ptr, part_acc_ptr, part_ml_ptr, num_tokens, num_heads,
+    cu_seqlens_ptr, positions_ptr, out_ptr, part_acc_ptr, part_ml_ptr, num_tokens, num_seqs, num_heads,
     stride_ot, stride_oh,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, ROWS: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    BLOCK_M: tl.constexpr, ROWS: tl.constexpr, NUM_SPLITS: tl.constexpr, SEQS_PAD: tl.constexpr,
 ):
-    seq = tl.program_id(0)
-    m_block = tl.program_id(1)
-    kv_head = tl.program_id(2)
-    tok, head, valid, _ = _tile_rows(cu_seqlens_ptr, positions_ptr, seq, m_block, kv_head,
-                                     BLOCK_M, GROUP, GROUP_PAD, ROWS)
+    kv_head = tl.program_id(1)
+    _, tok, head, valid, _ = _tile_rows(cu_seqlens_ptr, positions_ptr, tl.program_id(0), num_seqs, kv_head,
+                                        BLOCK_M, GROUP, GROUP_PAD, ROWS, SEQS_PAD)
     d = tl.arange(0, BLOCK_D)
     d_ok = d < HEAD_DIM
     m_run = tl.full([ROWS], NEG_BIG, tl.float32)
@@ -165,13 +176,16 @@ def _num_sms(device: torch.device) -> int:
 
 def launch_config(num_seqs: int, max_seqlen: int, num_heads: int, num_kv_heads: int, head_dim: int,
                   device: torch.device, num_splits: int | None = None, tuning: dict | None = None,
-                  kv_bytes: int = 2) -> dict:
+                  kv_bytes: int = 2, num_tokens: int | None = None) -> dict:
     """Tile sizes and split count: host ints only (static for a CUDA-graph bucket). Key tiles of 64, but of 32 for
     head_dim 256 under fewer than 64 query rows (decode / verify tiles) or where the query tile and two stages of
     64-key K and V tiles of `kv_bytes` elements would not fit the device's shared memory with 16 KiB to spare (fp32
     caches; GPUs with less than an H100's); a prompt chunk's 64-row tiles take 64 keys
     (`bench/kernels.py --attention-prefill` sweeps the choices). `tuning` (that sweep) overrides any of rows (query
-    rows of a tile), block_n, num_warps, num_stages."""
+    rows of a tile), block_n, num_warps, num_stages. `num_tokens`: the step's T (default num_seqs × max_seqlen),
+    which bounds the flat query tiles. Splits: enough for about 2 programs per SM, or 4 in a step that mixes a
+    prompt chunk with other sequences, whose tiles are nearly all the chunk's (walking its whole context), as a
+    chunk alone of half the tiles gets."""
     tuning = tuning or {}
     group = num_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
@@ -180,14 +194,17 @@ def launch_config(num_seqs: int, max_seqlen: int, num_heads: int, num_kv_heads: 
     block_m = min(triton.next_power_of_2(max(1, max_seqlen)), tokens_per_tile)
     rows = max(16, block_m * group_pad)                           # tl.dot needs M ≥ 16
     m_blocks = triton.cdiv(max(1, max_seqlen), block_m)
+    num_tokens = num_seqs * max_seqlen if num_tokens is None else num_tokens
+    num_tiles = max(1, min(num_seqs * m_blocks, triton.cdiv(num_tokens, block_m) + num_seqs))
     if num_splits is None:
-        programs = num_seqs * m_blocks * num_kv_heads
-        want = triton.cdiv(2 * _num_sms(device), max(1, programs))
+        per_sm = 4 if num_seqs > 1 and m_blocks > 1 else 2
+        want = triton.cdiv(per_sm * _num_sms(device), num_tiles * num_kv_heads)
         num_splits = min(MAX_SPLITS, triton.next_power_of_2(want)) if want > 1 else 1
     wide_fits = (rows + 2 * 2 * 64) * block_d * kv_bytes + 16 * 1024 <= _shared_memory(device)
     block_n = 32 if block_d >= 256 and (rows < 64 or not wide_fits) else 64
     return dict(GROUP=group, GROUP_PAD=group_pad, BLOCK_D=block_d, BLOCK_M=block_m, ROWS=rows,
-                BLOCK_N=tuning.get("block_n", block_n), NUM_SPLITS=num_splits, m_blocks=m_blocks,
+                SEQS_PAD=triton.next_power_of_2(num_seqs + 1),
+                BLOCK_N=tuning.get("block_n", block_n), NUM_SPLITS=num_splits, num_tiles=num_tiles,
                 num_warps=tuning.get("num_warps", 8 if rows * block_d >= 64 * 256 else 4),
                 num_stages=tuning.get("num_stages", 2))
 
@@ -216,22 +233,23 @@ def paged_attention_triton(
     if num_seqs == 0 or num_tokens == 0:
         return out
     cfg = launch_config(num_seqs, max_seqlen, num_heads, num_kv_heads, head_dim, q.device, num_splits, tuning,
-                        k_cache.element_size())
-    splits, m_blocks = cfg.pop("NUM_SPLITS"), cfg.pop("m_blocks")
+                        k_cache.element_size(), num_tokens)
+    splits, num_tiles = cfg.pop("NUM_SPLITS"), cfg.pop("num_tiles")
     num_warps, block_n, num_stages = cfg.pop("num_warps"), cfg.pop("BLOCK_N"), cfg.pop("num_stages")
     part_acc = part_ml = out  # unused placeholders when there is a single split
     if splits > 1:
         part_acc = torch.empty(splits, num_tokens, num_heads, head_dim, dtype=torch.float32, device=q.device)
         part_ml = torch.empty(splits, num_tokens, num_heads, 2, dtype=torch.float32, device=q.device)
-    _paged_attention_kernel[(num_seqs, m_blocks, num_kv_heads * splits)](
+    _paged_attention_kernel[(num_tiles, num_kv_heads * splits)](
         q, k_cache, v_cache, positions, block_tables, cu_seqlens, out, part_acc, part_ml,
-        scale * LOG2E, block_size, num_tokens, num_heads,
+        scale * LOG2E, block_size, num_tokens, num_seqs, num_heads,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         out.stride(0), out.stride(1), block_tables.stride(0),
         HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_SPLITS=splits, IEEE=k_cache.dtype == torch.float32,
         num_warps=num_warps, num_stages=num_stages, **cfg)
     if splits > 1:
-        _combine_kernel[(num_seqs, m_blocks, num_kv_heads)](
-            cu_seqlens, positions, out, part_acc, part_ml, num_tokens, num_heads, out.stride(0), out.stride(1),
+        _combine_kernel[(num_tiles, num_kv_heads)](
+            cu_seqlens, positions, out, part_acc, part_ml, num_tokens, num_seqs, num_heads, out.stride(0),
+            out.stride(1),
             HEAD_DIM=head_dim, NUM_SPLITS=splits, num_warps=4, **cfg)
     return out
