@@ -110,3 +110,18 @@ def test_a_prompt_beside_decoders_takes_the_mixed_chunk_and_alone_the_whole_one(
         assert beside and alone, (beside, alone)
         assert (max(beside) <= 16 if mixed else min(beside) > 16) and max(alone) > 16, (beside, alone)
     assert outputs[0] == outputs[1]
+
+
+def test_the_verifier_cli_passes_the_mixed_prefill_chunk(monkeypatch, tiny_dir, capsys):
+    """`specdec verifier --mixed-prefill-chunk N` reaches its config (0: the device's default); a negative one is
+    refused before anything loads."""
+    import verifier_service.server
+    from specdec_tools.cli import main
+    seen = []
+    monkeypatch.setattr(verifier_service.server, "serve", lambda config, *a, **kw: seen.append(config))
+    assert main(["verifier", "--model", str(tiny_dir), "--device", "cpu", "--mixed-prefill-chunk", "96"]) == 0
+    assert main(["verifier", "--model", str(tiny_dir), "--device", "cpu"]) == 0
+    assert [c.mixed_prefill_chunk for c in seen] == [96, 0]
+    assert seen[1].with_device_limits().mixed_prefill_chunk == 256
+    assert main(["verifier", "--model", str(tiny_dir), "--device", "cpu", "--mixed-prefill-chunk", "-1"]) == 2
+    assert "--mixed-prefill-chunk must be >= 0" in capsys.readouterr().err and len(seen) == 2
