@@ -114,7 +114,8 @@ def chunked_prompt(loaded, device, length: int, chunk: int, beside: int = 0) -> 
     record, runs = {"length": length, "chunk": chunk, "beside": beside}, {}
     vocab = loaded.config.vocab_size
     for mode, eager in (("graphs", False), ("eager", True)):
-        executor = Executor.build(loaded, length // 16 + 8 + beside * 16, 16, 1 + beside, 0, device,
+        decoder_blocks = -(-(128 + -(-length // chunk) + 1) // 16)     # its prompt and a token per step
+        executor = Executor.build(loaded, length // 16 + 8 + beside * decoder_blocks, 16, 1 + beside, 0, device,
                                   max_batched_tokens=max(1024, chunk + beside), enforce_eager=eager)
 
         def run() -> list[float]:
@@ -280,6 +281,10 @@ def main() -> None:
                         help="with --tensor-parallel-size: the verifier's --all-reduce")
     args = parser.parse_args()
     parallel = args.tensor_parallel_size > 1
+    cases = [case.split(":") for case in args.chunked_prompt or []]
+    if not all(len(c) in (2, 3) and all(x.isdigit() and int(x) > 0 for x in c[:2]) and all(x.isdigit() for x in c)
+               for c in cases):
+        parser.error(f"--chunked-prompt takes L:N or L:N:D (positive L and N, D >= 0), got {args.chunked_prompt}")
     if parallel and (args.chunked_prompt or args.skip_engine):
         parser.error("--tensor-parallel-size profiles engine steps only: not with --chunked-prompt or --skip-engine")
     device = torch.device("cpu" if args.smoke else "cuda")
@@ -293,9 +298,8 @@ def main() -> None:
     loaded = (random_model(2 if args.smoke else args.layers, device, smoke=args.smoke)
               if args.smoke or args.preset == "qwen3.5-4b" else dummy_model(args.preset, args.layers, device))
     if args.chunked_prompt:
-        cases = [[int(x) for x in case.split(":")] for case in args.chunked_prompt]
-        write({"device": device_name, "chunked_prompt": [chunked_prompt(loaded, device, *case) for case in cases]},
-              args.out)
+        write({"device": device_name, "chunked_prompt": [chunked_prompt(loaded, device, *map(int, case))
+                                                         for case in cases]}, args.out)
         return
     record = {"device": device_name, "tensor_parallel_size": 1, "prefill": [] if args.skip_prefill else
               prefill_table(loaded, device, PREFILL_CASES[:2] if args.smoke else PREFILL_CASES)}

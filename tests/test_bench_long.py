@@ -105,7 +105,8 @@ def test_a_prefill_chunk_reaches_the_verifier_with_a_budget_that_fits_it(monkeyp
         bench = gateway_path.GatewayBench(str(demo_model_dir()), "cpu", "float32", prefill_chunk=chunk)
         bench.ensure(w, [w])
         args = list(started[-1].verifier_args)
-        assert (args[args.index("--prefill-chunk") + 1] if "--prefill-chunk" in args else None) == expected
+        for flag in ("--prefill-chunk", "--mixed-prefill-chunk"):      # alone and beside decoders
+            assert (args[args.index(flag) + 1] if flag in args else None) == expected
         assert int(args[args.index("--max-batched-tokens") + 1]) >= (chunk or 0) + 16
         bench.stack = None
         bench.logs.cleanup()

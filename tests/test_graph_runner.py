@@ -94,9 +94,9 @@ def test_a_mixed_step_takes_more_sequences_when_its_logit_rows_need_them(tiny_mo
     assert executor.runner.graphs.bucket_for(plan) == Bucket.mixed(16, 256, 512, 3)
 
 
-def test_a_mixed_prefill_chunk_beside_sixteen_decoders_does_not_pad_to_the_largest_bucket(tiny_model):
-    """A GPU's mixed prefill chunk (512 tokens) beside 15 decoding sequences, or beside 16 verifying 3 drafts, takes
-    the 576-token mixed graph: its GEMMs run on 576 rows, not 1024."""
+def test_a_mixed_prefill_chunk_beside_fifteen_decoders_does_not_pad_to_the_largest_bucket(tiny_model):
+    """A GPU's mixed prefill chunk (512 tokens) beside 15 decoding sequences, or beside 15 verifying 3 drafts,
+    takes the 576-token mixed graph: its GEMMs run on 576 rows, not 1024."""
     executor = Executor.build(tiny_model, num_blocks=16, block_size=4, max_seqs=16, max_drafts=3,
                               max_batched_tokens=1024)
     executor.runner.use_graphs(capture=False)

@@ -87,7 +87,7 @@ def test_a_chunk_beside_decoders_in_a_padded_bucket_matches_reference(num_splits
     case["max_seqlen"] = 64
     cfg = triton_attention.launch_config(len(seqs), 64, 8, 2, 24, case["q"].device, num_splits,
                                          num_tokens=case["q"].shape[0])
-    assert cfg["num_tiles"] == -(-case["q"].shape[0] // cfg["BLOCK_M"]) + len(seqs) < len(seqs) * 64 // cfg["BLOCK_M"]
+    assert cfg["num_q_tiles"] == -(-case["q"].shape[0] // cfg["BLOCK_M"]) + len(seqs) < len(seqs) * 64 // cfg["BLOCK_M"]
     check_attention(case, real, lambda **kw: triton_attention.paged_attention_triton(**kw, num_splits=num_splits),
                     atol=2e-5)
 

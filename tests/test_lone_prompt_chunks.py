@@ -71,12 +71,11 @@ def test_long_prompts_with_no_one_else_run_together_without_empty_turns(tiny_mod
     assert any(len(s) == 2 and not any(d for _, _, d in s) for s in steps)   # both prompts' chunks in one step
 
 
-
 def test_a_prompt_beside_decoders_runs_in_equal_chunks_with_no_sliver(tiny_model):
     """Three decoders leave a prompt 61 tokens of a 64-token step. With checkpoints every 64 tokens it reaches each
     in two chunks of about 32 (not 61, then a sliver of 3 that costs the decoders a step of its own); without them it
-    runs in equal chunks to its end. The outputs are the same both ways, and a repeat of the prompt resumes from
-    its last checkpoint."""
+    runs in equal chunks to its end. The outputs are the same both ways; a repeat of the prompt resumes from its
+    last checkpoint (the chunk from a cache hit's start) and gives the same tokens again."""
     decoders, (_, prompt, params) = requests(tiny_model)
     prompt = (prompt * 2)[:300]
     outputs = []
@@ -86,8 +85,12 @@ def test_a_prompt_beside_decoders_runs_in_equal_chunks_with_no_sliver(tiny_model
         steps = recorded(engine)
         outputs.append(run(engine, decoders, add_later={3: ("long", prompt, params)}))
         chunks = [n for s in steps for r, n, d in s if r == "long" and not d]
-        assert len(chunks) == (10 if prefix else 5), chunks            # 4 x (32 + 32) + 44 + 1; 5 x 60
+        assert len(chunks) == (10 if prefix else 5), chunks            # 32 + 31, 3 x (32 + 32), 44, 1; 5 x 60
         assert max(chunks) <= 61 and min(chunks[:-1] if prefix else chunks) >= 31, chunks
+        if prefix:
+            again = run(engine, {"again": (prompt, params)})
+            assert again["again"] == outputs[0]["long"]
+            assert engine.scheduler.prefix_stats.hit_tokens >= 296
     assert outputs[0] == outputs[1]
 
 
@@ -125,3 +128,15 @@ def test_the_verifier_cli_passes_the_mixed_prefill_chunk(monkeypatch, tiny_dir, 
     assert seen[1].with_device_limits().mixed_prefill_chunk == 256
     assert main(["verifier", "--model", str(tiny_dir), "--device", "cpu", "--mixed-prefill-chunk", "-1"]) == 2
     assert "--mixed-prefill-chunk must be >= 0" in capsys.readouterr().err and len(seen) == 2
+
+
+def test_two_prompts_beside_decoders_share_one_mixed_chunk(tiny_model):
+    """--mixed-prefill-chunk bounds the prompt tokens of a step that decoders share, not each prompt's: two prompts
+    arriving together beside three decoders take 24 tokens between them per step, in a 96-token budget."""
+    decoders, (_, prompt, params) = requests(tiny_model)
+    engine = make_engine(tiny_model, chunk=64, budget=96, mixed_chunk=24, num_blocks=1024)
+    steps = recorded(engine)
+    run(engine, decoders, add_later={3: ("a", prompt, params), 4: ("b", prompt[::-1], params)})
+    beside = [sum(n for r, n, d in s if not d) for s in steps if any(d for _, _, d in s)]
+    both = [s for s in steps if {"a", "b"} <= {r for r, _, d in s if not d}]
+    assert both and max(beside) <= 24, beside

@@ -49,7 +49,7 @@ class VerifierConfig:
     max_queued: int = DEFAULT_MAX_QUEUED   # requests waiting beyond max_running; more: RESOURCE_EXHAUSTED
     max_batched_tokens: int = 0            # tokens per target forward
     prefill_chunk: int = 0                 # prompt tokens per sequence per step
-    mixed_prefill_chunk: int = 0           # ... in a step that decoding sequences share
+    mixed_prefill_chunk: int = 0           # prompt tokens in all in a step that decoding sequences share
     lone_prefill_chunk: int = 0            # a prompt chunk this long runs alone, in turns with the others (0: off)
     block_size: int = 16
     prefix_caching: bool = True            # resume prompts from cached prefixes (block_manager.py)
@@ -78,8 +78,8 @@ class VerifierConfig:
                                                     and torch.device(self.device).type == "cuda")
 
     def with_device_limits(self) -> "VerifierConfig":
-        """This config with every limit left at 0 (max_running, max_batched_tokens, prefill_chunk) set to the
-        device's default."""
+        """This config with every limit left at 0 (max_running, max_batched_tokens, prefill_chunk,
+        mixed_prefill_chunk) set to the device's default."""
         limits = DEVICE_LIMITS["cuda" if torch.device(self.device).type == "cuda" else "cpu"]
         return replace(self, **{name: getattr(self, name) or value for name, value in limits.items()})
 
@@ -99,8 +99,8 @@ class VerifierConfig:
 
 # The defaults of --max-running, --max-batched-tokens, --prefill-chunk and --mixed-prefill-chunk. On a GPU: 64
 # sequences, the largest decode graph bucket; steps of up to 1024 tokens, the largest prefill and mixed graph
-# buckets, so that a step mixing a prompt chunk with decoders replays a graph; beside decoders a chunk of 512
-# tokens, so that their gap while a long prompt prefills is that of a 512-token step (with up to 64 decoding
+# buckets, so that a step mixing a prompt chunk with decoders replays a graph; beside decoders 512 prompt tokens
+# a step, so that their gap while a long prompt prefills is that of a 512-token step (with up to 64 decoding
 # tokens it replays the 576-token mixed graph). On the CPU: small steps that keep a demo's streams moving.
 DEVICE_LIMITS = {"cuda": {"max_running": 64, "max_batched_tokens": 1024, "prefill_chunk": 1024,
                           "mixed_prefill_chunk": 512},

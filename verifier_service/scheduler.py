@@ -2,8 +2,9 @@
 
 Each step every running sequence gets a chunk: decoding ones verify [last committed, drafts...]; prefilling
 ones take the next piece of their prompt (chunked prefill, mixed with decoding) within a token budget: at most
-`prefill_chunk` tokens, or `mixed_prefill_chunk` in a step that decoding sequences share (a decoder waits for the
-whole step, so its gap grows with the chunk), in equal pieces up to the next checkpoint or the prompt's end.
+`prefill_chunk` tokens each, or `mixed_prefill_chunk` for all prompts together in a step that decoding sequences
+share (a decoder waits for the whole step, so its gap grows with the prompt tokens), in equal pieces up to the next
+checkpoint or the prompt's end.
 Admission needs a free GDN slot and KV blocks for the first chunk (the block manager's). With prefix caching a
 sequence is admitted at the longest cached checkpoint of its tokens (block_manager.py), and a prompt chunk ends
 where the next checkpoint falls, so that the state there is kept. When blocks run out, kept checkpoints are dropped
@@ -34,7 +35,7 @@ class SchedulerConfig:
     max_running: int = 16           # sequences in the running batch (GDN slot groups)
     max_batched_tokens: int = 512   # tokens per target forward
     prefill_chunk: int = 256        # prompt tokens per sequence per step
-    mixed_prefill_chunk: int = 0    # ... in a step that also carries decoding sequences (0: prefill_chunk)
+    mixed_prefill_chunk: int = 0    # prompt tokens in all in a step that decoding sequences share (0: no cap)
     lone_prefill_chunk: int = 0     # a prompt chunk this long runs alone, every other step (0: always mixed)
 
 
@@ -107,15 +108,15 @@ class Scheduler:
         start = seq.num_cached if start is None else start
         return seq.token_ids[start:self._chunk_end(seq, start, min(prompt_limit, budget))], 0
 
-    def _chunk_end(self, seq: Sequence, start: int, limit: int) -> int:
-        """Where a prompt chunk of at most `limit` tokens from `start` ends. A checkpoint (or the prompt's end) further
-        than `limit` is reached in equal pieces, so that no piece is a sliver: with 15 decoders in a 1024-token step
-        (limit 1009) a 1024-token stretch between checkpoints runs as 512 + 512, not 1009 + 15, and each of the two
-        steps costs about half, where 1009 + 15 cost one whole step and one small one that still reads every
-        weight."""
+    def _chunk_end(self, seq: Sequence, start: int, max_tokens: int) -> int:
+        """Where a prompt chunk of at most `max_tokens` tokens from `start` ends. A checkpoint (or the prompt's end)
+        further away is reached in equal pieces, so that no piece is a sliver: 1024 tokens to a checkpoint with
+        at most 1009 a step run as 512 + 512, not 1009 + 15 (a step of its own for 15 tokens, that still reads
+        every weight). The pieces ignore the graph buckets: with prefix caching off, 1100 tokens in chunks of at
+        most 1024 run as 550 + 550, both in the 1024-token graph."""
         checkpoint = self.blocks.next_checkpoint(seq, start)
         goal = len(seq.token_ids) if checkpoint is None else checkpoint
-        pieces = -(-(goal - start) // limit)                # ceil: the steps it takes to reach goal
+        pieces = -(-(goal - start) // max_tokens)           # ceil: the steps it takes to reach goal
         return start + -(-(goal - start) // pieces)
 
     def _entry(self, seq: Sequence, chunk: list[int], num_drafts: int, resumed: int = 0) -> ScheduledSeq:
@@ -174,14 +175,18 @@ class Scheduler:
         long = self._long_prompts(max_drafts)
         alone = self.last_lone = bool(long) and not self.last_lone      # the first one's turn, or everyone else's
         waiting_turn = set() if alone else {seq.seq_id for seq in long}
-        prompt_limit = self.config.prefill_chunk
+        # prompt tokens one prompt may take, and all prompts together: beside decoders, the mixed chunk (checked
+        # before any preemption below: a decoder preempted for blocks leaves the cap as it was)
+        prompt_limit, prompt_room = self.config.prefill_chunk, budget
         if self.config.mixed_prefill_chunk and not alone and any(
                 seq.is_decoding and self._can_run(seq) for seq in self.running):
-            prompt_limit = min(prompt_limit, self.config.mixed_prefill_chunk)
+            prompt_limit = prompt_room = min(prompt_limit, self.config.mixed_prefill_chunk)
         for seq in long[:1] if alone else list(self.running):
             if seq not in self.running or budget <= 0 or not self._can_run(seq) or seq.seq_id in waiting_turn:
                 continue
-            chunk, d = self._chunk(seq, budget, max_drafts, prompt_limit)
+            if not seq.is_decoding and prompt_room <= 0:
+                continue
+            chunk, d = self._chunk(seq, budget, max_drafts, min(prompt_limit, prompt_room))
             while not self.blocks.fits(seq, self._reach(seq, chunk)) and seq in self.running:
                 self._preempt_for_blocks(self.running[-1], preempted)
             if seq not in self.running:
@@ -189,13 +194,15 @@ class Scheduler:
             self.blocks.reserve(seq, self._reach(seq, chunk))
             plan.append(self._entry(seq, chunk, d))
             budget -= len(chunk)
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_running and not alone:
+            prompt_room -= 0 if seq.is_decoding else len(chunk)
+        while (self.waiting and budget > 0 and prompt_room > 0 and len(self.running) < self.config.max_running
+               and not alone):
             seq = self.waiting[0]
             if not self._can_run(seq):
                 break
             hit = self.blocks.match(seq) if seq.reuse_prefix and seq.num_cached == 0 else None
             start = hit.num_cached(self.blocks.block_size) if hit is not None else seq.num_cached
-            chunk, d = self._chunk(seq, budget, max_drafts, prompt_limit, start)
+            chunk, d = self._chunk(seq, budget, max_drafts, min(prompt_limit, prompt_room), start)
             if not self.blocks.can_admit(seq, start + len(chunk), hit):
                 break
             self.waiting.popleft()
@@ -207,4 +214,5 @@ class Scheduler:
             self.blocks.reserve(seq, seq.num_cached + len(chunk))
             plan.append(self._entry(seq, chunk, d, hit.num_blocks if hit is not None else 0))
             budget -= len(chunk)
+            prompt_room -= len(chunk)
         return Schedule(plan, preempted)

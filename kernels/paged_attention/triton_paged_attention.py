@@ -32,21 +32,22 @@ NEG_BIG = tl.constexpr(-1e30)  # finite "minus infinity" of the running max (see
 
 
 @triton.jit
-def _tile_rows(cu_seqlens_ptr, positions_ptr, tile, num_seqs, kv_head,
+def _tile_rows(cu_seqlens_ptr, positions_ptr, q_tile, num_seqs, kv_head,
                BLOCK_M: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, ROWS: tl.constexpr,
                SEQS_PAD: tl.constexpr):
-    """Rows of flat query tile `tile`: its sequence, flat token, query head, validity, and position (−1 for invalid
-    rows). Sequence b's tiles are numbered from Σ_{i<b} cdiv(len_i, BLOCK_M); a tile past the last is all invalid."""
+    """Rows of flat query tile `q_tile`: its sequence, flat token, query head, validity, and position (−1 for invalid
+    rows). Sequence b's query tiles are numbered from Σ_{i<b} cdiv(len_i, BLOCK_M); a tile past the last is all
+    invalid. SEQS_PAD ≥ num_seqs."""
     b = tl.arange(0, SEQS_PAD)
-    lo = tl.load(cu_seqlens_ptr + b, mask=b < num_seqs, other=0)
-    hi = tl.load(cu_seqlens_ptr + b + 1, mask=b < num_seqs, other=0)
-    tiles = (hi - lo + BLOCK_M - 1) // BLOCK_M                                  # [SEQS_PAD] tiles per sequence
-    ends = tl.cumsum(tiles, 0)                                                  # tiles of sequences 0..b
-    seq = tl.sum((ends <= tile).to(tl.int32), 0)                                # the first b whose tiles pass it
+    lo = tl.load(cu_seqlens_ptr + b, mask=b < num_seqs, other=0)               # [SEQS_PAD]
+    hi = tl.load(cu_seqlens_ptr + b + 1, mask=b < num_seqs, other=0)           # [SEQS_PAD]
+    tiles = (hi - lo + BLOCK_M - 1) // BLOCK_M                                  # [SEQS_PAD] query tiles per sequence
+    ends = tl.cumsum(tiles, 0)                                                  # [SEQS_PAD] of sequences 0..b
+    seq = tl.sum((ends <= q_tile).to(tl.int32), 0)                              # the first b whose tiles pass it
     rows = tl.arange(0, ROWS)
     live = (tl.full([ROWS], 0, tl.int32) + seq) < num_seqs                      # [ROWS]: not past the last tile
     seq = tl.minimum(seq, num_seqs - 1)
-    m_block = tile - tl.sum(tl.where(b == seq, ends - tiles, 0), 0)
+    m_block = q_tile - tl.sum(tl.where(b == seq, ends - tiles, 0), 0)
     start = tl.load(cu_seqlens_ptr + seq)
     end = tl.load(cu_seqlens_ptr + seq + 1)
     row_tok = rows // GROUP_PAD
@@ -59,7 +60,7 @@ def _tile_rows(cu_seqlens_ptr, positions_ptr, tile, num_seqs, kv_head,
 
 
 # num_tokens, num_seqs and stride_bt (the step's widest block table) vary per step: not specialised on them, so a
-# new value never compiles a new variant
+# new value compiles no new variant (SEQS_PAD, num_seqs rounded up to a power of two, does)
 @triton.jit(do_not_specialize=["num_tokens", "num_seqs", "stride_bt"])
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, positions_ptr, block_tables_ptr, cu_seqlens_ptr,
@@ -127,7 +128,7 @@ def _paged_attention_kernel(
         tl.store(p_acc, acc, mask=has_keys[:, None] & d_ok[None, :])
 
 
-# num_tokens and num_seqs vary per step: not specialised on them, so a new value never compiles a new variant
+# num_tokens and num_seqs vary per step: not specialised on them (SEQS_PAD is)
 @triton.jit(do_not_specialize=["num_tokens", "num_seqs"])
 def _combine_kernel(
     cu_seqlens_ptr, positions_ptr, out_ptr, part_acc_ptr, part_ml_ptr, num_tokens, num_seqs, num_heads,
@@ -183,9 +184,9 @@ def launch_config(num_seqs: int, max_seqlen: int, num_heads: int, num_kv_heads: 
     caches; GPUs with less than an H100's); a prompt chunk's 64-row tiles take 64 keys
     (`bench/kernels.py --attention-prefill` sweeps the choices). `tuning` (that sweep) overrides any of rows (query
     rows of a tile), block_n, num_warps, num_stages. `num_tokens`: the step's T (default num_seqs × max_seqlen),
-    which bounds the flat query tiles. Splits: enough for about 2 programs per SM, or 4 in a step that mixes a
-    prompt chunk with other sequences, whose tiles are nearly all the chunk's (walking its whole context), as a
-    chunk alone of half the tiles gets."""
+    which bounds the flat query tiles. Splits: enough for about 2 programs per SM, or 4 in a step of several
+    sequences whose tiles span several query blocks (a prompt chunk beside decoders, several prompts at once): its
+    tiles are nearly all a chunk's, each walking its whole context, so they get what a 512-token chunk alone gets."""
     tuning = tuning or {}
     group = num_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
@@ -195,16 +196,16 @@ def launch_config(num_seqs: int, max_seqlen: int, num_heads: int, num_kv_heads: 
     rows = max(16, block_m * group_pad)                           # tl.dot needs M ≥ 16
     m_blocks = triton.cdiv(max(1, max_seqlen), block_m)
     num_tokens = num_seqs * max_seqlen if num_tokens is None else num_tokens
-    num_tiles = max(1, min(num_seqs * m_blocks, triton.cdiv(num_tokens, block_m) + num_seqs))
+    num_q_tiles = max(1, min(num_seqs * m_blocks, triton.cdiv(num_tokens, block_m) + num_seqs))
     if num_splits is None:
         per_sm = 4 if num_seqs > 1 and m_blocks > 1 else 2
-        want = triton.cdiv(per_sm * _num_sms(device), num_tiles * num_kv_heads)
+        want = triton.cdiv(per_sm * _num_sms(device), num_q_tiles * num_kv_heads)
         num_splits = min(MAX_SPLITS, triton.next_power_of_2(want)) if want > 1 else 1
     wide_fits = (rows + 2 * 2 * 64) * block_d * kv_bytes + 16 * 1024 <= _shared_memory(device)
     block_n = 32 if block_d >= 256 and (rows < 64 or not wide_fits) else 64
     return dict(GROUP=group, GROUP_PAD=group_pad, BLOCK_D=block_d, BLOCK_M=block_m, ROWS=rows,
-                SEQS_PAD=triton.next_power_of_2(num_seqs + 1),
-                BLOCK_N=tuning.get("block_n", block_n), NUM_SPLITS=num_splits, num_tiles=num_tiles,
+                SEQS_PAD=max(2, triton.next_power_of_2(num_seqs)),
+                BLOCK_N=tuning.get("block_n", block_n), NUM_SPLITS=num_splits, num_q_tiles=num_q_tiles,
                 num_warps=tuning.get("num_warps", 8 if rows * block_d >= 64 * 256 else 4),
                 num_stages=tuning.get("num_stages", 2))
 
@@ -234,13 +235,13 @@ def paged_attention_triton(
         return out
     cfg = launch_config(num_seqs, max_seqlen, num_heads, num_kv_heads, head_dim, q.device, num_splits, tuning,
                         k_cache.element_size(), num_tokens)
-    splits, num_tiles = cfg.pop("NUM_SPLITS"), cfg.pop("num_tiles")
+    splits, num_q_tiles = cfg.pop("NUM_SPLITS"), cfg.pop("num_q_tiles")
     num_warps, block_n, num_stages = cfg.pop("num_warps"), cfg.pop("BLOCK_N"), cfg.pop("num_stages")
     part_acc = part_ml = out  # unused placeholders when there is a single split
     if splits > 1:
         part_acc = torch.empty(splits, num_tokens, num_heads, head_dim, dtype=torch.float32, device=q.device)
         part_ml = torch.empty(splits, num_tokens, num_heads, 2, dtype=torch.float32, device=q.device)
-    _paged_attention_kernel[(num_tiles, num_kv_heads * splits)](
+    _paged_attention_kernel[(num_q_tiles, num_kv_heads * splits)](
         q, k_cache, v_cache, positions, block_tables, cu_seqlens, out, part_acc, part_ml,
         scale * LOG2E, block_size, num_tokens, num_seqs, num_heads,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -248,7 +249,7 @@ def paged_attention_triton(
         HEAD_DIM=head_dim, BLOCK_N=block_n, NUM_SPLITS=splits, IEEE=k_cache.dtype == torch.float32,
         num_warps=num_warps, num_stages=num_stages, **cfg)
     if splits > 1:
-        _combine_kernel[(num_tiles, num_kv_heads)](
+        _combine_kernel[(num_q_tiles, num_kv_heads)](
             cu_seqlens, positions, out, part_acc, part_ml, num_tokens, num_seqs, num_heads, out.stride(0),
             out.stride(1),
             HEAD_DIM=head_dim, NUM_SPLITS=splits, num_warps=4, **cfg)

@@ -74,7 +74,7 @@ class GatewayBench:
         self.model, self.device, self.dtype, self.startup_timeout_s = model, device, dtype, startup_timeout_s
         self.grammar = grammar            # (kind, text) every request is constrained by, or None
         self.draft_masks = draft_masks    # the mtp drafter's --draft-masks
-        self.prefill_chunk = prefill_chunk  # the verifier's --prefill-chunk (None: its default)
+        self.prefill_chunk = prefill_chunk  # the verifier's --prefill-chunk and --mixed-prefill-chunk (None: its own)
         self.service_defaults = service_defaults  # no sizing flags: the services size themselves
         self.lone_prefill_chunk = lone_prefill_chunk  # the verifier's --lone-prefill-chunk (None: its default)
         self.service_args = service_args  # (verifier's, drafter's) flags given to the bench, after its own
@@ -103,7 +103,8 @@ class GatewayBench:
         running = max(g.concurrency for g in group)
         context = max(max(g.prompt_lengths) + g.max_tokens + g.k + 1 for g in group)
         budget = max(scheduler_for(g, self.device.split(":")[0]).max_batched_tokens for g in group)
-        chunk = ["--prefill-chunk", str(self.prefill_chunk)] if self.prefill_chunk else []
+        chunk = (["--prefill-chunk", str(self.prefill_chunk), "--mixed-prefill-chunk", str(self.prefill_chunk)]
+                 if self.prefill_chunk else [])
         chunk += ["--lone-prefill-chunk", str(self.lone_prefill_chunk)] if self.lone_prefill_chunk else []
         budget = max(budget, self.prefill_chunk + running * (w.k + 1)) if self.prefill_chunk else budget
         sizing = [] if self.service_defaults else [

@@ -88,8 +88,8 @@ def add_parser(sub) -> None:
                    help="gateway path: the mtp drafter service's --draft-masks (with --grammar: compare on and off "
                         "for what masking the drafts costs and adds to the acceptance length)")
     p.add_argument("--prefill-chunk", type=int, default=None, metavar="N",
-                   help="gateway path: the verifier's --prefill-chunk (default: its own), its --max-batched-tokens "
-                        "widened to the chunk plus a verify step of every running sequence")
+                   help="gateway path: the verifier's --prefill-chunk and --mixed-prefill-chunk (default: its own), "
+                        "its --max-batched-tokens widened to the chunk plus a verify step of every running sequence")
     p.add_argument("--lone-prefill-chunk", type=int, default=None, metavar="N",
                    help="gateway path: the verifier's --lone-prefill-chunk (prompt chunks of N+ tokens run alone, in "
                         "turns with the decoding sequences)")

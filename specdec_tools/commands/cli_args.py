@@ -62,9 +62,9 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-chunk", type=int, default=0, metavar="N",
                    help="prompt tokens per sequence per step (default: 1024 on a GPU, 256 on the CPU)")
     p.add_argument("--mixed-prefill-chunk", type=int, default=0, metavar="N",
-                   help="prompt tokens per sequence in a step that decoding sequences share: each of them waits for "
-                        "the whole step, so this bounds their gap while a long prompt prefills (default: 512 on a "
-                        "GPU, 256 on the CPU; at most --prefill-chunk)")
+                   help="prompt tokens in all in a step that decoding sequences share: each of them waits for the "
+                        "whole step, so this bounds their gap while a long prompt prefills (default: 512 on a GPU, "
+                        "256 on the CPU; each prompt's chunk is at most --prefill-chunk)")
     p.add_argument("--lone-prefill-chunk", type=int, default=0, metavar="N",
                    help="a prompt chunk of N or more tokens runs alone, in steps that take turns with the other "
                         "running sequences (default 0: chunks share steps with them). On a GPU with fla-core "
