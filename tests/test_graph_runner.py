@@ -72,7 +72,8 @@ def test_prefill_and_mixed_buckets_stop_at_the_token_budget(tiny_model):
                                                 (8, 3, ((4, 256), (4, 512), (4, 576), (4, 1024), (8, 256), (8, 512),
                                                         (8, 576), (8, 1024)))])
 def test_only_reachable_mixed_buckets_are_captured(tiny_model, max_seqs, k, pairs):
-    """b sequences of up to P tokens (the largest prefill bucket: 1024 under this budget) never fill more than
+    """b sequences of up to P tokens (the mixed buckets' chunks: 1024, the largest prefill bucket their tokens hold, under
+    this budget) never fill more than
     b * P tokens; at k = 0 one sequence's mixed bucket of P tokens is the prefill bucket of P, which is_mixed does
     not claim."""
     executor = Executor.build(tiny_model, num_blocks=16, block_size=4, max_seqs=max_seqs, max_drafts=k,

@@ -78,10 +78,12 @@ class ModelRunner:
         prefill = buckets_for(self.max_batched_tokens, PREFILL_TOKENS)
         mixed = buckets_for(self.max_batched_tokens, MIXED_TOKENS)
         # a prefill bucket captures the recurrent GDN kernel or, from CHUNKED_ONE_MIN_TOKENS, the one-sequence
-        # chunked one; the varlen chunked path (host offsets) cannot be captured
-        if max(prefill) >= CHUNKED_PREFILL_MIN_TOKENS:
-            raise ValueError(f"prefill buckets up to {max(prefill)} tokens reach the chunked GDN prefill "
-                             f"of several sequences ({CHUNKED_PREFILL_MIN_TOKENS} tokens), which graphs do not capture")
+        # chunked one; a mixed bucket's chunks (up to its tokens) must not reach the varlen chunked path (host
+        # offsets), which cannot be captured
+        if min(max(prefill), max(mixed)) >= CHUNKED_PREFILL_MIN_TOKENS:
+            raise ValueError(f"mixed buckets of chunks up to {min(max(prefill), max(mixed))} tokens reach the chunked "
+                             f"GDN prefill of several sequences ({CHUNKED_PREFILL_MIN_TOKENS} tokens), which graphs "
+                             "do not capture")
         staging = self._new_staging(graph_tokens(buckets, tokens_per_seq, prefill, mixed), buckets[-1])
         no_replay = tuple(b for b in buckets if replays_change_launch(b, self.max_drafts))
         self.graphs = CudaGraphRunner(self._step, staging, buckets, tokens_per_seq, capture=capture,

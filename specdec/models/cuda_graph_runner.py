@@ -38,7 +38,8 @@ from .graph_bucket import Bucket
 log = logging.getLogger(__name__)
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
-PREFILL_TOKENS = (32, 64, 128, 256, 512, 1024)   # prefill buckets: one sequence of up to this many tokens
+PREFILL_TOKENS = (32, 64, 128, 256, 512, 1024, 2048, 4096)  # prefill buckets: one sequence of up to this many
+#                                       tokens (those past --max-batched-tokens' bucket are not captured)
 MIXED_SEQS = (4, 16, 64)              # mixed buckets: sequences (padding ones cost an early exit per program)
 MIXED_TOKENS = (256, 512, 576, 1024)  # mixed buckets: tokens in all (the GEMMs run on every one of them); 576:
 #                                       a GPU's mixed prefill chunk (512) beside up to 64 decoding tokens
@@ -64,7 +65,7 @@ class CudaGraphRunner:
                  tokens_per_seq: tuple[int, ...], capture: bool = True, prefill_tokens: tuple[int, ...] = (),
                  mixed_tokens: tuple[int, ...] = (), no_replay_seqs: tuple[int, ...] = ()):
         """`mixed_tokens`: capture mixed buckets of these many tokens (none: mixed steps run eagerly), for
-        MIXED_SEQS sequences up to the largest batch bucket, chunks up to the largest prefill bucket.
+        MIXED_SEQS sequences up to the largest batch bucket, chunks up to the largest prefill bucket those tokens hold.
         `no_replay_seqs`: the batch buckets whose single-token steps keep a second graph for steps where no
         sequence replays accepted drafts into its GDN state (graph_bucket.py)."""
         self.step, self.staging, self.capture = step, staging, capture
@@ -72,11 +73,14 @@ class CudaGraphRunner:
         self.batch_buckets, self.tokens_per_seq = tuple(sorted(batch_buckets)), tuple(sorted(tokens_per_seq))
         self.prefill_tokens = tuple(q for q in sorted(prefill_tokens) if q > self.tokens_per_seq[-1])
         self.mixed_tokens = tuple(sorted(mixed_tokens)) if self.prefill_tokens else ()
+        # a mixed bucket's chunks: up to the largest prefill bucket that its tokens hold
+        self.mixed_seqlen = max((q for q in self.prefill_tokens if q <= max(self.mixed_tokens, default=0)),
+                                default=self.prefill_tokens[-1] if self.prefill_tokens else 0)
         largest = self.batch_buckets[-1]
         self.mixed_seqs = tuple(sorted({min(b, largest) for b in buckets_for(largest, MIXED_SEQS)})) \
             if self.mixed_tokens else ()
         # (sequences, tokens) -> the mixed bucket of that many
-        self.mixed_buckets = {(b, t): Bucket.mixed(b, t, self.prefill_tokens[-1], self.tokens_per_seq[-1] - 1)
+        self.mixed_buckets = {(b, t): Bucket.mixed(b, t, self.mixed_seqlen, self.tokens_per_seq[-1] - 1)
                               for b in self.mixed_seqs for t in self._reachable_tokens(b)}
         if largest > staging.max_seqs or graph_tokens(
                 self.batch_buckets, self.tokens_per_seq, self.prefill_tokens, self.mixed_tokens) > staging.max_tokens:
@@ -105,12 +109,12 @@ class CudaGraphRunner:
     def _reachable_tokens(self, seqs: int) -> tuple[int, ...]:
         """The mixed buckets' token sizes a step of `seqs` sequences can reach: chunks of up to P tokens never need
         more than seqs * P in all, so sizes past the first that holds seqs * P are left out."""
-        return self.mixed_tokens[:bisect.bisect_left(self.mixed_tokens, seqs * self.prefill_tokens[-1]) + 1]
+        return self.mixed_tokens[:bisect.bisect_left(self.mixed_tokens, seqs * self.mixed_seqlen) + 1]
 
     def _mixed_bucket(self, plan: StepPlan, longest: int) -> Bucket | None:
         """The smallest mixed bucket of at least the step's tokens and sequences whose logit rows hold the step's."""
         t = next((t for t in self.mixed_tokens if t >= plan.num_tokens), None)
-        if t is None or longest > self.prefill_tokens[-1]:
+        if t is None or longest > self.mixed_seqlen:
             return None
         rows = int(plan.logits_per_seq.sum())
         fits = (self.mixed_buckets.get((b, t)) for b in self.mixed_seqs if b >= plan.num_seqs)
