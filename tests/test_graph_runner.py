@@ -72,10 +72,9 @@ def test_prefill_and_mixed_buckets_stop_at_the_token_budget(tiny_model):
                                                 (8, 3, ((4, 256), (4, 512), (4, 576), (4, 1024), (8, 256), (8, 512),
                                                         (8, 576), (8, 1024)))])
 def test_only_reachable_mixed_buckets_are_captured(tiny_model, max_seqs, k, pairs):
-    """b sequences of up to P tokens (the mixed buckets' chunks: 1024, the largest prefill bucket their tokens hold, under
-    this budget) never fill more than
-    b * P tokens; at k = 0 one sequence's mixed bucket of P tokens is the prefill bucket of P, which is_mixed does
-    not claim."""
+    """b sequences of up to P tokens (P = 1024, the largest prefill bucket the mixed buckets' tokens hold) never fill
+    more than b * P tokens; at k = 0 one sequence's mixed bucket of P tokens is the prefill bucket of P, which
+    is_mixed does not claim. A 2048-token budget captures a 2048-token prefill bucket (a chunk alone), not 4096."""
     executor = Executor.build(tiny_model, num_blocks=16, block_size=4, max_seqs=max_seqs, max_drafts=k,
                          max_batched_tokens=2048)
     executor.runner.use_graphs(capture=False)
@@ -84,6 +83,8 @@ def test_only_reachable_mixed_buckets_are_captured(tiny_model, max_seqs, k, pair
     mixed = [b for b in graphs.buckets() if graphs.is_mixed(b)]
     assert [(b.seqs, b.tokens) for b in mixed] == sorted(pairs, key=lambda p: (p[1], p[0]), reverse=True)
     assert not any(graphs.is_mixed(b) for b in graphs.buckets() if graphs.is_prefill(b))
+    assert graphs.prefill_tokens[-2:] == (1024, 2048) and graphs.is_prefill(Bucket.prefill(2048))
+    assert {b.max_seqlen for b in graphs.mixed_buckets.values()} == {1024}
 
 
 def test_a_mixed_step_takes_more_sequences_when_its_logit_rows_need_them(tiny_model):

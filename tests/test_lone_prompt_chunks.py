@@ -140,3 +140,23 @@ def test_two_prompts_beside_decoders_share_one_mixed_chunk(tiny_model):
     beside = [sum(n for r, n, d in s if not d) for s in steps if any(d for _, _, d in s)]
     both = [s for s in steps if {"a", "b"} <= {r for r, _, d in s if not d}]
     assert both and max(beside) <= 24, beside
+
+
+def test_the_checkpoint_interval_follows_a_long_prefill_chunk(monkeypatch, tiny_dir, capsys):
+    """A prompt chunk ends at each prefix checkpoint, so the interval left at 0 is the larger of 1024 and the
+    prefill chunk (whole blocks of 16): a GPU's 2048-token chunks are not cut to 1024. Given, it is kept; the CLI
+    refuses one that is not a multiple of 16."""
+    from verifier_service.builder import VerifierConfig
+    assert VerifierConfig("m", device="cpu").with_device_limits().prefix_checkpoint_interval == 1024
+    assert VerifierConfig("m", device="cuda").with_device_limits().prefix_checkpoint_interval == 2048
+    assert VerifierConfig("m", prefill_chunk=3000).with_device_limits().prefix_checkpoint_interval == 2992
+    assert VerifierConfig("m", prefill_chunk=4096, prefix_checkpoint_interval=512).with_device_limits() \
+        .prefix_checkpoint_interval == 512
+    import verifier_service.server
+    from specdec_tools.cli import main
+    seen = []
+    monkeypatch.setattr(verifier_service.server, "serve", lambda config, *a, **kw: seen.append(config))
+    assert main(["verifier", "--model", str(tiny_dir), "--device", "cpu", "--prefill-chunk", "4096"]) == 0
+    assert seen[0].with_device_limits().prefix_checkpoint_interval == 4096
+    assert main(["verifier", "--model", str(tiny_dir), "--device", "cpu", "--prefix-checkpoint-interval", "24"]) == 2
+    assert "multiple of 16" in capsys.readouterr().err and len(seen) == 1

@@ -53,7 +53,8 @@ class VerifierConfig:
     lone_prefill_chunk: int = 0            # a prompt chunk this long runs alone, in turns with the others (0: off)
     block_size: int = 16
     prefix_caching: bool = True            # resume prompts from cached prefixes (block_manager.py)
-    prefix_checkpoint_interval: int = 1024 # tokens between two kept states of a prompt (one more at its end)
+    prefix_checkpoint_interval: int = 0    # tokens between two kept states of a prompt (one more at its end);
+    #                                        0: the larger of 1024 and prefill_chunk (whole multiples of 16)
     prefix_checkpoints: int = 0            # GDN / conv states kept for the prefix cache (0: 2 x max_running)
     kv_blocks: int = 0                     # 0: sized by cache_sizing.py (from memory on a GPU)
     gpu_memory_utilization: float = 0.9    # the share of the GPU's memory this process may hold, caches included
@@ -79,9 +80,13 @@ class VerifierConfig:
 
     def with_device_limits(self) -> "VerifierConfig":
         """This config with every limit left at 0 (max_running, max_batched_tokens, prefill_chunk,
-        mixed_prefill_chunk) set to the device's default."""
+        mixed_prefill_chunk) set to the device's default, and the prefix checkpoint interval, left at 0, to the
+        larger of 1024 tokens and the prefill chunk: a prompt chunk ends at a checkpoint, so a shorter interval
+        would cut the chunks short."""
         limits = DEVICE_LIMITS["cuda" if torch.device(self.device).type == "cuda" else "cpu"]
-        return replace(self, **{name: getattr(self, name) or value for name, value in limits.items()})
+        config = replace(self, **{name: getattr(self, name) or value for name, value in limits.items()})
+        interval = config.prefix_checkpoint_interval or max(1024, config.prefill_chunk // 16 * 16)
+        return replace(config, prefix_checkpoint_interval=interval)
 
     def cache_request(self, model: ModelConfig) -> CacheRequest:
         drafting = self.in_process_drafter == "mtp" and self.num_drafts > 0
@@ -98,11 +103,12 @@ class VerifierConfig:
 
 
 # The defaults of --max-running, --max-batched-tokens, --prefill-chunk and --mixed-prefill-chunk. On a GPU: 64
-# sequences, the largest decode graph bucket; steps of up to 1024 tokens, the largest prefill and mixed graph
-# buckets, so that a step mixing a prompt chunk with decoders replays a graph; beside decoders 512 prompt tokens
-# a step, so that their gap while a long prompt prefills is that of a 512-token step (with up to 64 decoding
-# tokens it replays the 576-token mixed graph). On the CPU: small steps that keep a demo's streams moving.
-DEVICE_LIMITS = {"cuda": {"max_running": 64, "max_batched_tokens": 1024, "prefill_chunk": 1024,
+# sequences, the largest decode graph bucket; a prompt chunk alone of up to 2048 tokens, which replays the 2048-token
+# prefill graph (its GEMMs are larger than 1024-token ones: bench/README.md, "Larger prompt chunks"); beside
+# decoders 512 prompt tokens a step, so that their gap while a long prompt prefills is that of a 512-token step
+# (with up to 64 decoding tokens it replays the 576-token mixed graph; steps of several sequences past 1024 tokens,
+# the largest mixed graph, run eagerly). On the CPU: small steps that keep a demo's streams moving.
+DEVICE_LIMITS = {"cuda": {"max_running": 64, "max_batched_tokens": 2048, "prefill_chunk": 2048,
                           "mixed_prefill_chunk": 512},
                  "cpu": {"max_running": 16, "max_batched_tokens": 512, "prefill_chunk": 256,
                          "mixed_prefill_chunk": 256}}

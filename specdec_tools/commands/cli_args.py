@@ -77,9 +77,10 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
                    help="do not resume prompts from cached prefixes (default: on: a prompt that starts like an "
                         "earlier one reuses its KV blocks and its GDN state at the longest kept checkpoint)")
-    p.add_argument("--prefix-checkpoint-interval", type=int, default=1024, metavar="TOKENS",
+    p.add_argument("--prefix-checkpoint-interval", type=int, default=0, metavar="TOKENS",
                    help="prefix caching keeps a prompt's GDN state every TOKENS tokens (a multiple of 16) and at its "
-                        "end (default 1024); a later prompt resumes from the last one it shares")
+                        "end; a later prompt resumes from the last one it shares (default 0: the larger of 1024 and "
+                        "--prefill-chunk, since a prompt chunk ends at each checkpoint)")
     p.add_argument("--prefix-checkpoints", type=int, default=0, metavar="N",
                    help="GDN states the prefix cache keeps, least recently used dropped (default 0: 2 x "
                         "--max-running); each takes what one running sequence's GDN state does")
@@ -95,8 +96,9 @@ def check_cache_args(args: argparse.Namespace) -> None:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0 (0: the default), got {getattr(args, name)}")
     if not 0 < args.gpu_memory_utilization <= 1:
         raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {args.gpu_memory_utilization}")
-    if args.prefix_checkpoint_interval < 16 or args.prefix_checkpoint_interval % 16:
-        raise ValueError(f"--prefix-checkpoint-interval must be a positive multiple of 16 (the KV block size), got "
+    if args.prefix_checkpoint_interval < 0 or args.prefix_checkpoint_interval % 16:
+        raise ValueError(f"--prefix-checkpoint-interval must be 0 (its default) or a multiple of 16 (the KV block "
+                         f"size), got "
                          f"{args.prefix_checkpoint_interval}")
 
 
