@@ -1,6 +1,7 @@
 """GPU: greedy outputs of long prompts do not depend on the prefill chunk (issue 38), fp32. Chunks of 256 tokens
-replay prefill graphs with the recurrent GDN kernel, chunks of 1024 prefill graphs with the one-sequence chunked
-kernel (fla-core's, carried by the GPU image), chunks of 2048 run that kernel eagerly. Nor on the sequences beside
+replay prefill graphs with the recurrent GDN kernel, chunks of 1024 and 2048 prefill graphs with the one-sequence
+chunked kernel (fla-core's, carried by the GPU image), chunks of 5000 (past the largest prefill graph) run that
+kernel eagerly. Nor on the sequences beside
 them: a chunk in a mixed step runs in a chunk lane (specdec/models/forward_batch.py)."""
 import pytest
 
@@ -10,7 +11,7 @@ from verifier_service.executor import Executor
 from verifier_service.plain_generate import greedy_generate
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
-CHUNKS = (256, 1024, 2048)
+CHUNKS = (256, 1024, 2048, 5000)
 NEW_TOKENS = 16
 
 
@@ -31,9 +32,9 @@ def test_greedy_outputs_do_not_depend_on_the_prefill_chunk(model, length):
         executor = Executor.build(model, num_blocks=length // 16 + 8, block_size=16, max_seqs=1, device="cuda",
                                   max_batched_tokens=max(chunk, 1024))
         graphs = executor.runner.graphs
-        assert (graphs.prefill_tokens[-1] >= chunk) == (chunk <= 1024)   # graphs up to 1024, eager beyond
+        assert (graphs.prefill_tokens[-1] >= chunk) == (chunk <= 4096)   # graphs up to 4096, eager beyond
         outputs[chunk] = greedy_generate(executor, [prompt], NEW_TOKENS, prefill_chunk=chunk)[0]
-    assert outputs[256] == outputs[1024] == outputs[2048], outputs
+    assert outputs[256] == outputs[1024] == outputs[2048] == outputs[5000], outputs
 
 
 def test_the_one_sequence_chunked_rule_leaves_its_padding_out():
