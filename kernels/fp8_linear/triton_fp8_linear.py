@@ -10,9 +10,8 @@ tiles need not align with B0):
 The weight tile, converted to x's dtype in registers (exact: e4m3 values fit bf16 and fp16), is the dot's left
 operand and x's tile the right one ("swap AB"): the tensor cores take a register operand only on the left, and the
 weight's outputs fill the MMA's wide side while a step's few rows sit on its narrow side (BLOCK_M >= 16, the rows
-past M masked). K is split over SPLIT_K programs that write fp32 partial sums; the last of a tile's programs to finish (a
-counter per tile, reset by that program) adds them in split order. One launch, and the order is fixed whichever
-program finishes last, so a row's result never depends on timing or on its batch mates. Rows past N and columns past K load as 0,
+past M masked). K is split over SPLIT_K programs that write fp32 partial sums, added in a fixed order by a second
+kernel: no atomics, so a row's result never depends on its batch mates. Rows past N and columns past K load as 0,
 so partial edge blocks need no padding.
 
 More rows (a prompt chunk) dequantize the weight into x's dtype (`_dequantize_kernel`) and run the dense GEMM, which
@@ -52,10 +51,9 @@ def choose_tiles(num_rows: int, num_cols: int, block_cols: int = 128) -> Fp8Tile
 
 
 @triton.jit(do_not_specialize=["num_rows"])
-def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, num_rows, num_cols, num_outputs,
-                     steps_per_split, stride_x, stride_w, stride_s, stride_out,
-                     B0: tl.constexpr, B1: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     SPLIT_K: tl.constexpr):
+def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr, num_rows, num_cols, num_outputs, steps_per_split,
+                     stride_x, stride_w, stride_s, stride_out, stride_split,
+                     B0: tl.constexpr, B1: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     split = tl.program_id(2)
@@ -64,11 +62,10 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, num_rows
     cols = tl.arange(0, B1)                                                  # [B1]
     out_ok = outs < num_outputs
     row_ok = rows < num_rows
-    ok = out_ok[:, None] & row_ok[None, :]
     w_base = w_ptr + outs[:, None] * stride_w
     x_base = x_ptr + rows[None, :] * stride_x
     s_base = s_ptr + (outs // B0) * stride_s
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)                    # [BLOCK_N, BLOCK_M]: outᵀ's tile
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     first = split * steps_per_split
     last = tl.minimum(first + steps_per_split, tl.cdiv(num_cols, B1))
     for j in range(first, last):
@@ -78,22 +75,18 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, out_ptr, part_ptr, count_ptr, num_rows
         xt = tl.load(x_base + k[:, None], mask=k_ok[:, None] & row_ok[None, :], other=0.0)    # [B1, BLOCK_M]
         scale = tl.load(s_base + j, mask=out_ok, other=0.0)                                    # [BLOCK_N]
         acc += tl.dot(w.to(xt.dtype), xt, input_precision="ieee") * scale[:, None]
-    dest = out_ptr + rows[None, :] * stride_out + outs[:, None]
-    if SPLIT_K == 1:
-        tl.store(dest, acc.to(out_ptr.dtype.element_ty), mask=ok)
-    else:
-        # partials [SPLIT_K, M, N] fp32; the tile's counter counts its finished splits
-        size = num_rows.to(tl.int64) * num_outputs
-        part = part_ptr + rows[None, :] * num_outputs + outs[:, None]
-        tl.store(part + split * size, acc, mask=ok)
-        tl.debug_barrier()                                   # every thread's partial is written before the count
-        counter = count_ptr + pid_m * tl.num_programs(0) + pid_n
-        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1:
-            total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-            for s in tl.static_range(SPLIT_K):               # split order, whoever finished last: deterministic
-                total += tl.load(part + s * size, mask=ok, other=0.0, cache_modifier=".cg")
-            tl.store(dest, total.to(out_ptr.dtype.element_ty), mask=ok)
-            tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")     # ready for the next call (or graph replay)
+    dest = out_ptr + split.to(tl.int64) * stride_split + rows[None, :] * stride_out + outs[:, None]
+    tl.store(dest, acc.to(out_ptr.dtype.element_ty), mask=out_ok[:, None] & row_ok[None, :])
+
+
+@triton.jit(do_not_specialize=["size"])
+def _sum_splits_kernel(part_ptr, out_ptr, size, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < size
+    total = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):                      # fixed order: deterministic
+        total += tl.load(part_ptr + s * size.to(tl.int64) + offs, mask=ok, other=0.0)
+    tl.store(out_ptr + offs, total.to(out_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -140,29 +133,15 @@ def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale_inv: torch.Te
     steps = triton.cdiv(num_cols, block[1])
     per_split = triton.cdiv(steps, tiling.split_k)
     split_k = triton.cdiv(steps, per_split)
+    dest = out if split_k == 1 else torch.empty((split_k, num_rows, num_outputs), dtype=torch.float32,
+                                                device=x.device)                    # [split_k, M, N] partial sums
     grid = (triton.cdiv(num_outputs, tiling.block_n), triton.cdiv(num_rows, tiling.block_m), split_k)
-    parts = out if split_k == 1 else torch.empty((split_k, num_rows, num_outputs), dtype=torch.float32,
-                                                 device=x.device)                   # [split_k, M, N] partial sums
-    counters = out if split_k == 1 else tile_counters(x.device, grid[0] * grid[1])
-    _fp8_gemv_kernel[grid](x, weight, scale_inv, out, parts, counters, num_rows, num_cols, num_outputs, per_split,
-                           x.stride(0), weight.stride(0), scale_inv.stride(0), num_outputs, B0=block[0], B1=block[1],
-                           BLOCK_M=tiling.block_m, BLOCK_N=tiling.block_n, SPLIT_K=split_k,
-                           num_warps=tiling.num_warps, num_stages=tiling.num_stages)
+    _fp8_gemv_kernel[grid](x, weight, scale_inv, dest, num_rows, num_cols, num_outputs, per_split,
+                           x.stride(0), weight.stride(0), scale_inv.stride(0), num_outputs,
+                           num_rows * num_outputs if split_k > 1 else 0, B0=block[0], B1=block[1],
+                           BLOCK_M=tiling.block_m, BLOCK_N=tiling.block_n, num_warps=tiling.num_warps,
+                           num_stages=tiling.num_stages)
+    if split_k > 1:
+        size = num_rows * num_outputs
+        _sum_splits_kernel[(triton.cdiv(size, 1024),)](dest, out, size, SPLIT_K=split_k, BLOCK=1024, num_warps=4)
     return out
-
-
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
-def tile_counters(device: torch.device, num_tiles: int) -> torch.Tensor:
-    """Zeroed int32 counters, one per output tile, shared by every call on `device` (each call leaves them at zero;
-    calls on one stream run one after another). Made on the first call, which must not be a graph capture (the
-    warm-up runs each shape eagerly first); grown likewise."""
-    counters = _COUNTERS.get(device)
-    if counters is None or counters.numel() < num_tiles:
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(f"fp8_linear: {num_tiles} tile counters are needed while a CUDA graph is captured; "
-                               "run the same shape once eagerly first")
-        counters = torch.zeros(max(num_tiles, 4096), dtype=torch.int32, device=device)
-        _COUNTERS[device] = counters
-    return counters
