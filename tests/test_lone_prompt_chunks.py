@@ -160,3 +160,6 @@ def test_the_checkpoint_interval_follows_a_long_prefill_chunk(monkeypatch, tiny_
     assert seen[0].with_device_limits().prefix_checkpoint_interval == 4096
     assert main(["verifier", "--model", str(tiny_dir), "--device", "cpu", "--prefix-checkpoint-interval", "24"]) == 2
     assert "multiple of 16" in capsys.readouterr().err and len(seen) == 1
+    from verifier_service.block_manager import BlockManager, PrefixCaching
+    with pytest.raises(ValueError, match="positive multiple"):   # an interval left at 0 never reaches the blocks
+        BlockManager(8, 16, 2, 4, PrefixCaching(checkpoint_interval=0, num_checkpoints=2))

@@ -60,9 +60,10 @@ class BlockManager:
                  prefix: PrefixCaching = PrefixCaching(enabled=False)):
         self.block_size, self.max_blocks_per_seq = block_size, max_blocks_per_seq
         self.prefix = prefix if prefix.enabled and prefix.num_checkpoints > 0 else PrefixCaching(enabled=False)
-        if self.prefix.enabled and self.prefix.checkpoint_interval % block_size:
-            raise ValueError(f"the prefix checkpoint interval ({prefix.checkpoint_interval}) must be a multiple of "
-                             f"the KV block size ({block_size})")
+        interval = self.prefix.checkpoint_interval
+        if self.prefix.enabled and (interval < block_size or interval % block_size):
+            raise ValueError(f"the prefix checkpoint interval ({interval}) must be a positive multiple of the KV "
+                             f"block size ({block_size})")
         self.kv_blocks = BlockPool(num_blocks, "kv blocks")
         self.gdn_slots = IdPool(max_seqs, "gdn slots")
         self.checkpoints = Checkpoints(self.kv_blocks, self.prefix.num_checkpoints if self.prefix.enabled else 0,
