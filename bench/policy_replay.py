@@ -20,7 +20,8 @@ from step_bench import random_model
 
 import specdec_tools.bench.inprocess as inprocess
 from specdec.sampling_params import SamplingParams
-from specdec_tools.bench.workloads import Workload, length_of_rate
+from specdec_tools.bench.presets import length_of_rate
+from specdec_tools.bench.workloads import Workload
 from verifier_service.draft_policy import StepCosts
 
 

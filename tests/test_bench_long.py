@@ -1,12 +1,13 @@
 """`specdec bench --preset long` (issue 38's workloads): lone long prompts (TTFT, prefill tokens/s, MFU) and the
 interference run (decoders joined by one long prompt once they decode: their ITL before and while it prefills)."""
 import math
+from dataclasses import replace
 
 import pytest
 
 from specdec.demo import demo_model_dir
 from specdec.models.loader import load_model
-from specdec_tools.bench import report
+from specdec_tools.bench import presets, report
 from specdec_tools.bench import workloads as wl
 from specdec_tools.bench.environment import peak_flops
 from specdec_tools.bench.latency import RequestTrace, interference
@@ -16,20 +17,20 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def test_the_long_preset():
-    long = wl.long_context()
-    assert [w.prompt_tokens for w in long if not w.long_prompt and w.concurrency == 1] == list(wl.LONG_PROMPTS)
-    assert [(w.concurrency, w.prompt_tokens) for w in long if w.concurrency == 64] == [wl.CROWD]
+    long = presets.long_context()
+    assert [w.prompt_tokens for w in long if not w.long_prompt and w.concurrency == 1] == list(presets.LONG_PROMPTS)
+    assert [(w.concurrency, w.prompt_tokens) for w in long if w.concurrency == 64] == [presets.CROWD]
     mixed = [w for w in long if w.long_prompt]
     assert [w.drafter_label for w in mixed] == ["mtp@3.39", "none"]
     assert all(w.path == "gateway" and w.concurrency == 16 for w in long if w.long_prompt)
     w = mixed[0]
-    assert w.prompt_lengths == [128] * 15 + [wl.INTERFERING_PROMPT] and w.name.endswith("/L16384")
+    assert w.prompt_lengths == [128] * 15 + [presets.INTERFERING_PROMPT] and w.name.endswith("/L16384")
     prompts = wl.prompts_for(w, 1000)
     assert [len(p) for p in prompts] == w.prompt_lengths
-    assert prompts[:15] == wl.prompts_for(wl.replace(w, long_prompt=0), 1000)[:15]   # the decoders' own prompts
+    assert prompts[:15] == wl.prompts_for(replace(w, long_prompt=0), 1000)[:15]   # the decoders' own prompts
     for bad in (dict(path="inproc"), dict(concurrency=1)):
         with pytest.raises(ValueError, match="long prompt"):
-            wl.replace(w, **bad)
+            replace(w, **bad)
 
 
 def test_interference_of_known_traces():

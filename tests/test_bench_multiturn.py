@@ -3,12 +3,13 @@ turn's prompt the conversation so far. No services run here: a fake Gateway stub
 fake prefix cache behind its usage's cached_tokens."""
 import threading
 import time
+from dataclasses import replace
 from types import SimpleNamespace
 
 import grpc
 import pytest
 
-from specdec_tools.bench import checks, report
+from specdec_tools.bench import checks, presets, report
 from specdec_tools.bench.gateway_clients import send_conversations
 from specdec_tools.bench import workloads as wl
 from specdec_tools.bench.latency import RequestTrace, TurnRecord, turn_figures
@@ -129,7 +130,7 @@ def fake_gateway(monkeypatch):
 
 
 def test_the_multiturn_preset():
-    plan = wl.multiturn()
+    plan = presets.multiturn()
     assert [w.drafter_label for w in plan] == ["none", "mtp@3.39", "mtp"]
     for w in plan:
         assert (w.path, w.concurrency, w.prompt_tokens, w.max_tokens, w.temperature) == ("gateway", 16, 4096, 128, 0)
@@ -143,7 +144,7 @@ def test_the_multiturn_preset():
     assert w.mean_context == pytest.approx(sum(w.turn_prompt_tokens(t) for t in range(1, 9)) / 8 + 64)
     for bad in (dict(path="inproc"), dict(turn_tokens=0), dict(long_prompt=512)):
         with pytest.raises(ValueError, match="conversations"):
-            wl.replace(w, **bad)
+            replace(w, **bad)
     with pytest.raises(ValueError, match="nocache"):
         wl.Workload("inproc", "none", 1, 8, 8, prefix_cache=False)
 
@@ -190,7 +191,7 @@ def test_conversations_share_the_system_prompt_and_no_user_turn():
     assert all(0 < i < 1000 for t in turns + [convs.system[0]] for i in t)
     assert convs.prompt(1, 0, []) == list(convs.system[1]) + list(convs.user[1][0])
     assert convs == wl.conversations_for(w, 1000)                                    # the same on every path
-    assert wl.conversations_for(wl.replace(w, concurrency=5), 1000).user[:3] == convs.user
+    assert wl.conversations_for(replace(w, concurrency=5), 1000).user[:3] == convs.user
     assert wl.salted(convs, 0) == convs
     warm = wl.salted(convs, -1)      # the warm-up's: same ids, other sequences, from the first block on
     assert sorted(warm.system[0]) == sorted(convs.system[0]) and warm.system[0][:BLOCK] != convs.system[0][:BLOCK]
@@ -209,7 +210,7 @@ def test_own_system_prompts_give_each_conversation_its_own():
     assert all(x[:BLOCK] != y[:BLOCK] for i, x in enumerate(b.system) for y in b.system[:i])
     assert b.system[0] == a.system[0] and b.user == a.user
     assert b.prompt(2, 0, []) == list(b.system[2]) + list(b.user[2][0])
-    assert wl.conversations_for(wl.replace(own, concurrency=5), 1000).system[:3] == b.system
+    assert wl.conversations_for(replace(own, concurrency=5), 1000).system[:3] == b.system
     warm = wl.salted(b, -1)
     assert all(sorted(w) == sorted(s) and w != s for w, s in zip(warm.system, b.system))
     assert own.name.endswith("/turns4x7/own-system") and own.to_json()["shared_system"] is False
@@ -217,7 +218,7 @@ def test_own_system_prompts_give_each_conversation_its_own():
     assert _prompt(own.to_json()) == "own 40+4x7" and _prompt(shared.to_json()) == "40+4x7"
     with pytest.raises(ValueError, match="own"):
         wl.Workload("gateway", "none", 2, 8, 8, shared_system=False)
-    plan = wl.select(wl.multiturn(), own_system_prompts=True)
+    plan = presets.select(presets.multiturn(), own_system_prompts=True)
     assert plan and all(not w.shared_system for w in plan)
 
 
@@ -395,9 +396,9 @@ def test_no_prefix_caching_reaches_the_verifier(monkeypatch):
     from specdec.demo import demo_model_dir
     from specdec_tools.bench import gateway_path
     started = fake_stacks(monkeypatch)
-    w = wl.multiturn()[1]
+    w = presets.multiturn()[1]
     for cache in (True, False):
-        v = wl.replace(w, prefix_cache=cache)
+        v = replace(w, prefix_cache=cache)
         bench = gateway_path.GatewayBench(str(demo_model_dir()), "cpu", "float32")
         bench.ensure(v, [v])
         args = list(started[-1].verifier_args)
@@ -406,8 +407,8 @@ def test_no_prefix_caching_reaches_the_verifier(monkeypatch):
         assert int(args[args.index("--max-context") + 1]) >= 4096 + 8 * 200 + 7 * 128 + 128
         bench.stack = None
         bench.logs.cleanup()
-    assert wl.replace(w, prefix_cache=False).stack_key != w.stack_key
-    assert wl.replace(w, prefix_cache=False).drafter_label == "mtp@3.39+nocache"
+    assert replace(w, prefix_cache=False).stack_key != w.stack_key
+    assert replace(w, prefix_cache=False).drafter_label == "mtp@3.39+nocache"
 
 
 def test_a_usage_without_cached_tokens_leaves_the_hit_rate_open(fake_gateway):

@@ -3,11 +3,12 @@ the in-process path and the identities its results satisfy (with planted defects
 the profile summary, the presets and the CLI's errors."""
 import copy
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 
-from specdec_tools.bench import checks, workloads as wl
+from specdec_tools.bench import checks, presets, workloads as wl
 from specdec_tools.bench.latency import RequestTrace, percentile, summarize
 from specdec_tools.bench.traffic import ModelTraffic, utilisation
 
@@ -170,7 +171,7 @@ def test_profile_summary_on_cpu(tiny_model):
 
 
 def test_presets():
-    full, baseline, quick = wl.full(), wl.baseline(), wl.quick()
+    full, baseline, quick = presets.full(), presets.baseline(), presets.quick()
     per_drafter = 4 * 2 * 2   # concurrencies x prompts x temperatures
     # inproc and gateway: 6 drafters (none, ngram, mtp, mtp@1.5 / 2.5 / 3.39); colocated: the 5 that draft; the
     # peer: none
@@ -182,12 +183,12 @@ def test_presets():
     stacks = [w.stack_key for w in full if w.on_stack]
     assert len(set(stacks)) == sum(1 for a, b in zip([None] + stacks, stacks) if a != b)  # one start per stack
     twin = wl.Workload("colocated", "mtp", 1, 8, 8, forced_length=3.39)
-    assert twin.stack_key != wl.replace(twin, path="gateway").stack_key and twin.plain_path == "gateway"
+    assert twin.stack_key != replace(twin, path="gateway").stack_key and twin.plain_path == "gateway"
     with pytest.raises(ValueError, match="peer"):
         wl.Workload("peer", "mtp", 1, 8, 8)
     with pytest.raises(ValueError, match="colocated"):
         wl.Workload("colocated", "none", 1, 8, 8)
-    assert wl.select(full, paths=["peer"], concurrencies=[4], max_tokens=5)[0].max_tokens == 5
+    assert presets.select(full, paths=["peer"], concurrencies=[4], max_tokens=5)[0].max_tokens == 5
 
 
 def test_prompts_are_shared_across_concurrencies():

@@ -130,18 +130,18 @@ def add_parser(sub) -> None:
 
 
 def build_config(args: argparse.Namespace):
-    from specdec_tools.bench import workloads as wl
+    from specdec_tools.bench import presets
     from specdec_tools.bench.bench_run import BenchConfig
     model, device, dtype = resolve(args)
-    make, cut = wl.PRESETS[args.preset]
+    make, cut = presets.PRESETS[args.preset]
     for name in ("turns", "turn_tokens", "system_tokens"):
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {value}")
-    chosen = wl.select(make(), args.paths, args.drafters, args.concurrency, args.prompt_tokens, args.temperatures,
-                       args.max_tokens, args.draft_vocab, no_prefix_cache=args.no_prefix_caching, turns=args.turns,
-                       turn_tokens=args.turn_tokens, system_tokens=args.system_tokens,
-                       own_system_prompts=args.own_system_prompts)
+    chosen = presets.select(make(), args.paths, args.drafters, args.concurrency, args.prompt_tokens,
+                             args.temperatures, args.max_tokens, args.draft_vocab,
+                             no_prefix_cache=args.no_prefix_caching, turns=args.turns, turn_tokens=args.turn_tokens,
+                             system_tokens=args.system_tokens, own_system_prompts=args.own_system_prompts)
     if not chosen:
         raise ValueError("the filters (--paths/--drafters/--concurrency/--prompt-tokens/--temperatures) leave no "
                          f"workload of preset {args.preset!r}")
