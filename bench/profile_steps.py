@@ -42,10 +42,12 @@ from specdec.models import gated_deltanet
 from specdec.models.loader import load_model
 from specdec_tools.tiny import make_tiny
 from specdec.sampling_params import SamplingParams
+from verifier_service.builder import DEVICE_LIMITS
 from verifier_service.executor import Executor
 from verifier_service.sequence import Sequence
 
 PREFILL_CASES = ((1, 128), (4, 128), (16, 128), (1, 512), (4, 512), (1, 2048), (2, 2048), (1, 4096))
+GPU_TOKENS = DEVICE_LIMITS["cuda"]["max_batched_tokens"]   # the verifier's default token budget on a GPU
 ACTIVITIES = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
 SORT = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
 FORCED_LENGTH = 3.39
@@ -109,14 +111,14 @@ def prefill_table(loaded, device, cases=PREFILL_CASES) -> list[dict]:
 def chunked_prompt(loaded, device, length: int, chunk: int, beside: int = 0) -> dict:
     """One prompt of `length` tokens prefilled in steps of `chunk` tokens, in CUDA graphs and eagerly; with `beside`
     decoding sequences (128-token prompts, prefilled first and untimed) each running one token in every step, as
-    when a long prompt arrives among decoders (issue 38's interference). Token budget: the GPU default, 1024, or
-    the step's tokens if more."""
+    when a long prompt arrives among decoders (issue 38's interference). Token budget: the GPU default or the
+    step's tokens if more."""
     record, runs = {"length": length, "chunk": chunk, "beside": beside}, {}
     vocab = loaded.config.vocab_size
     for mode, eager in (("graphs", False), ("eager", True)):
         decoder_blocks = -(-(128 + -(-length // chunk) + 1) // 16)     # its prompt and a token per step
         executor = Executor.build(loaded, length // 16 + 8 + beside * decoder_blocks, 16, 1 + beside, 0, device,
-                                  max_batched_tokens=max(1024, chunk + beside), enforce_eager=eager)
+                                  max_batched_tokens=max(GPU_TOKENS, chunk + beside), enforce_eager=eager)
 
         def run() -> list[float]:
             seq, walls = Sequence(0, [7 + i % (vocab - 8) for i in range(length)], length), []

@@ -1,7 +1,7 @@
 """GPU: greedy outputs of long prompts do not depend on the prefill chunk (issue 38), fp32. Chunks of 256 tokens
 replay prefill graphs with the recurrent GDN kernel, chunks of 1024 and 2048 prefill graphs with the one-sequence
-chunked kernel (fla-core's, carried by the GPU image), chunks of 5000 (past the largest prefill graph) run that
-kernel eagerly. Nor on the sequences beside
+chunked kernel (fla-core's, carried by the GPU image), and an 8k prompt's first chunk of 5000 (past the largest
+prefill graph, 4096) runs that kernel eagerly. Nor on the sequences beside
 them: a chunk in a mixed step runs in a chunk lane (specdec/models/forward_batch.py)."""
 import pytest
 

@@ -76,11 +76,12 @@ CHUNKED = gated_deltanet.CHUNKED_PREFILL_MIN_TOKENS
 
 
 @pytest.mark.parametrize("chunk,budget,gpu_parts,runs", [
-    (CHUNKED, CHUNKED, True, True),        # serving can reach the chunked GDN path: warmed up
+    (CHUNKED, CHUNKED, True, True),        # serving can reach the chunked GDN path: warmed up, one sequence
+    (CHUNKED, 2048, True, True),           # a GPU's default budget: also several sequences in one step
     (64, 128, True, False),                # the default-like chunk never reaches it
     (CHUNKED, CHUNKED - 1, True, False),   # nor does a token budget below it, whatever the chunk
     (CHUNKED, CHUNKED, False, False)],     # on a CPU (the default there) nothing compiles: no long prompt
-    ids=["reaches", "small-chunk", "small-budget", "cpu-default"])
+    ids=["reaches", "reaches-several", "small-chunk", "small-budget", "cpu-default"])
 def test_the_chunked_gdn_prefill_is_warmed_up_when_serving_can_reach_it(tiny_model, monkeypatch, chunk, budget,
                                                                          gpu_parts, runs):
     """With a prefill chunk and a token budget of CHUNKED_PREFILL_MIN_TOKENS or more, serving meets the chunked GDN
@@ -88,14 +89,18 @@ def test_the_chunked_gdn_prefill_is_warmed_up_when_serving_can_reach_it(tiny_mod
     step on it; otherwise it would only spend time."""
     engine = make_engine(tiny_model, make_drafter("ngram", tiny_model, 3), 3, max_running=2, num_blocks=512,
                          chunk=chunk, budget=budget)
-    chunked, prefill = [], gated_deltanet.gated_delta_rule_prefill
+    chunked, several, prefill = [], [], gated_deltanet.gated_delta_rule_prefill
     monkeypatch.setattr(gated_deltanet, "gated_delta_rule_prefill",
-                        lambda *args, **kwargs: (chunked.append(args[0].shape[0]), prefill(*args, **kwargs))[1])
+                        lambda *args, **kwargs: (chunked.append(args[0].shape[0]),
+                                                 several.append(not kwargs.get("one_sequence")),
+                                                 prefill(*args, **kwargs))[2])
     prompts, add = [], engine.add_request
     engine.add_request = lambda rid, ids, params: (prompts.append(len(ids)), add(rid, ids, params))[1]
     warm_up(engine, mixed=gpu_parts)
     if runs:
         assert chunked and max(chunked) >= CHUNKED, chunked
+        # the call over several sequences (host offsets, eager only) runs where the budget holds two prompts
+        assert any(several) == (budget > CHUNKED), (chunked, several)
     else:
         assert not chunked and max(prompts) < CHUNKED, (chunked, sorted(prompts))
     assert not engine.has_work and engine.executor.blocks.kv_blocks.num_free == 512

@@ -1,7 +1,8 @@
 """Owns the target model and its caches, and runs one step: a StepPlan (numpy, one entry per sequence, built by the
 executor from the scheduled sequences and the block manager's tables) staged to the device with one copy, and run
-either eagerly or, on CUDA, by replaying a CUDA graph: decode / verify steps, a prompt chunk of up to 1024 tokens
-that runs alone, and steps that mix prompt chunks with other sequences in up to 1024 tokens
+either eagerly or, on CUDA, by replaying a CUDA graph: decode / verify steps, a prompt chunk of up to 4096 tokens
+that runs alone (as far as the token budget reaches), and steps that mix prompt chunks with other sequences in up
+to 1024 tokens
 (specdec/models/cuda_graph_runner.py). It holds no sequence state: which blocks and slots a sequence has is the
 block manager's.
 """

@@ -10,7 +10,8 @@ What runs (every sequence is gone afterwards, the counters start afresh):
   - short generations: prefills of several lengths; greedy and sampled rows (the sampler kernel's greedy and
     sampled variants: it compiles once per mode, not per batch size), penalties and logprobs;
   - on a GPU, when the prefill chunk, the token budget and the context all reach CHUNKED_PREFILL_MIN_TOKENS (the
-    chunked GDN path: fla-core's kernels and the replay-only pass before them), one prompt of that length alone;
+    chunked GDN path: fla-core's kernels and the replay-only pass before them), one prompt of that length alone,
+    and beside a short one when the budget holds both (several prompts at once past the mixed graphs: eager);
   - on a GPU, for each batch bucket B up to max_running: B - 1 sequences verifying k drafts (the warm-up drafter
     proposes k copies of each last token, so no drafter needs to be up), then decoding without drafts (as while a
     drafter is away), in steps mixed with one prefill chunk of each of a few sizes, and with four prompts of half
@@ -195,12 +196,18 @@ def _short_generations(engine: SpecEngine) -> None:
 
 
 def _chunked_prefill(engine: SpecEngine) -> None:
-    """One prompt of CHUNKED_PREFILL_MIN_TOKENS tokens, alone so that its first chunk is all of it, when serving can
-    reach the chunked GDN path (prefill chunk, token budget and context); else nothing."""
+    """When serving can reach the chunked GDN path (prefill chunk, token budget and context): one prompt of
+    CHUNKED_PREFILL_MIN_TOKENS tokens alone, so that its first chunk is all of it (the one-sequence call), then,
+    where the token budget holds a short prompt beside such a chunk, the two in one step (the call over several
+    sequences, with host offsets: always eager); else nothing."""
     config, size = engine.scheduler.config, CHUNKED_PREFILL_MIN_TOKENS
-    if min(engine.max_len - 4, config.prefill_chunk, config.max_batched_tokens) >= size:
-        vocab = engine.executor.config.vocab_size
-        engine.generate([[(3 * j + 1) % vocab for j in range(size)]], [SamplingParams(max_tokens=4, ignore_eos=True)])
+    if min(engine.max_len - 4, config.prefill_chunk, config.max_batched_tokens) < size:
+        return
+    vocab, params = engine.executor.config.vocab_size, SamplingParams(max_tokens=4, ignore_eos=True)
+    engine.generate([[(3 * j + 1) % vocab for j in range(size)]], [params])
+    if config.max_batched_tokens >= size + 16 and config.max_running >= 2:   # other tokens: no cached prefix
+        engine.generate([[(3 * j + 2) % vocab for j in range(size)], [(5 * j + 2) % vocab for j in range(16)]],
+                        [params, params])
 
 
 def _mixed_step(engine: SpecEngine, decoders: int, prefill: int, count: int) -> None:

@@ -43,6 +43,8 @@ from specdec.models.forward_batch import ForwardBatch
 
 from .mtp_head import MTPHead
 
+MAX_STEP_TOKENS = 2048   # the verifier's largest step on a GPU by default (its --max-batched-tokens)
+
 log = logging.getLogger(__name__)
 
 
@@ -72,13 +74,14 @@ class MTPDraftLoop:
         of up to the largest prefill bucket's tokens alone in a prefill bucket: replayed CUDA graphs with
         `capture`, else the same padded batches eagerly (CPU tests of the padding)."""
         buckets = buckets_for(self.max_seqs, BATCH_BUCKETS)
-        staging = BatchStaging(graph_tokens(buckets, (self.max_drafts + 1,), PREFILL_TOKENS), buckets[-1],
+        prefill = buckets_for(MAX_STEP_TOKENS, PREFILL_TOKENS)     # a longer catch-up runs eagerly
+        staging = BatchStaging(graph_tokens(buckets, (self.max_drafts + 1,), prefill), buckets[-1],
                                self.max_blocks, self.block_size, self.device, scratch_block=self.staging.scratch_block)
         self.hidden_in = torch.zeros(staging.max_tokens, self.hidden_in.shape[1], dtype=self.hidden_in.dtype,
                                      device=self.device)                              # [bucket tokens, H]
         self._grow_unit(buckets[-1])
         self.graphs = CudaGraphRunner(self._graph_step, staging, buckets, (self.max_drafts + 1,), capture=capture,
-                                      prefill_tokens=PREFILL_TOKENS)
+                                      prefill_tokens=prefill)
         self.graphs.capture_all()
         self.catch_up_graphs = CudaGraphRunner(self._catch_up_graph_step, staging, buckets, (self.max_drafts + 1,),
                                                capture=capture)

@@ -10,7 +10,7 @@ at new batch sizes after SERVING (tests/test_gpu_warm_up.py counts them).
 
 So the warm-up runs the eager loop over every number of sequences up to the largest graph bucket, each with
 chunks of lengths that reach each class (1, 2, 3, 5, 9, 16, 17, 33, ...), with no draft steps and with k, in
-steps of at most MAX_TOKENS rows (the verifier's largest step: its biggest mixed bucket). Kernels compile per
+steps of at most MAX_TOKENS rows (the verifier's largest step by default on a GPU). Kernels compile per
 shape class, not per weight: a drafter waiting for the verifier's weights (CUDA IPC) warms up on stand-in
 weights of the same shapes first (factory.py), so attaching the real ones only captures the graphs again.
 The warm-up's sequences are released after; the KV rows they wrote are overwritten before any read."""
@@ -24,12 +24,12 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .draft_loop import pairs_plan
+from .draft_loop import MAX_STEP_TOKENS, pairs_plan
 from .mtp_drafter import MTPDrafter
 
 log = logging.getLogger(__name__)
-CHUNK_LENGTHS = (1, 2, 3, 5, 9, 16, 17, 33, 64, 65, 129, 256, 257, 513, 1024)
-MAX_TOKENS = 1024
+CHUNK_LENGTHS = (1, 2, 3, 5, 9, 16, 17, 33, 64, 65, 129, 256, 257, 513, 1024, 2048)
+MAX_TOKENS = MAX_STEP_TOKENS
 FIRST_SEQ_ID = 1 << 62   # above any id a verifier gives (it counts from 0)
 
 

@@ -1,7 +1,7 @@
 """Steps replayed from CUDA graphs, one per bucket (`graph_bucket.py`): decode / verify steps (batch-size bucket x
 tokens per sequence), a prompt chunk of one sequence alone (prefill buckets: up to q tokens, one logit row), and
 steps that mix prompt chunks with other sequences (mixed buckets: sequences x tokens in all, chunks up to the
-largest prefill bucket).
+largest prefill bucket those tokens hold: `mixed_seqlen`).
 
 A step runs in the graph of the smallest bucket that holds it: its batch is staged padded to that bucket (padding
 sequences of length 0 on the scratch GDN slot, padding tokens writing the scratch KV row, logit rows padded with
@@ -72,10 +72,9 @@ class CudaGraphRunner:
         self.no_replay_seqs = frozenset(no_replay_seqs) if 1 in tokens_per_seq else frozenset()
         self.batch_buckets, self.tokens_per_seq = tuple(sorted(batch_buckets)), tuple(sorted(tokens_per_seq))
         self.prefill_tokens = tuple(q for q in sorted(prefill_tokens) if q > self.tokens_per_seq[-1])
-        self.mixed_tokens = tuple(sorted(mixed_tokens)) if self.prefill_tokens else ()
-        # a mixed bucket's chunks: up to the largest prefill bucket that its tokens hold
-        self.mixed_seqlen = max((q for q in self.prefill_tokens if q <= max(self.mixed_tokens, default=0)),
-                                default=self.prefill_tokens[-1] if self.prefill_tokens else 0)
+        # a mixed bucket's chunks: up to the largest prefill bucket that its tokens hold (none: no mixed buckets)
+        self.mixed_seqlen = max((q for q in self.prefill_tokens if q <= max(mixed_tokens, default=0)), default=0)
+        self.mixed_tokens = tuple(sorted(mixed_tokens)) if self.mixed_seqlen else ()
         largest = self.batch_buckets[-1]
         self.mixed_seqs = tuple(sorted({min(b, largest) for b in buckets_for(largest, MIXED_SEQS)})) \
             if self.mixed_tokens else ()
@@ -126,14 +125,14 @@ class CudaGraphRunner:
         keys += [Bucket.prefill(q) for q in reversed(self.prefill_tokens)]
         keys += [Bucket.uniform(b, q) for q in reversed(self.tokens_per_seq) for b in reversed(self.batch_buckets)]
         keys += [Bucket.uniform(b, 1, 0) for b in reversed(self.batch_buckets) if b in self.no_replay_seqs]
-        return list(dict.fromkeys(keys))   # k = 0 and one sequence: the mixed bucket is the largest prefill one
+        return list(dict.fromkeys(keys))   # k = 0 and one sequence: the mixed bucket is the prefill one of mixed_seqlen
 
     def is_prefill(self, bucket: Bucket) -> bool:
         """Is this a prefill bucket (one sequence, one logit row, no drafts)?"""
         return bucket == Bucket.prefill(bucket.max_seqlen) and bucket.max_seqlen in self.prefill_tokens
 
     def is_mixed(self, bucket: Bucket) -> bool:
-        """Is this a mixed bucket (and not also the largest prefill bucket, as one sequence at k = 0 is)?"""
+        """Is this a mixed bucket (and not also a prefill bucket, as one sequence at k = 0 is)?"""
         return self.mixed_buckets.get((bucket.seqs, bucket.tokens)) == bucket and not self.is_prefill(bucket)
 
     def run(self, plan: StepPlan, bucket: Bucket, before: Callable[[ForwardBatch], object] | None = None

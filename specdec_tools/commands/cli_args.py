@@ -57,10 +57,11 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
                    help="sequences decoded together, each with its own GDN state slot (default: 64 on a GPU, the "
                         "largest CUDA-graph batch; 16 on the CPU)")
     p.add_argument("--max-batched-tokens", type=int, default=0, metavar="N",
-                   help="tokens per target forward: prompt chunks take what decoding sequences leave (default: 1024 "
-                        "on a GPU, the largest CUDA-graph step; 512 on the CPU; larger steps run eagerly)")
+                   help="tokens per target forward: prompt chunks take what decoding sequences leave (default: 2048 "
+                        "on a GPU, where a chunk alone replays a CUDA graph of up to 2048 tokens and a step of "
+                        "several sequences one of up to 1024; 512 on the CPU; larger steps run eagerly)")
     p.add_argument("--prefill-chunk", type=int, default=0, metavar="N",
-                   help="prompt tokens per sequence per step (default: 1024 on a GPU, 256 on the CPU)")
+                   help="prompt tokens per sequence per step (default: 2048 on a GPU, 256 on the CPU)")
     p.add_argument("--mixed-prefill-chunk", type=int, default=0, metavar="N",
                    help="prompt tokens in all in a step that decoding sequences share: each of them waits for the "
                         "whole step, so this bounds their gap while a long prompt prefills (default: 512 on a GPU, "
