@@ -25,7 +25,8 @@ from specdec.drafting import DraftBatch, DraftInput
 from specdec_tools.local_stack import free_port
 from specdec.models.loader import load_model
 from specdec.rpc.health_probe import is_serving
-from verifier_service.drafter_client import DrafterLinkConfig, RemoteDrafter
+from verifier_service.drafter_client import RemoteDrafter
+from verifier_service.drafter_link import DrafterLinkConfig
 
 
 def gpu_memory_by_pid() -> dict[int, int]:

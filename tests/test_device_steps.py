@@ -19,7 +19,8 @@ from drafter_service.factory import DrafterConfig
 from drafter_service.server import start as start_drafter
 from specdec.demo import demo_model_dir
 from specdec.drafting import DeviceDrafts
-from verifier_service.drafter_client import DrafterLinkConfig, RemoteDrafter
+from verifier_service.drafter_client import RemoteDrafter
+from verifier_service.drafter_link import DrafterLinkConfig
 
 pytestmark = pytest.mark.timeout(300)
 K = 3

@@ -44,7 +44,8 @@ def test_mtp_drafter_maps_a_new_verifiers_weights(model_dir):
     from specdec_tools.local_stack import free_port
     from specdec.models.loader import load_drafter_weights, load_model
     from specdec.rpc.health_probe import is_serving
-    from verifier_service.drafter_client import DrafterLinkConfig, RemoteDrafter
+    from verifier_service.drafter_client import RemoteDrafter
+    from verifier_service.drafter_link import DrafterLinkConfig
 
     loaded = load_model(model_dir, dtype="float32", device="cuda")
     cfg, port = loaded.config, free_port()

@@ -14,7 +14,8 @@ from drafter_service.server import start as start_drafter
 from specdec.demo import demo_model_dir
 from specdec.drafting import DrafterInfo, ModelFacts, refusal_reason, vocabulary_fingerprint
 from specdec.sampling_params import SamplingParams
-from verifier_service.drafter_client import DrafterLinkConfig, RemoteDrafter
+from verifier_service.drafter_client import RemoteDrafter
+from verifier_service.drafter_link import DrafterLinkConfig
 
 TARGET = ModelFacts(hidden_size=64, vocab_size=257, dtype="bfloat16", model_type="qwen3_5_text", vocab_fingerprint="ab")
 MTP = DrafterInfo("mtp", 3, True, TARGET)
@@ -105,7 +106,7 @@ def test_drafter_dropping_the_stream_after_the_handshake_is_retried_ever_later(t
     not make the verifier reconnect in a spin: the waits between attempts grow."""
     import grpc
 
-    import verifier_service.drafter_client as client
+    import verifier_service.drafter_link as client
     from drafter_service.factory import DrafterHolder
     from drafter_service.servicer import DrafterServicer
     from specdec.rpc import serving
@@ -134,15 +135,15 @@ def test_drafter_dropping_the_stream_after_the_handshake_is_retried_ever_later(t
 def test_a_stale_streams_end_leaves_the_current_connection(tiny_model):
     """Reconnects race with steps: the engine takes one connection per step, and each stream answers into its own
     queue. A replaced stream that ends (its reader still running) must not end the connection now current."""
-    from verifier_service.drafter_client import _Connection
+    from verifier_service.drafter_link import LinkConnection
     remote = _remote(tiny_model, "127.0.0.1:1")   # nothing listens: the link thread only retries
     closed = []
     stream = SimpleNamespace(close=lambda: closed.append(True), channel="test")
-    old, current = _Connection(stream, None), _Connection(stream, None)
+    old, current = LinkConnection(stream, None), LinkConnection(stream, None)
     try:
-        remote._connection = current
+        remote.link.connection = current
         remote.stream_ended(old, "the old drafter went away")
-        assert remote.connected and remote._connection is current and not closed
+        assert remote.connected and remote.link.connection is current and not closed
         remote.stream_ended(current, "this one went away")
         assert not remote.connected and closed == [True]
     finally:
@@ -178,7 +179,7 @@ def test_the_local_lane_is_offered_on_this_host_only_and_unreachable_lanes_fall_
             elsewhere = stub.Info(pb.DrafterInfoRequest(host_id="another-host"), timeout=10).local_lane
         assert here.startswith("specdec-drafter-") and elsewhere == ""
         fake = SimpleNamespace(Step=lambda requests, timeout: SimpleNamespace(cancel=lambda: None))
-        stream = remote._open_stream(fake, "specdec-drafter-no-such-lane", [])
+        stream = remote.link.open_stream(fake, "specdec-drafter-no-such-lane", [])
         assert isinstance(stream, GrpcStepStream)
         stream.close()
     finally:

@@ -126,7 +126,8 @@ def gated_link(tiny_model, monkeypatch, request):
     from drafter_service.factory import DrafterConfig
     from drafter_service.ngram import NgramDrafter
     from drafter_service.server import start as start_drafter
-    from verifier_service.drafter_client import DrafterLinkConfig, RemoteDrafter
+    from verifier_service.drafter_client import RemoteDrafter
+    from verifier_service.drafter_link import DrafterLinkConfig
 
     gate, entered, propose = threading.Event(), threading.Event(), NgramDrafter.propose
     monkeypatch.setattr(NgramDrafter, "propose",
@@ -140,7 +141,7 @@ def gated_link(tiny_model, monkeypatch, request):
     while not remote.connected:
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    assert remote._connection.stream.channel == {"auto": "the local lane", "grpc": "gRPC"}[request.param]
+    assert remote.link.connection.stream.channel == {"auto": "the local lane", "grpc": "gRPC"}[request.param]
     yield remote, server, gate, entered
     gate.set()
     remote.close()

@@ -94,24 +94,24 @@ def test_a_step_writes_no_hidden_rows_into_a_replaced_connection(tiny_model):
     """The engine takes this step's connection first; if a reconnect replaces it (and closes its sender) before
     the hidden rows are written, the step fails (k = 0) rather than write into a closed buffer."""
     from test_drafter_handshake import _remote
-    from verifier_service.drafter_client import _Connection
+    from verifier_service.drafter_link import LinkConnection
     written = []
     sender = SimpleNamespace(send=lambda hidden: written.append(hidden))
     stream = SimpleNamespace(close=lambda: None, channel="test", send=lambda message: None)
     remote = _remote(tiny_model, "127.0.0.1:1")   # nothing listens: the link thread only retries
-    old, new = _Connection(stream, sender), _Connection(stream, sender)
+    old, new = LinkConnection(stream, sender), LinkConnection(stream, sender)
     known_part = remote._known_part
 
     def reconnect_meanwhile(batch):
-        remote._connection = new                   # what the link thread publishes after a reconnect
+        remote.link.connection = new                   # what the link thread publishes after a reconnect
         return known_part(batch)
     try:
-        remote._connection = old
+        remote.link.connection = old
         remote._known_part = reconnect_meanwhile
         batch = DraftBatch(step=1, seqs=[DraftInput(seq_id=1, start_pos=0, token_ids=[3, 4], num_drafts=3)],
                            hidden=torch.zeros(2, tiny_model.config.hidden_size))
         out = remote.propose_later(batch)()
         assert out.failure and "replaced" in out.failure and written == []
     finally:
-        remote._connection = None
+        remote.link.connection = None
         remote.close()

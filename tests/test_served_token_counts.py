@@ -18,7 +18,8 @@ from specdec.drafting import DraftInput
 from specdec.drafting.draft_vocab import load_draft_vocab, most_frequent
 from specdec.drafting.token_counts import TokenCounter, load_token_counts, save_token_counts
 from specdec.sampling_params import SamplingParams
-from verifier_service.drafter_client import DrafterLinkConfig, RemoteDrafter
+from verifier_service.drafter_client import RemoteDrafter
+from verifier_service.drafter_link import DrafterLinkConfig
 
 pytestmark = pytest.mark.timeout(120)
 

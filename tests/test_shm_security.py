@@ -25,7 +25,8 @@ from specdec.rpc.v1 import drafter_pb2 as pb
 from specdec.rpc.v1 import drafter_pb2_grpc
 from specdec.sampling_params import SamplingParams
 from specdec.transport.shm_buffer import ShmBuffer, remove_segments_of, remove_stale_segments
-from verifier_service.drafter_client import DrafterLinkConfig, RemoteDrafter
+from verifier_service.drafter_client import RemoteDrafter
+from verifier_service.drafter_link import DrafterLinkConfig
 
 SIZE = 64 * 64 * 4   # 64 rows of the tiny model's hidden size 64, fp32
 SHM = shm_buffer._shm_dir()
@@ -235,7 +236,7 @@ def own_files() -> set[Path]:
 
 
 def connection_files(remote: RemoteDrafter) -> set[Path]:
-    connection = remote._connection
+    connection = remote.link.connection
     files = {connection.sender.shm.path}
     if connection.exchange is not None:
         files |= {b.path for b in connection.exchange.shm.values()}
@@ -272,9 +273,9 @@ def test_the_verifier_unlinks_its_files_once_the_drafter_answered(tiny_model, ti
         assert own_files() - before == set()   # mapped on both sides, named nowhere
 
         # A reconnect retires the unlinked files (already gone) and names new ones, unlinked in their turn.
-        old = remote._connection
+        old = remote.link.connection
         remote.disconnect(old)
-        _wait(lambda: remote.connected and remote._connection is not old)
+        _wait(lambda: remote.connected and remote.link.connection is not old)
         second = connection_files(remote)
         assert second and not second & first and second <= own_files()
         engine = make_engine(tiny_model, remote, 3)
@@ -288,7 +289,7 @@ def test_the_verifier_unlinks_its_files_once_the_drafter_answered(tiny_model, ti
 
 def test_a_handshake_that_fails_leaves_no_file(tiny_model, tiny_dir, monkeypatch):
     """Buffers made for a stream that could not be opened are removed at once, not left for the next attempt."""
-    import verifier_service.drafter_client as client
+    import verifier_service.drafter_link as client
     running = start_drafter(DrafterConfig("mtp", 3, str(tiny_dir)), "127.0.0.1", 0)
     named: list[list[str]] = []
 

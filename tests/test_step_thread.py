@@ -11,7 +11,8 @@ from drafter_service.mtp.mtp_drafter import MTPDrafter
 from drafter_service.server import start as start_drafter
 from specdec.sampling_params import SamplingParams
 from specdec.step_thread import serial_cpu_ops_in_this_thread
-from verifier_service.drafter_client import DrafterLinkConfig, RemoteDrafter
+from verifier_service.drafter_client import RemoteDrafter
+from verifier_service.drafter_link import DrafterLinkConfig
 from verifier_service.engine_loop import EngineLoop
 
 

@@ -92,7 +92,8 @@ def test_a_traced_engine_and_drafter_service_give_every_segment(tiny_model, tmp_
     chain is measured once per drafted step, and the chain adds up to the step."""
     from drafter_service.factory import DrafterConfig
     from drafter_service.server import start as start_drafter
-    from verifier_service.drafter_client import DrafterLinkConfig, RemoteDrafter
+    from verifier_service.drafter_client import RemoteDrafter
+    from verifier_service.drafter_link import DrafterLinkConfig
 
     server = start_drafter(DrafterConfig("ngram", K, trace_steps=str(tmp_path / "d.jsonl")), "127.0.0.1", 0)
     trace = StepTrace(tmp_path / "v.jsonl", "verifier")

@@ -18,7 +18,8 @@ from specdec.step_trace import StepTrace
 from .block_manager import PrefixCaching
 from .cache_sizing import CacheRequest, size_caches
 from .draft_policy import POLICIES
-from .drafter_client import DrafterLinkConfig, RemoteDrafter
+from .drafter_client import RemoteDrafter
+from .drafter_link import DrafterLinkConfig
 from .engine import EngineConfig, SpecEngine
 from .engine_loop import DEFAULT_MAX_QUEUED
 from .executor import Executor

@@ -1,6 +1,6 @@
 """The drafter link's device steps (drafter.proto DeviceStep): what makes RemoteDrafter a DraftsOnDevice drafter when
 the drafter it reaches takes them (same host, shm or CUDA IPC buffers: device_exchange.py). A component of the
-link (drafter_client.py has the connection and the synchronous steps), sharing its StepBook."""
+link (drafter_link.py has the connection, drafter_client.py the synchronous steps), sharing its StepBook."""
 from __future__ import annotations
 
 import time
@@ -12,7 +12,8 @@ from specdec.rpc.v1 import drafter_pb2 as pb
 from .link_messages import link_message, prefix_messages
 
 if TYPE_CHECKING:
-    from .drafter_client import RemoteDrafter, _Connection
+    from .drafter_client import RemoteDrafter
+    from .drafter_link import LinkConnection
 
 
 class DeviceSteps:
@@ -75,7 +76,7 @@ class DeviceSteps:
         self.sent[changes is not None] += 1
         return lambda: self._answer(connection, number, start, step)
 
-    def _answer(self, connection: _Connection, number: int, start: float, step: DeviceDraftStep) -> DeviceDrafts:
+    def _answer(self, connection: LinkConnection, number: int, start: float, step: DeviceDraftStep) -> DeviceDrafts:
         b, link = len(step.seq_ids), self.link
         response = link.response(connection, number, start)
         if response is None or len(response.draft_counts) != b:

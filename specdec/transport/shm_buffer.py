@@ -5,9 +5,9 @@ the drafter maps the same file by the path the verifier's Setup names. A writer 
 the reader has answered the step that used it (one step in flight).
 
 Both sides map the file through the descriptor they opened, and a mapping outlives the file's name: once the
-drafter has mapped a connection's files, the verifier unlinks them (drafter_client.py), so what they carry
-(hidden states, a batch's token ids) is left in no file anyone could open later, and a verifier that is killed
-leaves nothing behind from its mapped connections. Files of a process killed before that point are removed by
+drafter has mapped a connection's files, the verifier unlinks them (verifier_service/drafter_link.py), so what
+they carry (hidden states, a batch's token ids) is left in no file anyone could open later, and a verifier that is
+killed leaves nothing behind from its mapped connections. Files of a process killed before that point are removed by
 remove_stale_segments (at the verifier's start) or remove_segments_of (by a supervisor, for a child it saw die).
 
 A drafter maps only what looks like a verifier's segment (attach): `<shm dir>/specdec-<pid>-<id>`, a regular
