@@ -163,3 +163,12 @@ def test_the_checkpoint_interval_follows_a_long_prefill_chunk(monkeypatch, tiny_
     from verifier_service.block_manager import BlockManager, PrefixCaching
     with pytest.raises(ValueError, match="positive multiple"):   # an interval left at 0 never reaches the blocks
         BlockManager(8, 16, 2, 4, PrefixCaching(checkpoint_interval=0, num_checkpoints=2))
+
+
+def test_the_mtp_drafter_expects_the_verifiers_largest_default_step():
+    """The drafter service cannot read the verifier's config (the services import nothing of each other): its
+    catch-up graphs and warm-up are sized by a constant that must follow the verifier's GPU token budget."""
+    from drafter_service.mtp.draft_loop import MAX_STEP_TOKENS
+    from drafter_service.mtp.warm_up import MAX_TOKENS
+    from verifier_service.builder import DEVICE_LIMITS
+    assert MAX_STEP_TOKENS == MAX_TOKENS == DEVICE_LIMITS["cuda"]["max_batched_tokens"]
