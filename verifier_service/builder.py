@@ -104,11 +104,12 @@ class VerifierConfig:
 
 
 # The defaults of --max-running, --max-batched-tokens, --prefill-chunk and --mixed-prefill-chunk. On a GPU: 64
-# sequences, the largest decode graph bucket; a prompt chunk alone of up to 2048 tokens, which replays the 2048-token
-# prefill graph (its GEMMs are larger than 1024-token ones: bench/README.md, "Prompt chunks alone of 2048 tokens"); beside
-# decoders 512 prompt tokens a step, so that their gap while a long prompt prefills is that of a 512-token step
-# (with up to 64 decoding tokens it replays the 576-token mixed graph; steps of several sequences past 1024 tokens,
-# the largest mixed graph, run eagerly). On the CPU: small steps that keep a demo's streams moving.
+# sequences, the largest decode graph bucket; a prompt chunk alone of up to 2048 tokens, which replays the
+# 2048-token prefill graph (its GEMMs are larger than 1024-token ones: bench/README.md, "Prompt chunks alone of
+# 2048 tokens"); beside decoders 512 prompt tokens a step, so that their gap while a long prompt prefills is that
+# of a 512-token step (with up to 64 decoding tokens it replays the 576-token mixed graph; steps of several
+# sequences past 1024 tokens, the largest mixed graph, run eagerly). On the CPU: small steps that keep a demo's
+# streams moving.
 DEVICE_LIMITS = {"cuda": {"max_running": 64, "max_batched_tokens": 2048, "prefill_chunk": 2048,
                           "mixed_prefill_chunk": 512},
                  "cpu": {"max_running": 16, "max_batched_tokens": 512, "prefill_chunk": 256,

@@ -2,9 +2,8 @@
 executor from the scheduled sequences and the block manager's tables) staged to the device with one copy, and run
 either eagerly or, on CUDA, by replaying a CUDA graph: decode / verify steps, a prompt chunk of up to 4096 tokens
 that runs alone (as far as the token budget reaches), and steps that mix prompt chunks with other sequences in up
-to 1024 tokens
-(specdec/models/cuda_graph_runner.py). It holds no sequence state: which blocks and slots a sequence has is the
-block manager's.
+to 1024 tokens (specdec/models/cuda_graph_runner.py). It holds no sequence state: which blocks and slots a
+sequence has is the block manager's.
 """
 from __future__ import annotations
 
