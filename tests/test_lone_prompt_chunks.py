@@ -168,7 +168,10 @@ def test_the_checkpoint_interval_follows_a_long_prefill_chunk(monkeypatch, tiny_
 def test_the_mtp_drafter_expects_the_verifiers_largest_default_step():
     """The drafter service cannot read the verifier's config (the services import nothing of each other): its
     catch-up graphs and warm-up are sized by a constant that must follow the verifier's GPU token budget."""
+    import inspect
+
     from drafter_service.mtp.draft_loop import MAX_STEP_TOKENS
-    from drafter_service.mtp.warm_up import MAX_TOKENS
+    from drafter_service.mtp.warm_up import warm_up
     from verifier_service.builder import DEVICE_LIMITS
-    assert MAX_STEP_TOKENS == MAX_TOKENS == DEVICE_LIMITS["cuda"]["max_batched_tokens"]
+    assert MAX_STEP_TOKENS == inspect.signature(warm_up).parameters["max_tokens"].default \
+        == DEVICE_LIMITS["cuda"]["max_batched_tokens"]

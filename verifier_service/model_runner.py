@@ -77,17 +77,17 @@ class ModelRunner:
         tokens_per_seq = (1,) if self.max_drafts == 0 else (1, 1 + self.max_drafts)
         prefill = buckets_for(self.max_batched_tokens, PREFILL_TOKENS)
         mixed = buckets_for(self.max_batched_tokens, MIXED_TOKENS)
-        # a prefill bucket captures the recurrent GDN kernel or, from CHUNKED_ONE_MIN_TOKENS, the one-sequence
-        # chunked one; a mixed bucket's chunks (up to its tokens) must not reach the varlen chunked path (host
-        # offsets), which cannot be captured
-        if min(max(prefill), max(mixed)) >= CHUNKED_PREFILL_MIN_TOKENS:
-            raise ValueError(f"mixed buckets of chunks up to {min(max(prefill), max(mixed))} tokens reach the chunked "
-                             f"GDN prefill of several sequences ({CHUNKED_PREFILL_MIN_TOKENS} tokens), which graphs "
-                             "do not capture")
         staging = self._new_staging(graph_tokens(buckets, tokens_per_seq, prefill, mixed), buckets[-1])
         no_replay = tuple(b for b in buckets if replays_change_launch(b, self.max_drafts))
         self.graphs = CudaGraphRunner(self._step, staging, buckets, tokens_per_seq, capture=capture,
                                       prefill_tokens=prefill, mixed_tokens=mixed, no_replay_seqs=no_replay)
+        # a prefill bucket captures the recurrent GDN kernel or, from CHUNKED_ONE_MIN_TOKENS, the one-sequence
+        # chunked one; a mixed bucket's chunks must not reach the varlen chunked path (host offsets), which cannot
+        # be captured
+        if self.graphs.mixed_seqlen >= CHUNKED_PREFILL_MIN_TOKENS:
+            raise ValueError(f"mixed buckets of chunks up to {self.graphs.mixed_seqlen} tokens reach the chunked GDN "
+                             f"prefill of several sequences ({CHUNKED_PREFILL_MIN_TOKENS} tokens), which graphs do "
+                             "not capture")
         self.graphs.capture_all()
 
     def apply_before(self, ops: CacheOps) -> None:

@@ -10,7 +10,7 @@ at new batch sizes after SERVING (tests/test_gpu_warm_up.py counts them).
 
 So the warm-up runs the eager loop over every number of sequences up to the largest graph bucket, each with
 chunks of lengths that reach each class (1, 2, 3, 5, 9, 16, 17, 33, ...), with no draft steps and with k, in
-steps of at most MAX_TOKENS rows (the verifier's largest step by default on a GPU). Kernels compile per
+steps of at most MAX_STEP_TOKENS rows (the verifier's largest step by default on a GPU). Kernels compile per
 shape class, not per weight: a drafter waiting for the verifier's weights (CUDA IPC) warms up on stand-in
 weights of the same shapes first (factory.py), so attaching the real ones only captures the graphs again.
 The warm-up's sequences are released after; the KV rows they wrote are overwritten before any read."""
@@ -29,7 +29,6 @@ from .mtp_drafter import MTPDrafter
 
 log = logging.getLogger(__name__)
 CHUNK_LENGTHS = (1, 2, 3, 5, 9, 16, 17, 33, 64, 65, 129, 256, 257, 513, 1024, 2048)
-MAX_TOKENS = MAX_STEP_TOKENS
 FIRST_SEQ_ID = 1 << 62   # above any id a verifier gives (it counts from 0)
 
 
@@ -41,7 +40,7 @@ class WarmUpReport:
     seconds: float
 
 
-def warm_up(drafter: MTPDrafter, max_tokens: int = MAX_TOKENS) -> WarmUpReport:
+def warm_up(drafter: MTPDrafter, max_tokens: int = MAX_STEP_TOKENS) -> WarmUpReport:
     """Run the draft loop eagerly (or replay its graphs where one fits) over the shapes above."""
     start, loop = time.perf_counter(), drafter.loop
     max_seqs = loop.max_seqs
