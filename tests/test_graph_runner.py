@@ -128,6 +128,29 @@ def test_a_prompt_chunk_alone_takes_the_smallest_prefill_bucket(tiny_model):
     assert not graphs.is_prefill(graphs.bucket_for(prefill_plan([40, 1])))      # beside another sequence: mixed
 
 
+def test_a_chunk_deep_into_its_prompt_takes_the_deep_prefill_graph(tiny_model):
+    """From WIDE_TILE_CONTEXT tokens into a prompt, a chunk alone of a bucket of DEEP_PREFILL_MIN_TOKENS or more
+    takes that bucket's second graph (wider attention tiles); one that starts earlier cannot stage into it."""
+    from kernels.paged_attention import WIDE_TILE_CONTEXT
+    executor = Executor.build(tiny_model, num_blocks=16, block_size=4, max_seqs=8, max_drafts=3)
+    executor.runner.use_graphs(capture=False)
+    graphs = executor.runner.graphs
+    assert graphs.deep_prefill_tokens == (256, 512)
+    assert Bucket.prefill(512, WIDE_TILE_CONTEXT) in graphs.buckets() and Bucket.prefill(128, WIDE_TILE_CONTEXT) \
+        not in graphs.buckets()
+
+    def at(length, start):
+        plan = prefill_plan([length])
+        plan.start_positions[:] = start
+        return graphs.bucket_for(plan)
+    assert at(300, WIDE_TILE_CONTEXT) == Bucket.prefill(512, WIDE_TILE_CONTEXT)
+    assert graphs.is_prefill(at(300, WIDE_TILE_CONTEXT)) and not graphs.is_mixed(at(300, WIDE_TILE_CONTEXT))
+    assert at(300, WIDE_TILE_CONTEXT - 1) == Bucket.prefill(512)
+    assert at(100, 10 ** 5) == Bucket.prefill(128)                              # below DEEP_PREFILL_MIN_TOKENS
+    assert Bucket.prefill(512, WIDE_TILE_CONTEXT).holds(1, 300, 300, 1, 0, least_context=WIDE_TILE_CONTEXT)
+    assert not Bucket.prefill(512, WIDE_TILE_CONTEXT).holds(1, 300, 300, 1, 0, least_context=WIDE_TILE_CONTEXT - 1)
+
+
 @pytest.mark.parametrize("length", [1, 5, 32, 37, 130])
 def test_padded_prefill_bucket_equals_unpadded(tiny_model, length):
     """A prompt chunk alone, padded to its prefill bucket: the same last-row logits, hidden rows and caches as the

@@ -92,6 +92,48 @@ def test_a_chunk_beside_decoders_in_a_padded_bucket_matches_reference(num_splits
                     atol=2e-5)
 
 
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_query_tiles_spanning_several_key_tiles_mask_only_their_own_future(num_splits):
+    """Tiles of 32 query tokens over key tiles of 8: a tile's keys below its first row's position skip the causal
+    mask, the rest keep it. Rows later in a tile must not let earlier rows see their keys (a leak there passes
+    the shapes above, whose query tiles span at most one key tile)."""
+    seqs = [(0, 70), (13, 40), (0, 0), (5, 1)]
+    case, real = make_case(seqs, 4, 4, 16, 4, pad_tokens=2, seed=5)
+    tuning = dict(rows=32, block_n=8)
+    cfg = triton_attention.launch_config(len(seqs), 70, 4, 4, 16, case["q"].device, num_splits, tuning)
+    assert cfg["BLOCK_M"] == 32 and cfg["BLOCK_N"] == 8
+    check_attention(case, real, lambda **kw: triton_attention.paged_attention_triton(
+        **kw, num_splits=num_splits, tuning=tuning), atol=2e-5)
+
+
+def test_chunks_deep_into_a_prompt_take_128_row_query_tiles():
+    """At the 4B shape (16 q / 4 kv heads of 256, bf16 cache, an H100's shared memory): a prompt chunk with
+    WIDE_TILE_CONTEXT or more keys before it takes query tiles of 128 rows (32 tokens x 4 heads) and 8 warps;
+    one nearer the start, or over an fp32 cache (whose 128-row tiles would not fit), 64. Decode and verify tiles
+    stay as they are."""
+    from kernels.paged_attention import WIDE_TILE_CONTEXT
+
+    def cfg(max_seqlen, min_context, kv_bytes=2):
+        return triton_attention.launch_config(1, max_seqlen, 16, 4, 256, torch.device("cpu"), kv_bytes=kv_bytes,
+                                              min_context=min_context)
+    deep = cfg(2048, WIDE_TILE_CONTEXT)
+    assert (deep["ROWS"], deep["BLOCK_M"], deep["BLOCK_N"], deep["num_warps"]) == (128, 32, 64, 8)
+    assert cfg(2048, WIDE_TILE_CONTEXT - 1)["ROWS"] == cfg(2048, 0)["ROWS"] == 64
+    assert cfg(2048, WIDE_TILE_CONTEXT, kv_bytes=4)["ROWS"] == 64
+    assert cfg(1, 10 ** 5) == cfg(1, 0) and cfg(4, 10 ** 5) == cfg(4, 0)
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_wide_query_tiles_give_the_reference(num_splits):
+    """The tiles `min_context` picks change the work split, never the result: chunks deep into their prompts (and
+    a decoder beside them) through 128-row tiles, against the reference."""
+    seqs = [(2100, 150), (2050, 9), (2300, 1), (0, 0)]
+    case, real = make_case(seqs, 8, 2, 16, 16, pad_tokens=3, seed=7)
+    assert triton_attention.launch_config(3, 150, 8, 2, 16, case["q"].device, min_context=2050)["ROWS"] == 128
+    check_attention(case, real, lambda **kw: triton_attention.paged_attention_triton(
+        **kw, num_splits=num_splits, min_context=2050), atol=2e-5)
+
+
 def test_splits_aim_at_four_programs_per_sm_for_a_chunk_beside_decoders(monkeypatch):
     """At the 4B shape on 132 SMs: a 512-token chunk beside 15 decoders in the 576-token mixed graph (tiles of 16
     tokens: 36 + 16 flat tiles x 4 kv heads) splits its keys 4 ways, as a 512-token chunk alone does (2 programs per
@@ -193,6 +235,7 @@ GPU_CASES = {
     "verify-ragged-k0to4": [(100 + 37 * i, i % 5 + 1) for i in range(20)] + [(0, 0)] * 4,
     "prefill-2048": [(0, 2048)],
     "prefill-chunk-after-1000": [(1000, 512), (0, 0)],
+    "prefill-chunk-after-6144": [(6144, 2048)],                    # 128-row query tiles (min_context)
 }
 
 
@@ -201,7 +244,9 @@ GPU_CASES = {
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_gpu_4b_shape(name, dtype, cuda):
     case, real = make_case(GPU_CASES[name], 16, 4, 256, 16, dtype=dtype, device="cuda", pad_tokens=5, seed=1)
-    check_attention(case, real, paged_attention, atol=2e-2 if dtype == torch.bfloat16 else 1e-4)
+    least = min(c for c, n in GPU_CASES[name] if n)
+    check_attention(case, real, lambda **kw: paged_attention(**kw, min_context=least),
+                    atol=2e-2 if dtype == torch.bfloat16 else 1e-4)
 
 
 @pytest.mark.gpu

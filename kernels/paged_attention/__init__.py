@@ -7,16 +7,23 @@ import torch
 
 from .reference import paged_attention_ref, write_kv_ref
 
+# From this many keys before every sequence's first query token, a prompt chunk's query tiles take 128 rows instead
+# of 64: each key tile loaded then serves twice the rows, which pays once the context outweighs the chunk
+# (bench/kernels.py --attention-prefill).
+WIDE_TILE_CONTEXT = 2048
+
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor,
                     block_tables: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, scale: float,
-                    out: torch.Tensor | None = None) -> torch.Tensor:
+                    out: torch.Tensor | None = None, min_context: int = 0) -> torch.Tensor:
     """q [T, NH, D], caches [num_blocks, block_size, NKV, D], positions [T] int64, block_tables [B, W] int32,
-    cu_seqlens [B + 1] int32 → [T, NH, D]. Token t attends to its sequence's positions 0..positions[t]."""
+    cu_seqlens [B + 1] int32 → [T, NH, D]. Token t attends to its sequence's positions 0..positions[t].
+    `min_context`: a host bound on the keys every sequence has before its first query token (0: unknown); it
+    picks the query tiles, never the result."""
     if q.is_cuda:
         from .triton_paged_attention import paged_attention_triton
         return paged_attention_triton(q, k_cache, v_cache, positions, block_tables, cu_seqlens, max_seqlen,
-                                      scale, out)
+                                      scale, out, min_context=min_context)
     return paged_attention_ref(q, k_cache, v_cache, positions, block_tables, cu_seqlens, max_seqlen, scale, out)
 
 
@@ -29,4 +36,4 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     return write_kv_ref(k, v, k_cache, v_cache, slot_mapping)
 
 
-__all__ = ["paged_attention", "paged_attention_ref", "write_kv", "write_kv_ref"]
+__all__ = ["WIDE_TILE_CONTEXT", "paged_attention", "paged_attention_ref", "write_kv", "write_kv_ref"]

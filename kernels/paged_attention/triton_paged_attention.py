@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import WIDE_TILE_CONTEXT
+
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 16
 NEG_BIG = tl.constexpr(-1e30)  # finite "minus infinity" of the running max (see the invariant above)
@@ -59,6 +61,37 @@ def _tile_rows(cu_seqlens_ptr, positions_ptr, q_tile, num_seqs, kv_head,
     return seq, tok.to(tl.int64), head.to(tl.int64), valid, pos
 
 
+@triton.jit
+def _attend_tile(b_q, k_cache_ptr, v_cache_ptr, p_table, tile, ctx_len, q_pos, m_i, l_i, acc, scale_log2e,
+                 block_size, stride_cr, stride_cb, stride_ch, kv_head, d, d_ok,
+                 BLOCK_N: tl.constexpr, IEEE: tl.constexpr, MASKED: tl.constexpr):
+    """One key tile of the online softmax. MASKED: the tile may hold keys past some row's position or past the
+    context (the causal mask and the bounds applied); otherwise every key precedes every row's position."""
+    n = tile * BLOCK_N + tl.arange(0, BLOCK_N)                                   # [BLOCK_N] key positions
+    n_ok = n < ctx_len
+    blk = tl.load(p_table + n // block_size, mask=n_ok, other=0).to(tl.int64)
+    o_kv = blk * stride_cb + (n % block_size).to(tl.int64) * stride_cr + kv_head * stride_ch   # [BLOCK_N]
+    b_kt = tl.load(k_cache_ptr + o_kv[None, :] + d[:, None], mask=n_ok[None, :] & d_ok[:, None], other=0.0)
+    if IEEE:
+        s = tl.dot(b_q, b_kt, input_precision="ieee")                              # [ROWS, BLOCK_N]
+    else:
+        s = tl.dot(b_q, b_kt)
+    if MASKED:
+        s = tl.where(n[None, :] <= q_pos[:, None], s * scale_log2e, float("-inf"))
+    else:
+        s = s * scale_log2e
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    b_v = tl.load(v_cache_ptr + o_kv[:, None] + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+    if IEEE:
+        acc = acc * alpha[:, None] + tl.dot(p.to(b_v.dtype), b_v, input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(b_v.dtype), b_v)
+    return m_new, l_i, acc
+
+
 # num_tokens, num_seqs and stride_bt (the step's widest block table) vary per step: not specialised on them, so a
 # new value compiles no new variant (SEQS_PAD, num_seqs rounded up to a power of two, does)
 @triton.jit(do_not_specialize=["num_tokens", "num_seqs", "stride_bt"])
@@ -88,31 +121,20 @@ def _paged_attention_kernel(
     tile_lo = split * per_split
     tile_hi = tl.minimum(tile_lo + per_split, num_tiles)
 
+    # keys 0 .. first_masked·BLOCK_N − 1 precede every valid row's position: those tiles need no causal mask
+    first_masked = ((tl.min(tl.where(valid, q_pos, ctx_len), axis=0) + 1) // BLOCK_N).to(tl.int32)
     m_i = tl.full([ROWS], NEG_BIG, tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
     p_table = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    for tile in range(tile_lo, tile_hi):
-        n = tile * BLOCK_N + tl.arange(0, BLOCK_N)                               # [BLOCK_N] key positions
-        n_ok = n < ctx_len
-        blk = tl.load(p_table + n // block_size, mask=n_ok, other=0).to(tl.int64)
-        o_kv = blk * stride_cb + (n % block_size).to(tl.int64) * stride_cr + kv_head * stride_ch  # [BLOCK_N]
-        b_kt = tl.load(k_cache_ptr + o_kv[None, :] + d[:, None], mask=n_ok[None, :] & d_ok[:, None], other=0.0)
-        if IEEE:
-            s = tl.dot(b_q, b_kt, input_precision="ieee")                          # [ROWS, BLOCK_N]
-        else:
-            s = tl.dot(b_q, b_kt)
-        s = tl.where(n[None, :] <= q_pos[:, None], s * scale_log2e, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        b_v = tl.load(v_cache_ptr + o_kv[:, None] + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p.to(b_v.dtype), b_v, input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(b_v.dtype), b_v)
-        m_i = m_new
+    for tile in range(tile_lo, tl.minimum(tile_hi, first_masked)):
+        m_i, l_i, acc = _attend_tile(b_q, k_cache_ptr, v_cache_ptr, p_table, tile, ctx_len, q_pos, m_i, l_i, acc,
+                                     scale_log2e, block_size, stride_cr, stride_cb, stride_ch, kv_head, d, d_ok,
+                                     BLOCK_N, IEEE, False)
+    for tile in range(tl.maximum(tile_lo, first_masked), tile_hi):
+        m_i, l_i, acc = _attend_tile(b_q, k_cache_ptr, v_cache_ptr, p_table, tile, ctx_len, q_pos, m_i, l_i, acc,
+                                     scale_log2e, block_size, stride_cr, stride_cb, stride_ch, kv_head, d, d_ok,
+                                     BLOCK_N, IEEE, True)
 
     if NUM_SPLITS == 1:
         o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -177,8 +199,9 @@ def _num_sms(device: torch.device) -> int:
 
 def launch_config(num_seqs: int, max_seqlen: int, num_heads: int, num_kv_heads: int, head_dim: int,
                   device: torch.device, num_splits: int | None = None, tuning: dict | None = None,
-                  kv_bytes: int = 2, num_tokens: int | None = None) -> dict:
-    """Tile sizes and split count: host ints only (static for a CUDA-graph bucket). Key tiles of 64, but of 32 for
+                  kv_bytes: int = 2, num_tokens: int | None = None, min_context: int = 0) -> dict:
+    """Tile sizes and split count: host ints only (static for a CUDA-graph bucket). Query tiles of 64 rows, of 128
+    from `min_context` >= WIDE_TILE_CONTEXT keys before every sequence's first query. Key tiles of 64, but of 32 for
     head_dim 256 under fewer than 64 query rows (decode / verify tiles) or where the query tile and two stages of
     64-key K and V tiles of `kv_bytes` elements would not fit the device's shared memory with 16 KiB to spare (fp32
     caches; GPUs with less than an H100's); a prompt chunk's 64-row tiles take 64 keys
@@ -191,7 +214,11 @@ def launch_config(num_seqs: int, max_seqlen: int, num_heads: int, num_kv_heads: 
     group = num_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
     block_d = max(16, triton.next_power_of_2(head_dim))
-    tokens_per_tile = max(1, tuning.get("rows", 64) // group_pad)  # ≤ 64 rows: fp32 acc [rows, D] fits registers
+    # 128 rows where that query tile and two stages of 64-key K and V tiles fit shared memory (not fp32 caches at
+    # D = 256); the fp32 acc [rows, D] lives in registers (8 warps)
+    wide = (min_context >= WIDE_TILE_CONTEXT
+            and (128 + 2 * 2 * 64) * block_d * kv_bytes + 16 * 1024 <= _shared_memory(device))
+    tokens_per_tile = max(1, tuning.get("rows", 128 if wide else 64) // group_pad)
     block_m = min(triton.next_power_of_2(max(1, max_seqlen)), tokens_per_tile)
     rows = max(16, block_m * group_pad)                           # tl.dot needs M ≥ 16
     m_blocks = triton.cdiv(max(1, max_seqlen), block_m)
@@ -222,6 +249,7 @@ def paged_attention_triton(
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
     tuning: dict | None = None,
+    min_context: int = 0,        # keys every sequence has before its first query (host bound; picks the tiles)
 ) -> torch.Tensor:               # [T, NH, D]
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -234,7 +262,7 @@ def paged_attention_triton(
     if num_seqs == 0 or num_tokens == 0:
         return out
     cfg = launch_config(num_seqs, max_seqlen, num_heads, num_kv_heads, head_dim, q.device, num_splits, tuning,
-                        k_cache.element_size(), num_tokens)
+                        k_cache.element_size(), num_tokens, min_context)
     splits, num_q_tiles = cfg.pop("NUM_SPLITS"), cfg.pop("num_q_tiles")
     num_warps, block_n, num_stages = cfg.pop("num_warps"), cfg.pop("BLOCK_N"), cfg.pop("num_stages")
     part_acc = part_ml = out  # unused placeholders when there is a single split

@@ -154,8 +154,9 @@ class BatchStaging:
         n = int(plan.logits_per_seq.sum())
         bp, tp, np_ = (b, t, n) if bucket is None else (bucket.seqs, bucket.tokens, bucket.logit_rows)
         most_replays = int(plan.gdn_read_offsets.max(initial=0)) + plan.replays_on_device
+        least_context = int(plan.start_positions.min()) if b else None
         if bucket is not None and not bucket.holds(b, t, int(plan.seq_lens.max(initial=0)), n,
-                                                   int(plan.num_drafts.max(initial=0)), most_replays):
+                                                   int(plan.num_drafts.max(initial=0)), most_replays, least_context):
             raise ValueError(f"a step of {b} sequences, {t} tokens, {n} logit rows, {most_replays} replays "
                              f"does not fit {bucket}")
         self._check_capacity(plan, bp, tp, np_)
@@ -200,7 +201,8 @@ class BatchStaging:
             num_seqs=bp, num_tokens=tp, max_seqlen=max_seqlen, max_num_drafts=max_drafts,
             max_replays=most_replays if bucket is None else bucket.max_replays,
             cu_seqlens_host=cu.copy() if bucket is None else None, seq_of_token=d["seq_of_token"][:tp],
-            chunk_lanes=d["chunk_lanes"].view(CHUNK_LANES, 4) if with_lanes else None)
+            chunk_lanes=d["chunk_lanes"].view(CHUNK_LANES, 4) if with_lanes else None,
+            min_context=(least_context or 0) if bucket is None else bucket.min_context)
 
     def _chunk_lanes(self, plan: StepPlan, cu: np.ndarray, lanes: np.ndarray) -> None:
         """Fill `lanes` [CHUNK_LANES, 4] with the step's longest prompt chunks that may run chunked

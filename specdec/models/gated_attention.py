@@ -40,5 +40,5 @@ class GatedAttention(nn.Module):
                       batch.positions, inv_freq)
         write_kv(k, v.view(num_tokens, self.num_kv_heads, d), k_cache, v_cache, batch.slot_mapping)
         o = paged_attention(q, k_cache, v_cache, batch.positions, batch.block_tables, batch.cu_seqlens,
-                            batch.max_seqlen, d ** -0.5)             # [T, NH, D]
+                            batch.max_seqlen, d ** -0.5, min_context=batch.min_context)   # [T, NH, D]
         return self.o_proj((o * torch.sigmoid(gate)).reshape(num_tokens, -1))
