@@ -12,6 +12,8 @@ gathered through the block table position by position (any cache block_size work
 domain, fp32 accumulators:
     m' = max(m, max_n s_n);  l' = l·2^(m−m') + Σ_n 2^(s_n−m');  acc' = acc·2^(m−m') + Σ_n 2^(s_n−m') v_n
 with s = q·k · scale · log2(e), masked to keys at positions ≤ the row's own position (causal inside the block).
+Key tiles that end before the tile's earliest row position skip the mask (`_attend_tile`'s MASKED = False): a
+prompt chunk's query tile masks only its last few key tiles.
 Invariant: the running max starts at −1e30 (finite), so a row that has seen only masked keys keeps m = −1e30,
 l = 0, acc = 0 and never produces NaN; such rows are either padding (not stored) or get their keys later.
 
