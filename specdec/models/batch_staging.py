@@ -202,7 +202,7 @@ class BatchStaging:
             max_replays=most_replays if bucket is None else bucket.max_replays,
             cu_seqlens_host=cu.copy() if bucket is None else None, seq_of_token=d["seq_of_token"][:tp],
             chunk_lanes=d["chunk_lanes"].view(CHUNK_LANES, 4) if with_lanes else None,
-            min_context=(least_context or 0) if bucket is None else bucket.min_context)
+            min_context=0 if bucket is None else bucket.min_context)   # eager: the tiles the warm-ups compile
 
     def _chunk_lanes(self, plan: StepPlan, cu: np.ndarray, lanes: np.ndarray) -> None:
         """Fill `lanes` [CHUNK_LANES, 4] with the step's longest prompt chunks that may run chunked

@@ -11,7 +11,7 @@ than the bucket's max_seqlen, or a padding one, costs programs that exit early. 
 uniform bucket (a single-token step where no sequence replays drafts: its no-replay graph, where there is
 one); a prompt chunk alone (at batch 1 the chunks of every prompt longer than the largest q) the
 smallest prefill bucket (its deep graph, of wider attention tiles, from WIDE_TILE_CONTEXT tokens into the
-prompt, for buckets of DEEP_PREFILL_MIN_TOKENS or more); a mixed step (new prompts arriving beside decoding sequences) the smallest mixed bucket
+prompt, for buckets of DEEP_PREFILL_MIN_TOKENS or more; the MTP drafter's runner keeps them too); a mixed step (new prompts arriving beside decoding sequences) the smallest mixed bucket
 of at least its sequences and its tokens. An eager step is bound by launching its ~900 kernels (several times its
 GPU work at the 4B shape). Steps past every bucket (chunks longer than the largest prefill
 bucket, more tokens than the largest mixed bucket, more logit rows than k + 1 per sequence) run eagerly.

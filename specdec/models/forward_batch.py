@@ -46,8 +46,9 @@ class ForwardBatch:
     cu_seqlens_host: np.ndarray | None = None  # [B + 1] cu_seqlens on the host (eager steps; None in graphs)
     seq_of_token: torch.Tensor | None = None   # [T] int64 each token's sequence (0 for padding); staged batches
     chunk_lanes: torch.Tensor | None = None    # [CHUNK_LANES, 4] int32 prompt chunks GDN runs chunked (see above)
-    min_context: int = 0            # tokens every sequence has before its first one here (a bucket's bound in
-    # graphs, the step's own eagerly; 0 with padding sequences): picks the attention's query tiles, never a result
+    min_context: int = 0            # tokens every sequence has before its first one here: a deep prefill graph's
+    # bound (cuda_graph_runner.py), else 0. It picks the attention's query tiles, never a result; eager steps keep 0,
+    # whose tiles the warm-ups compile (the deep graphs compile theirs when captured)
 
     @staticmethod
     def build(token_chunks: list[list[int]], start_positions: list[int], block_tables: list[list[int]],
