@@ -129,26 +129,26 @@ def test_a_prompt_chunk_alone_takes_the_smallest_prefill_bucket(tiny_model):
 
 
 def test_a_chunk_deep_into_its_prompt_takes_the_deep_prefill_graph(tiny_model):
-    """From WIDE_TILE_CONTEXT tokens into a prompt, a chunk alone of a bucket of DEEP_PREFILL_MIN_TOKENS or more
-    takes that bucket's second graph (wider attention tiles); one that starts earlier cannot stage into it."""
-    from kernels.paged_attention import WIDE_TILE_CONTEXT
+    """A chunk alone far enough into its prompt for its length (wide_tile_context: 16384 tokens for 512) takes its
+    prefill bucket's second, deep graph (wider attention tiles); a shorter chunk, or one nearer the start, the
+    plain one; a step that starts earlier cannot stage into the deep bucket."""
     executor = Executor.build(tiny_model, num_blocks=16, block_size=4, max_seqs=8, max_drafts=3)
     executor.runner.use_graphs(capture=False)
     graphs = executor.runner.graphs
-    assert graphs.deep_prefill_tokens == (256, 512)
-    assert Bucket.prefill(512, WIDE_TILE_CONTEXT) in graphs.buckets() and Bucket.prefill(128, WIDE_TILE_CONTEXT) \
-        not in graphs.buckets()
+    assert graphs.deep_prefill_tokens == (512,)
+    assert Bucket.prefill(512, 16384) in graphs.buckets() and not any(
+        b.min_context for b in graphs.buckets() if b.max_seqlen < 512)
 
     def at(length, start):
         plan = prefill_plan([length])
         plan.start_positions[:] = start
         return graphs.bucket_for(plan)
-    assert at(300, WIDE_TILE_CONTEXT) == Bucket.prefill(512, WIDE_TILE_CONTEXT)
-    assert graphs.is_prefill(at(300, WIDE_TILE_CONTEXT)) and not graphs.is_mixed(at(300, WIDE_TILE_CONTEXT))
-    assert at(300, WIDE_TILE_CONTEXT - 1) == Bucket.prefill(512)
-    assert at(100, 10 ** 5) == Bucket.prefill(128)                              # below DEEP_PREFILL_MIN_TOKENS
-    assert Bucket.prefill(512, WIDE_TILE_CONTEXT).holds(1, 300, 300, 1, 0, least_context=WIDE_TILE_CONTEXT)
-    assert not Bucket.prefill(512, WIDE_TILE_CONTEXT).holds(1, 300, 300, 1, 0, least_context=WIDE_TILE_CONTEXT - 1)
+    assert at(512, 16384) == Bucket.prefill(512, 16384)
+    assert graphs.is_prefill(at(512, 16384)) and not graphs.is_mixed(at(512, 16384))
+    assert at(512, 16383) == Bucket.prefill(512)
+    assert at(300, 10 ** 6) == Bucket.prefill(512)                  # its own length never takes the wide tiles
+    assert Bucket.prefill(512, 16384).holds(1, 512, 512, 1, 0, least_context=16384)
+    assert not Bucket.prefill(512, 16384).holds(1, 512, 512, 1, 0, least_context=16383)
 
 
 @pytest.mark.parametrize("length", [1, 5, 32, 37, 130])

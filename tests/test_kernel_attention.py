@@ -107,31 +107,35 @@ def test_query_tiles_spanning_several_key_tiles_mask_only_their_own_future(num_s
 
 
 def test_chunks_deep_into_a_prompt_take_128_row_query_tiles():
-    """At the 4B shape (16 q / 4 kv heads of 256, bf16 cache, an H100's shared memory): a prompt chunk with
-    WIDE_TILE_CONTEXT or more keys before it takes query tiles of 128 rows (32 tokens x 4 heads) and 8 warps;
-    one nearer the start, or over an fp32 cache (whose 128-row tiles would not fit), 64. Decode and verify tiles
-    stay as they are."""
-    from kernels.paged_attention import WIDE_TILE_CONTEXT
+    """At the 4B shape (16 q / 4 kv heads of 256, bf16 cache, an H100's shared memory): a prompt chunk takes query
+    tiles of 128 rows (32 tokens x 4 heads) and 8 warps from wide_tile_context(its length) tokens of context:
+    2048 for chunks of 2048, 8192 for 1024, 16384 for 512, never for shorter ones. Nearer the start, or over an
+    fp32 cache (whose 128-row tiles would not fit), 64 rows. Decode and verify tiles stay as they are."""
+    from kernels.paged_attention import wide_tile_context
+    assert [wide_tile_context(n) for n in (4096, 2048, 1500, 1024, 512, 511, 1)] == \
+        [2048, 2048, 8192, 8192, 16384, None, None]
 
-    def cfg(max_seqlen, min_context, kv_bytes=2):
+    def rows(max_seqlen, min_context, kv_bytes=2):
         return triton_attention.launch_config(1, max_seqlen, 16, 4, 256, torch.device("cpu"), kv_bytes=kv_bytes,
-                                              min_context=min_context)
-    deep = cfg(2048, WIDE_TILE_CONTEXT)
+                                              min_context=min_context)["ROWS"]
+    deep = triton_attention.launch_config(1, 2048, 16, 4, 256, torch.device("cpu"), min_context=2048)
     assert (deep["ROWS"], deep["BLOCK_M"], deep["BLOCK_N"], deep["num_warps"]) == (128, 32, 64, 8)
-    assert cfg(2048, WIDE_TILE_CONTEXT - 1)["ROWS"] == cfg(2048, 0)["ROWS"] == 64
-    assert cfg(2048, WIDE_TILE_CONTEXT, kv_bytes=4)["ROWS"] == 64
-    assert cfg(1, 10 ** 5) == cfg(1, 0) and cfg(4, 10 ** 5) == cfg(4, 0)
+    assert rows(1024, 8192) == rows(512, 16384) == 128
+    assert rows(2048, 2047) == rows(1024, 8191) == rows(512, 16383) == rows(256, 10 ** 6) == 64
+    assert rows(2048, 2048, kv_bytes=4) == 64
+    assert rows(1, 10 ** 6) == rows(1, 0) and rows(4, 10 ** 6) == rows(4, 0)
 
 
 @pytest.mark.parametrize("num_splits", [1, 4])
 def test_wide_query_tiles_give_the_reference(num_splits):
-    """The tiles `min_context` picks change the work split, never the result: chunks deep into their prompts (and
-    a decoder beside them) through 128-row tiles, against the reference."""
-    seqs = [(2100, 150), (2050, 9), (2300, 1), (0, 0)]
+    """The tiles `min_context` picks change the work split, never the result: a 520-token chunk (and a short one
+    and a decoder beside it) through 128-row tiles, against the reference. (min_context is a bound the caller
+    promises; the kernel reads no key by it, so an overstated one still gives exact results here.)"""
+    seqs = [(40, 520), (2050, 9), (2300, 1), (0, 0)]
     case, real = make_case(seqs, 8, 2, 16, 16, pad_tokens=3, seed=7)
-    assert triton_attention.launch_config(3, 150, 8, 2, 16, case["q"].device, min_context=2050)["ROWS"] == 128
+    assert triton_attention.launch_config(3, 520, 8, 2, 16, case["q"].device, min_context=10 ** 6)["ROWS"] == 128
     check_attention(case, real, lambda **kw: triton_attention.paged_attention_triton(
-        **kw, num_splits=num_splits, min_context=2050), atol=2e-5)
+        **kw, num_splits=num_splits, min_context=10 ** 6), atol=2e-5)
 
 
 def test_splits_aim_at_four_programs_per_sm_for_a_chunk_beside_decoders(monkeypatch):

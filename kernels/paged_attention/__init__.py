@@ -7,10 +7,17 @@ import torch
 
 from .reference import paged_attention_ref, write_kv_ref
 
-# From this many keys before every sequence's first query token, a prompt chunk's query tiles take 128 rows instead
-# of 64: each key tile loaded then serves twice the rows, which pays once the context outweighs the chunk
-# (bench/kernels.py --attention-prefill).
-WIDE_TILE_CONTEXT = 2048
+# Query tiles of 128 rows instead of 64: each key tile loaded serves twice the rows, which pays once the context
+# outweighs the chunk. A step of up to q query tokens per sequence, for the largest q here at most its longest,
+# takes them from WIDE_TILE_CONTEXT[q] tokens before every sequence's first query token (the crossovers of a sweep
+# on an H200: bench/README.md, "Wider attention tiles deep into a prompt"); shorter steps never.
+WIDE_TILE_CONTEXT = {2048: 2048, 1024: 8192, 512: 16384}
+
+
+def wide_tile_context(max_seqlen: int) -> int | None:
+    """Tokens of context from which a step whose longest sequence has `max_seqlen` query tokens takes 128-row
+    query tiles (None: never)."""
+    return next((ctx for q, ctx in sorted(WIDE_TILE_CONTEXT.items(), reverse=True) if max_seqlen >= q), None)
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor,
@@ -36,4 +43,4 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     return write_kv_ref(k, v, k_cache, v_cache, slot_mapping)
 
 
-__all__ = ["WIDE_TILE_CONTEXT", "paged_attention", "paged_attention_ref", "write_kv", "write_kv_ref"]
+__all__ = ["WIDE_TILE_CONTEXT", "paged_attention", "wide_tile_context", "paged_attention_ref", "write_kv", "write_kv_ref"]

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import WIDE_TILE_CONTEXT
+from . import wide_tile_context
 
 LOG2E = 1.4426950408889634
 MAX_SPLITS = 16
@@ -203,7 +203,7 @@ def launch_config(num_seqs: int, max_seqlen: int, num_heads: int, num_kv_heads: 
                   device: torch.device, num_splits: int | None = None, tuning: dict | None = None,
                   kv_bytes: int = 2, num_tokens: int | None = None, min_context: int = 0) -> dict:
     """Tile sizes and split count: host ints only (static for a CUDA-graph bucket). Query tiles of 64 rows, of 128
-    from `min_context` >= WIDE_TILE_CONTEXT keys before every sequence's first query. Key tiles of 64, but of 32 for
+    from `min_context` >= wide_tile_context(max_seqlen) keys before every sequence's first query. Key tiles of 64, but of 32 for
     head_dim 256 under fewer than 64 query rows (decode / verify tiles) or where the query tile and two stages of
     64-key K and V tiles of `kv_bytes` elements would not fit the device's shared memory with 16 KiB to spare (fp32
     caches; GPUs with less than an H100's); a prompt chunk's 64-row tiles take 64 keys
@@ -218,7 +218,8 @@ def launch_config(num_seqs: int, max_seqlen: int, num_heads: int, num_kv_heads: 
     block_d = max(16, triton.next_power_of_2(head_dim))
     # 128 rows where that query tile and two stages of 64-key K and V tiles fit shared memory (not fp32 caches at
     # D = 256); the fp32 acc [rows, D] lives in registers (8 warps)
-    wide = (min_context >= WIDE_TILE_CONTEXT
+    threshold = wide_tile_context(max_seqlen)
+    wide = (threshold is not None and min_context >= threshold
             and (128 + 2 * 2 * 64) * block_d * kv_bytes + 16 * 1024 <= _shared_memory(device))
     tokens_per_tile = max(1, tuning.get("rows", 128 if wide else 64) // group_pad)
     block_m = min(triton.next_power_of_2(max(1, max_seqlen)), tokens_per_tile)

@@ -10,9 +10,9 @@ from the bucket's host ints only and walk each sequence by its cu_seqlens on the
 than the bucket's max_seqlen, or a padding one, costs programs that exit early. A decode or verify step takes a
 uniform bucket (a single-token step where no sequence replays drafts: its no-replay graph, where there is
 one); a prompt chunk alone (at batch 1 the chunks of every prompt longer than the largest q) the
-smallest prefill bucket (its deep graph, of wider attention tiles, from WIDE_TILE_CONTEXT tokens into the
-prompt, for buckets of DEEP_PREFILL_MIN_TOKENS or more; the MTP drafter's runner keeps them too); a mixed step (new prompts arriving beside decoding sequences) the smallest mixed bucket
-of at least its sequences and its tokens. An eager step is bound by launching its ~900 kernels (several times its
+smallest prefill bucket (its deep graph, of wider attention tiles, far enough into the prompt for the chunk's
+length: `kernels.paged_attention.wide_tile_context`; the MTP drafter's runner keeps them too); a mixed step (new
+prompts arriving beside decoding sequences) the smallest mixed bucket of at least its sequences and its tokens. An eager step is bound by launching its ~900 kernels (several times its
 GPU work at the 4B shape). Steps past every bucket (chunks longer than the largest prefill
 bucket, more tokens than the largest mixed bucket, more logit rows than k + 1 per sequence) run eagerly.
 
@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from kernels.paged_attention import WIDE_TILE_CONTEXT
+from kernels.paged_attention import wide_tile_context
 
 from .batch_staging import BatchStaging, StepPlan
 from .forward_batch import ForwardBatch
@@ -43,7 +43,6 @@ log = logging.getLogger(__name__)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 PREFILL_TOKENS = (32, 64, 128, 256, 512, 1024, 2048, 4096)  # prefill buckets: one sequence of up to this many
 #                                       tokens (those past --max-batched-tokens' bucket are not captured)
-DEEP_PREFILL_MIN_TOKENS = 256        # prefill buckets this large keep a second graph for chunks deep into a prompt
 MIXED_SEQS = (4, 16, 64)              # mixed buckets: sequences (padding ones cost an early exit per program)
 MIXED_TOKENS = (256, 512, 576, 1024)  # mixed buckets: tokens in all (the GEMMs run on every one of them); 576:
 #                                       a GPU's mixed prefill chunk (512) beside up to 64 decoding tokens
@@ -76,7 +75,8 @@ class CudaGraphRunner:
         self.no_replay_seqs = frozenset(no_replay_seqs) if 1 in tokens_per_seq else frozenset()
         self.batch_buckets, self.tokens_per_seq = tuple(sorted(batch_buckets)), tuple(sorted(tokens_per_seq))
         self.prefill_tokens = tuple(q for q in sorted(prefill_tokens) if q > self.tokens_per_seq[-1])
-        self.deep_prefill_tokens = tuple(q for q in self.prefill_tokens if q >= DEEP_PREFILL_MIN_TOKENS)
+        # prefill buckets with a second, deep graph: those whose chunks can take wider attention tiles
+        self.deep_prefill_tokens = tuple(q for q in self.prefill_tokens if wide_tile_context(q) is not None)
         # a mixed bucket's chunks: up to the largest prefill bucket that its tokens hold (none: no mixed buckets)
         self.mixed_seqlen = max((q for q in self.prefill_tokens if q <= max(mixed_tokens, default=0)), default=0)
         self.mixed_tokens = tuple(sorted(mixed_tokens)) if self.mixed_seqlen else ()
@@ -107,8 +107,10 @@ class CudaGraphRunner:
         if plan.num_seqs == 1 and plan.logits_per_seq[0] <= 1 and plan.num_drafts[0] == 0:
             q = next((q for q in self.prefill_tokens if q >= longest), None)
             if q is not None:
-                deep = q in self.deep_prefill_tokens and int(plan.start_positions[0]) >= WIDE_TILE_CONTEXT
-                return Bucket.prefill(q, WIDE_TILE_CONTEXT if deep else 0)
+                # deep: the chunk itself (not only its bucket) is far enough in for the wide tiles
+                wide_from = wide_tile_context(longest)
+                deep = q in self.deep_prefill_tokens and wide_from is not None and plan.start_positions[0] >= wide_from
+                return Bucket.prefill(q, wide_tile_context(q) if deep else 0)
         return self._mixed_bucket(plan, longest)
 
     def _reachable_tokens(self, seqs: int) -> tuple[int, ...]:
@@ -129,7 +131,7 @@ class CudaGraphRunner:
         """Every bucket, in capture order: mixed, prefill, then batch buckets, each group largest first."""
         keys = sorted(self.mixed_buckets.values(), key=lambda b: (b.tokens, b.seqs), reverse=True)
         keys += [Bucket.prefill(q) for q in reversed(self.prefill_tokens)]
-        keys += [Bucket.prefill(q, WIDE_TILE_CONTEXT) for q in reversed(self.deep_prefill_tokens)]
+        keys += [Bucket.prefill(q, wide_tile_context(q)) for q in reversed(self.deep_prefill_tokens)]
         keys += [Bucket.uniform(b, q) for q in reversed(self.tokens_per_seq) for b in reversed(self.batch_buckets)]
         keys += [Bucket.uniform(b, 1, 0) for b in reversed(self.batch_buckets) if b in self.no_replay_seqs]
         return list(dict.fromkeys(keys))   # k = 0 and one sequence: the mixed bucket is the prefill one of mixed_seqlen
@@ -170,10 +172,10 @@ class CudaGraphRunner:
                 raise RuntimeError(f"capturing the CUDA graph of {key} failed ({type(e).__name__}: {e}); "
                                    f"--enforce-eager runs without graphs") from e
         log.info("captured %d CUDA graphs: batch buckets %s x tokens per sequence %s (single tokens without draft "
-                 "replays apart at %s), prefill buckets of one sequence %s (again from %d tokens into a prompt: %s), "
+                 "replays apart at %s), prefill buckets of one sequence %s (deep ones too: %s), "
                  "mixed buckets of %s sequences x %s tokens",
                  len(self.graphs), self.batch_buckets, self.tokens_per_seq, sorted(self.no_replay_seqs) or "none",
-                 self.prefill_tokens, WIDE_TILE_CONTEXT, self.deep_prefill_tokens, self.mixed_seqs, self.mixed_tokens)
+                 self.prefill_tokens, self.deep_prefill_tokens, self.mixed_seqs, self.mixed_tokens)
 
     def _capture(self, bucket: Bucket) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]:
         batch = self.staging.stage(padding_only_plan(self.staging.max_blocks), bucket)
