@@ -43,4 +43,5 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     return write_kv_ref(k, v, k_cache, v_cache, slot_mapping)
 
 
-__all__ = ["WIDE_TILE_CONTEXT", "paged_attention", "wide_tile_context", "paged_attention_ref", "write_kv", "write_kv_ref"]
+__all__ = ["WIDE_TILE_CONTEXT", "paged_attention", "paged_attention_ref", "wide_tile_context", "write_kv",
+           "write_kv_ref"]

@@ -202,16 +202,17 @@ def _num_sms(device: torch.device) -> int:
 def launch_config(num_seqs: int, max_seqlen: int, num_heads: int, num_kv_heads: int, head_dim: int,
                   device: torch.device, num_splits: int | None = None, tuning: dict | None = None,
                   kv_bytes: int = 2, num_tokens: int | None = None, min_context: int = 0) -> dict:
-    """Tile sizes and split count: host ints only (static for a CUDA-graph bucket). Query tiles of 64 rows, of 128
-    from `min_context` >= wide_tile_context(max_seqlen) keys before every sequence's first query. Key tiles of 64, but of 32 for
-    head_dim 256 under fewer than 64 query rows (decode / verify tiles) or where the query tile and two stages of
-    64-key K and V tiles of `kv_bytes` elements would not fit the device's shared memory with 16 KiB to spare (fp32
-    caches; GPUs with less than an H100's); a prompt chunk's 64-row tiles take 64 keys
+    """Tile sizes and split count: host ints only (static for a CUDA-graph bucket). Query tiles of 64 rows, of 128 from
+    `min_context` >= wide_tile_context(max_seqlen) keys before every sequence's first query. Key tiles of 64, but of
+    32 for head_dim 256 under fewer than 64 query rows (decode / verify tiles) or where the query tile and two
+    stages of 64-key K and V tiles of `kv_bytes` elements would not fit the device's shared memory with 16 KiB to
+    spare (fp32 caches; GPUs with less than an H100's); a prompt chunk's 64-row tiles take 64 keys
     (`bench/kernels.py --attention-prefill` sweeps the choices). `tuning` (that sweep) overrides any of rows (query
     rows of a tile), block_n, num_warps, num_stages. `num_tokens`: the step's T (default num_seqs × max_seqlen),
     which bounds the flat query tiles. Splits: enough for about 2 programs per SM, or 4 in a step of several
     sequences whose tiles span several query blocks (a prompt chunk beside decoders, several prompts at once): its
-    tiles are nearly all a chunk's, each walking its whole context, so they get what a 512-token chunk alone gets."""
+    tiles are nearly all a chunk's, each walking its whole context, so they get what a 512-token chunk alone
+    gets."""
     tuning = tuning or {}
     group = num_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)

@@ -4,17 +4,18 @@ steps that mix prompt chunks with other sequences (mixed buckets: sequences x to
 largest prefill bucket those tokens hold: `mixed_seqlen`).
 
 A step runs in the graph of the smallest bucket that holds it: its batch is staged padded to that bucket (padding
-sequences of length 0 on the scratch GDN slot, padding tokens writing the scratch KV row, logit rows padded with
-row 0), so every tensor the graph reads sits at the address it was captured with. The kernels take their grids
-from the bucket's host ints only and walk each sequence by its cu_seqlens on the device, so a sequence shorter
-than the bucket's max_seqlen, or a padding one, costs programs that exit early. A decode or verify step takes a
-uniform bucket (a single-token step where no sequence replays drafts: its no-replay graph, where there is
-one); a prompt chunk alone (at batch 1 the chunks of every prompt longer than the largest q) the
-smallest prefill bucket (its deep graph, of wider attention tiles, far enough into the prompt for the chunk's
-length: `kernels.paged_attention.wide_tile_context`; the MTP drafter's runner keeps them too); a mixed step (new
-prompts arriving beside decoding sequences) the smallest mixed bucket of at least its sequences and its tokens. An eager step is bound by launching its ~900 kernels (several times its
-GPU work at the 4B shape). Steps past every bucket (chunks longer than the largest prefill
-bucket, more tokens than the largest mixed bucket, more logit rows than k + 1 per sequence) run eagerly.
+sequences of length 0 on the scratch GDN slot, padding tokens writing the scratch KV row, logit rows padded with row
+0), so every tensor the graph reads sits at the address it was captured with. The kernels take their grids from the
+bucket's host ints only and walk each sequence by its cu_seqlens on the device, so a sequence shorter than the
+bucket's max_seqlen, or a padding one, costs programs that exit early. A decode or verify step takes a uniform
+bucket (a single-token step where no sequence replays drafts: its no-replay graph, where there is one); a prompt
+chunk alone (at batch 1 the chunks of every prompt longer than the largest q) the smallest prefill bucket (its deep
+graph, of wider attention tiles, far enough into the prompt for the chunk's length:
+`kernels.paged_attention.wide_tile_context`; the MTP drafter's runner keeps them too); a mixed step (new prompts
+arriving beside decoding sequences) the smallest mixed bucket of at least its sequences and its tokens. An eager
+step is bound by launching its ~900 kernels (several times its GPU work at the 4B shape). Steps past every bucket
+(chunks longer than the largest prefill bucket, more tokens than the largest mixed bucket, more logit rows than
+k + 1 per sequence) run eagerly.
 
 The captured callable is `step(batch) -> tuple of tensors`; its outputs are static buffers, overwritten by the
 next replay of any graph (they share one memory pool). Whatever the caller appends to `step` before capture
