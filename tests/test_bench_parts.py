@@ -200,6 +200,8 @@ def test_prompts_are_shared_across_concurrencies():
 @pytest.mark.parametrize("argv, words", [
     (["--layers", "2"], "--layers only applies"),
     (["--paths", "peer", "--drafters", "ngram"], "leave no workload"),
+    (["--paths", "peer", "--drafters", "ngram"], "whose workloads are (path/drafter/c<concurrency>/p<prompt tokens>/"
+                                                 "o<output>/T<temperature>): inproc/none/c1/p"),
     (["--workload-timeout", "0"], "--workload-timeout must be > 0"),
     (["--repeats", "0"], "--repeats must be > 0"),
 ])

@@ -138,13 +138,17 @@ def build_config(args: argparse.Namespace):
         value = getattr(args, name)
         if value is not None and value <= 0:
             raise ValueError(f"--{name.replace('_', '-')} must be > 0, got {value}")
-    chosen = presets.select(make(), args.paths, args.drafters, args.concurrency, args.prompt_tokens,
+    workloads = make()
+    chosen = presets.select(workloads, args.paths, args.drafters, args.concurrency, args.prompt_tokens,
                              args.temperatures, args.max_tokens, args.draft_vocab,
                              no_prefix_cache=args.no_prefix_caching, turns=args.turns, turn_tokens=args.turn_tokens,
                              system_tokens=args.system_tokens, own_system_prompts=args.own_system_prompts)
     if not chosen:
+        names = [w.name for w in workloads]
+        listed = ", ".join(names[:12]) + (f", and {len(names) - 12} more" if len(names) > 12 else "")
         raise ValueError("the filters (--paths/--drafters/--concurrency/--prompt-tokens/--temperatures) leave no "
-                         f"workload of preset {args.preset!r}")
+                         f"workload of preset {args.preset!r}, whose workloads are (path/drafter/c<concurrency>/"
+                         f"p<prompt tokens>/o<output>/T<temperature>): {listed}")
     shape = [f"--{n.replace('_', '-')}" for n in ("turns", "turn_tokens", "system_tokens")
              if getattr(args, n) is not None] + (["--own-system-prompts"] if args.own_system_prompts else [])
     if shape and not any(w.turns for w in chosen):
