@@ -51,13 +51,13 @@ def accepted_counts(monkeypatch) -> list[int]:
 
 def verify_log(engine) -> dict:
     """{(request, tokens before the step): (drafts verified, accepted)} of every verify step `engine` commits."""
-    log, commit = {}, engine._commit_tokens
+    log, commit = {}, engine.requests.commit
 
-    def spy(p, tokens, num_accepted, logprobs):
+    def spy(p, tokens, num_accepted, logprobs, stats):
         if p.decoding:
             log[(p.seq.request_id, len(p.seq.token_ids))] = (p.num_drafts, num_accepted)
-        return commit(p, tokens, num_accepted, logprobs)
-    engine._commit_tokens = spy
+        return commit(p, tokens, num_accepted, logprobs, stats)
+    engine.requests.commit = spy
     return log
 
 

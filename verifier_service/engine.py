@@ -40,7 +40,6 @@ from .executor import Executor
 from .forced_acceptance import ForcedAcceptance
 from .in_flight import ChainedInputs, InFlightStep, LaunchedStep
 from .requests import RequestOutput, Requests
-from .sampler import TokenLogprob
 from .scheduler import ScheduledSeq, Scheduler, SchedulerConfig
 from .sequence import Sequence
 from .verify_stage import VerifyStage
@@ -196,15 +195,12 @@ class SpecEngine:
         return k
 
     def _overlaps(self) -> bool:
-        """Can this step be launched before the last one's tokens are read? Only when no request has penalties
-        or logprobs (they need the tokens on the host each step; greedy and sampled requests are decided on the
-        device) and drafts, if any, come from a drafter that drafts on the device from the unread verdict (an
-        in-process MTP head, or an MTP drafter service through device steps), or none are asked for (the last
-        step's k was 0 and the drafter takes host tokens: it is skipped); a drafter that needs the tokens on the
-        host (n-gram, a drafter service on another host or counting tokens) and a drafter that lost context run
-        synchronous steps, and so do grammar-constrained requests when drafts are made (a grammar's masks walk the
-        drafts on the host; without drafts they overlap, reading the last step early: _launch). The engine changes
-        mode between two steps."""
+        """Can this step be launched before the last one's tokens are read? When no request has penalties or
+        logprobs (they need the host's tokens each step) and drafts, if any, are made on the device from the unread
+        verdict (an in-process MTP head, an MTP drafter service through device steps) or none are asked for (a
+        drafter of host tokens skipped at k = 0). A drafter of host tokens (n-gram, a remote service) or one that
+        lost context runs synchronous steps, and so do grammar-constrained requests with drafts (their masks walk
+        the drafts on the host; without drafts they overlap, reading the last step early: _launch)."""
         if not self.config.overlap or self.drafting.context_lost:
             return False
         drafting = self.config.num_drafts > 0 and self.drafter is not None
@@ -283,7 +279,8 @@ class SpecEngine:
         for p, epoch, result in zip(step.verdict.sampled, step.verdict.epochs, results):
             p.seq.read(result.num_accepted, result.drafts, epoch)
             if p.seq.finish_reason is None:
-                outputs.append(self._commit_tokens(p, result.tokens, result.num_accepted, result.logprobs))
+                outputs.append(self.requests.commit(p, result.tokens, result.num_accepted, result.logprobs,
+                                                    self.stats))
         self.trace.mark("committed")
         if step.hidden is not None:
             rebuild = self.drafting.ask_after_read(self.step_count, list(zip(step.entries, step.cached_before)),
@@ -291,20 +288,6 @@ class SpecEngine:
             for seq in reversed(rebuild):   # they prefill again, and the drafter sees all their hidden states
                 self.scheduler.preempt(seq, "the drafter lost its hidden states", reuse_prefix=False)
         return outputs
-
-    def _commit_tokens(self, p: ScheduledSeq, tokens: list[int], num_accepted: int,
-                       logprobs: list[TokenLogprob] | None) -> RequestOutput:
-        seq = p.seq
-        kept, reason = self.requests.emit(seq, tokens)
-        if p.decoding:  # a verify step (the step that completes a prefill is not one)
-            seq.verified(p.num_drafts, num_accepted, len(kept))
-            self.stats.record(p.num_drafts, num_accepted, len(kept))
-        if reason:
-            self.requests.end(seq, reason)
-        return RequestOutput(seq.request_id, kept, reason, seq.stats, seq.num_prompt,
-                             forced_acceptance=self.requests.forced_acceptance,
-                             logprobs=logprobs[:len(kept)] if logprobs is not None else None,
-                             queue_seconds=seq.queue_seconds or 0.0, cached_tokens=seq.cached_tokens)
 
     # ---- convenience -------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[list[int]]:

@@ -14,7 +14,7 @@ from specdec.sampling_params import SamplingParams
 from .acceptance_stats import AcceptanceStats
 from .drafting_stage import DraftingStage
 from .sampler import TokenLogprob
-from .scheduler import Scheduler
+from .scheduler import ScheduledSeq, Scheduler
 from .sequence import Sequence
 
 log = logging.getLogger(__name__)
@@ -110,6 +110,22 @@ class Requests:
                       seq.grammar.error)
             reason = "error"
         return kept, reason
+
+    def commit(self, p: ScheduledSeq, tokens: list[int], num_accepted: int, logprobs: list[TokenLogprob] | None,
+               stats: AcceptanceStats) -> RequestOutput:
+        """A read step's tokens for one sequence: kept up to its stop (emit), a verify step counted in its stats and
+        `stats` (the step that completes a prefill is not one), the request ended where it stopped."""
+        seq = p.seq
+        kept, reason = self.emit(seq, tokens)
+        if p.decoding:
+            seq.verified(p.num_drafts, num_accepted, len(kept))
+            stats.record(p.num_drafts, num_accepted, len(kept))
+        if reason:
+            self.end(seq, reason)
+        return RequestOutput(seq.request_id, kept, reason, seq.stats, seq.num_prompt,
+                             forced_acceptance=self.forced_acceptance,
+                             logprobs=logprobs[:len(kept)] if logprobs is not None else None,
+                             queue_seconds=seq.queue_seconds or 0.0, cached_tokens=seq.cached_tokens)
 
     def end(self, seq: Sequence, reason: str) -> None:
         seq.finished(reason)
