@@ -151,6 +151,27 @@ def test_a_chunk_deep_into_its_prompt_takes_the_deep_prefill_graph(tiny_model):
     assert not Bucket.prefill(512, 16384).holds(1, 512, 512, 1, 0, least_context=16383)
 
 
+def test_the_attention_layer_hands_the_batch_s_min_context_to_the_kernel(tiny_model, monkeypatch):
+    """The bound a deep graph's batch carries reaches the paged attention (which picks its tiles by it)."""
+    import dataclasses
+
+    from specdec.models import gated_attention
+    from specdec.models.forward_batch import ForwardBatch
+    config = tiny_model.config
+    layer = gated_attention.GatedAttention(config)
+    seen = []
+
+    def spy(q, *args, min_context=0, **kwargs):
+        seen.append(min_context)
+        return torch.zeros_like(q)
+    monkeypatch.setattr(gated_attention, "paged_attention", spy)
+    batch = ForwardBatch.build([[1, 2, 3]], [40], [list(range(11))], 4, [0])
+    cache = torch.zeros(12, 4, config.num_key_value_heads, config.head_dim)
+    for bound in (0, 40):
+        layer(torch.randn(3, config.hidden_size), dataclasses.replace(batch, min_context=bound), cache, cache.clone())
+    assert seen == [0, 40]
+
+
 @pytest.mark.parametrize("length", [1, 5, 32, 37, 130])
 def test_padded_prefill_bucket_equals_unpadded(tiny_model, length):
     """A prompt chunk alone, padded to its prefill bucket: the same last-row logits, hidden rows and caches as the
