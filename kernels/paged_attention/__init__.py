@@ -9,15 +9,15 @@ from .reference import paged_attention_ref, write_kv_ref
 
 # Query tiles of 128 rows instead of 64: each key tile loaded serves twice the rows, which pays once the context
 # outweighs the chunk. A step of up to q query tokens per sequence, for the largest q here at most its longest,
-# takes them from WIDE_TILE_CONTEXT[q] tokens before every sequence's first query token (the crossovers of a sweep
+# takes them from that q's context tokens before every sequence's first query token (the crossovers of a sweep
 # on an H200: bench/README.md, "Wider attention tiles deep into a prompt"); shorter steps never.
-WIDE_TILE_CONTEXT = {2048: 2048, 1024: 8192, 512: 16384}
+WIDE_TILE_CONTEXT = ((2048, 2048), (1024, 8192), (512, 16384))   # (q, context), q falling
 
 
 def wide_tile_context(max_seqlen: int) -> int | None:
     """Tokens of context from which a step whose longest sequence has `max_seqlen` query tokens takes 128-row
     query tiles (None: never)."""
-    return next((ctx for q, ctx in sorted(WIDE_TILE_CONTEXT.items(), reverse=True) if max_seqlen >= q), None)
+    return next((ctx for q, ctx in WIDE_TILE_CONTEXT if max_seqlen >= q), None)
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor,

@@ -154,9 +154,9 @@ class BatchStaging:
         n = int(plan.logits_per_seq.sum())
         bp, tp, np_ = (b, t, n) if bucket is None else (bucket.seqs, bucket.tokens, bucket.logit_rows)
         most_replays = int(plan.gdn_read_offsets.max(initial=0)) + plan.replays_on_device
-        least_context = int(plan.start_positions.min()) if b else None
         if bucket is not None and not bucket.holds(b, t, int(plan.seq_lens.max(initial=0)), n,
-                                                   int(plan.num_drafts.max(initial=0)), most_replays, least_context):
+                                                   int(plan.num_drafts.max(initial=0)), most_replays,
+                                                   int(plan.start_positions.min()) if b else None):
             raise ValueError(f"a step of {b} sequences, {t} tokens, {n} logit rows, {most_replays} replays "
                              f"does not fit {bucket}")
         self._check_capacity(plan, bp, tp, np_)
