@@ -38,9 +38,15 @@ def chain_hashes(token_ids: list[int], block_size: int, num_blocks: int, known: 
     computed for the first blocks (kept, and extended)."""
     hashes = list(known or [])
     parent = hashes[-1] if hashes else root
-    for j in range(len(hashes), num_blocks):
-        block = np.asarray(token_ids[j * block_size:(j + 1) * block_size], np.int64)
-        digest = hashlib.blake2b(parent.to_bytes(8, "little") + block.tobytes(), digest_size=8).digest()
+    first = len(hashes)
+    if first >= num_blocks:
+        return hashes
+    # the tokens as int64 bytes in one conversion; each block then hashes a slice of them (the same bytes as
+    # block-by-block conversion: a block past the tokens' end hashes what is left, maybe nothing)
+    data = np.asarray(token_ids[first * block_size:num_blocks * block_size], np.int64).tobytes()
+    width, blake2b = block_size * 8, hashlib.blake2b
+    for offset in range(0, (num_blocks - first) * width, width):
+        digest = blake2b(parent.to_bytes(8, "little") + data[offset:offset + width], digest_size=8).digest()
         parent = int.from_bytes(digest, "little") >> 1
         hashes.append(parent)
     return hashes

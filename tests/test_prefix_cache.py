@@ -3,6 +3,8 @@ outputs differ or come out empty with MTP + prefix caching + recurrent state (vl
 hits to 0 (vllm #54360) or lowers the hit rate (vllm #38182), the first repeat of a prompt misses (vllm #53504).
 Outputs with the cache equal those without it (greedy and seeded sampling, the three families, mtp and ngram
 drafters, overlapped and synchronous steps), and so do the MTP drafter's acceptance counts."""
+import hashlib
+
 import numpy as np
 import pytest
 from engine_factory import BLOCK, make_drafter, make_engine, random_prompts
@@ -28,6 +30,12 @@ def test_a_block_hash_names_everything_before_it():
     changed = chain_hashes([99] + tokens[1:], 4, 5)
     assert all(a != b for a, b in zip(hashes, changed))                # a change in block 0 renames every block
     assert chain_hashes(tokens[:8] + [0] * 12, 4, 5)[:2] == hashes[:2]
+    parent = 0                                                         # h_j = H(h_{j-1}, block j), block by block
+    for j, h in enumerate(hashes):
+        block = np.asarray(tokens[4 * j:4 * j + 4], np.int64).tobytes()
+        parent = int.from_bytes(hashlib.blake2b(parent.to_bytes(8, "little") + block, digest_size=8).digest(),
+                                "little") >> 1
+        assert h == parent
 
 
 def test_checkpoints_fall_every_interval_and_at_the_last_whole_block():
@@ -53,6 +61,28 @@ def test_pool_shares_registered_blocks_and_evicts_idle_ones_least_recently_used_
     assert pool.num_free == 0
     with pytest.raises(PoolExhausted):
         pool.take(1)
+
+
+def test_a_prompt_is_hashed_only_as_far_as_its_cached_prefix_reaches():
+    """Matching hashes a prompt's blocks a batch at a time and stops past the last cached one (a new long prompt
+    would otherwise be hashed whole on the engine's thread before its first chunk runs); the rest are hashed as
+    its chunks reach checkpoints. Hits past the first batch still resume at the longest checkpoint."""
+    from verifier_service.block_manager import HASH_BATCH, BlockManager
+    from verifier_service.sequence import Sequence
+    manager = BlockManager(1000, 4, 4, 500, PrefixCaching(checkpoint_interval=400, num_checkpoints=4))
+    first = Sequence(0, list(range(1, 1201)), 1200)                      # 300 blocks
+    manager.reserve(first, 1200)
+    manager.checkpoint(first, 799)                                       # blocks 0-198 kept, 199 the checkpoint's
+    shared = Sequence(1, list(range(1, 1001)) + [7] * 200, 1200)
+    hit = manager.match(shared)
+    assert hit is not None and hit.num_blocks == 200
+    assert 200 <= len(shared.block_hashes) < 300
+    assert shared.block_hashes == chain_hashes(shared.token_ids, 4, len(shared.block_hashes))
+    fresh = Sequence(2, [9] + list(range(2, 1201)), 1200)
+    assert manager.match(fresh) is None and len(fresh.block_hashes) == HASH_BATCH < 300
+    manager.reserve(fresh, 1200)
+    manager.checkpoint(fresh, 1199)                                      # its launch hashes the rest
+    assert fresh.block_hashes == chain_hashes(fresh.token_ids, 4, 300)
 
 
 def test_checkpoints_hold_their_block_until_dropped():

@@ -23,6 +23,8 @@ from specdec.prefix_cache import BlockPool, Checkpoints, PrefixStats, chain_hash
 
 from .sequence import Sequence
 
+HASH_BATCH = 64   # blocks hashed at a time while matching a prompt's cached prefix
+
 
 @dataclass(frozen=True)
 class PrefixCaching:
@@ -118,8 +120,7 @@ class BlockManager:
         if not self.prefix.enabled or self.paused or not len(self.checkpoints):
             return None
         num_blocks = len(seq.token_ids) // self.block_size
-        hashes = self._hash(seq, num_blocks)
-        complete = self.kv_blocks.matched(hashes[:num_blocks])
+        complete, hashes = self._matched(seq, num_blocks)
         for m in range(min(complete + 1, num_blocks), 0, -1):   # blocks 0 .. m - 2 complete, m - 1 the checkpoint's
             if seq.in_drafter and self.drafter_keeps_prefixes and hashes[m - 1] in self._target_only:
                 continue
@@ -128,6 +129,20 @@ class BlockManager:
                 shared = [self.kv_blocks.lookup(h) for h in hashes[:m - 1]]
                 return PrefixHit(m, shared, *entry)
         return None
+
+    def _matched(self, seq: Sequence, num_blocks: int) -> tuple[int, list[int]]:
+        """How many of `seq`'s first `num_blocks` blocks are cached (from the first), and its block hashes, computed
+        only as far as a match needs (the block after the last cached one, whose checkpoint may be kept): a new
+        prompt is hashed further as its chunks reach checkpoints, while the device runs the chunks before."""
+        complete, hashes = 0, seq.block_hashes
+        while complete < num_blocks:
+            upto = min(num_blocks, complete + HASH_BATCH)
+            hashes = self._hash(seq, upto)
+            found = self.kv_blocks.matched(hashes[complete:upto])
+            complete += found
+            if complete < upto:
+                break
+        return complete, hashes
 
     def queried(self, seq: Sequence, hit: PrefixHit | None) -> None:
         """Count an admission's lookup (prompt tokens asked, and served)."""
