@@ -25,7 +25,9 @@ class TooLong(ValueError):
 
 def _token_ids(name: str, ids, vocab_size: int) -> list[int]:
     ids = list(ids)
-    for i, t in enumerate(ids):
+    if set(map(type, ids)) <= {int} and (not ids or (min(ids) >= 0 and max(ids) < vocab_size)):
+        return ids   # every id an int in range: checked in C loops, not one Python test per token
+    for i, t in enumerate(ids):   # find the first bad one for the message
         if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
             raise InvalidRequest(f"{name}[{i}] = {t!r} is outside the vocabulary [0, {vocab_size})")
     return ids

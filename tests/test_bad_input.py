@@ -34,6 +34,17 @@ def _is_utf8(data: bytes) -> bool:
         return False
 
 
+def test_the_token_ids_check_names_the_first_bad_id():
+    """The validator's fast path (all ints, in range) must not let a bool, a float or an id out of range through,
+    and its slow path names the first bad one."""
+    from gateway.validation import InvalidRequest, _token_ids
+    assert _token_ids("ids", (3, 0, VOCAB - 1), VOCAB) == [3, 0, VOCAB - 1]
+    for ids, bad in (([3, True], "ids[1] = True"), ([3, 2.0, 1], "ids[1] = 2.0"), ([3, 1, -1], "ids[2] = -1"),
+                     ([VOCAB, 1], f"ids[0] = {VOCAB}")):
+        with pytest.raises(InvalidRequest, match=bad.replace("[", r"\[").replace("]", r"\]")):
+            _token_ids("ids", ids, VOCAB)
+
+
 def _request(ids=PROMPT, **sampling) -> gateway_pb2.GenerateRequest:
     return gateway_pb2.GenerateRequest(prompt_token_ids=ids,
                                        sampling=gateway_pb2.SamplingParams(**({"max_tokens": 4} | sampling)))

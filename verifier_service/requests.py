@@ -67,7 +67,7 @@ class Requests:
         self.check_grammar(params)
         if not prompt_ids:
             raise ValueError("the prompt is empty")
-        if any(not 0 <= t < vocab for t in prompt_ids):
+        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         if request_id in self.by_id:
             raise ValueError(f"request_id {request_id!r} is already running: request ids must be unique")
