@@ -102,6 +102,7 @@ class EngineLoop:
                                 f"(--max-running + --max-queued = {self.capacity}); retry later")
             self._in_flight += 1
             self._commands.append(("add", ticket, prompt_ids, params))
+        self.engine.trace.mark("request.submitted")
         self._wake.set()
         return ticket
 
