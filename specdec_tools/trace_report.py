@@ -9,6 +9,7 @@ and belongs to the engine step that sent that message. One engine step then read
 
 (link.read falls in the next engine step: the engine reads the answer at the start of it). Each segment's
 median is taken over the steps that have both of its ends, per batch size (the sequences in forward.begin).
+Then how long requests wait from "request.submitted" to a launch (admission_lines), and the garbage collections.
 """
 from __future__ import annotations
 
@@ -126,7 +127,7 @@ def report(marks: list[dict], min_steps: int = 20) -> str:
         lines.append(f"  {'segment':<48} {'median ms':>10} {'p90 ms':>8} {'steps':>6}")
         for s in segments(steps, numbers):
             lines.append(f"  {s.label:<48} {s.median_ms:>10.3f} {s.p90_ms:>8.3f} {s.count:>6}")
-    lines += collection_lines(marks)
+    lines += admission_lines(marks) + collection_lines(marks)
     return "\n".join(lines) if lines else f"no batch size has {min_steps} traced steps"
 
 
@@ -143,3 +144,26 @@ def collection_lines(marks: list[dict]) -> list[str]:
     lines = [f"  {process} gc gen {gen}: {len(d)} collections, {sum(d):.1f} ms in all, longest {max(d):.2f} ms"
              for (process, gen), d in sorted(pauses.items())]
     return ["garbage collections (every thread of the process waits):"] + lines if lines else []
+
+
+def admission_lines(marks: list[dict]) -> list[str]:
+    """Requests handed to the engine while serving ("request.submitted") and the time until the launch of the
+    first engine step that begins after each ("step.begin" to its "forward.launched"): the host's work before a
+    new request's first chunk can run (the step in hand, scheduling, prefix matching, staging, the launch), or
+    until the next launch if that step had no room for it. Median, p90 and max."""
+    waits, waiting, step_after = [], [], None
+    for m in served(marks):
+        if m["process"] != "verifier" or m["step"] >= 0:
+            continue
+        if m["event"] == "request.submitted":
+            waiting.append(m["t"])
+        elif m["event"] == "step.begin" and waiting and step_after is None:
+            step_after, waiting = waiting, []
+        elif m["event"] == "forward.launched" and step_after is not None:
+            waits += [(m["t"] - t) * 1e3 for t in step_after]
+            step_after = None
+    if not waits:
+        return []
+    p90 = statistics.quantiles(waits, n=10, method="inclusive")[-1] if len(waits) > 1 else waits[0]
+    return [f"requests: {len(waits)} submitted; to the next step's launch: median {statistics.median(waits):.2f} "
+            f"ms, p90 {p90:.2f} ms, max {max(waits):.2f} ms"]

@@ -8,7 +8,7 @@ from engine_factory import make_engine, random_prompts
 
 from specdec.sampling_params import SamplingParams
 from specdec.step_trace import StepTrace, read_marks
-from specdec_tools.trace_report import CHAIN, by_engine_step, report, segments
+from specdec_tools.trace_report import CHAIN, admission_lines, by_engine_step, report, segments
 
 pytestmark = pytest.mark.timeout(120)
 K = 3
@@ -46,6 +46,19 @@ def test_the_warm_up_before_serving_is_left_out():
     served = _marks("verifier", [(1.0, "step.begin", -1, 0), (1.1, "forward.begin", -1, 1)])
     steps, batch = by_engine_step(warm + served)
     assert batch == {0: 1} and steps[0]["forward.begin"] == 1.1
+
+
+def test_a_request_waits_for_the_launch_of_the_first_step_that_begins_after_it():
+    """Two requests submitted while a step is being launched wait for the next step's launch, not that one's."""
+    v = _marks("verifier", [
+        (0.5, "request.submitted", -1, 0), (0.9, "serving", -1, 0),             # the warm-up's: left out
+        (1.0, "request.submitted", -1, 0), (1.001, "step.begin", -1, 0), (1.004, "forward.launched", -1, 0),
+        (2.0, "step.begin", -1, 0), (2.001, "request.submitted", -1, 0), (2.002, "request.submitted", -1, 0),
+        (2.005, "forward.launched", -1, 0), (2.010, "step.begin", -1, 0), (2.020, "forward.launched", -1, 0)])
+    d = _marks("drafter", [(2.0015, "request.submitted", -1, 0)])               # another process's: ignored
+    lines = admission_lines(sorted(v + d, key=lambda m: m["t"]))
+    assert lines == ["requests: 3 submitted; to the next step's launch: median 18.00 ms, p90 18.80 ms, max 19.00 ms"]
+    assert admission_lines(v[:2]) == []
 
 
 def test_off_by_default_writes_nothing(tmp_path):
