@@ -17,9 +17,8 @@ host's work between two steps runs while the GPU computes. Otherwise a step is r
 are the same path; only which step is read differs. Grammar-constrained requests overlap without drafts: their
 masks need step n's tokens, so step n is read after step n + 1's forward is queued and before its verdict.
 
-A sequence's state changes only through its own methods (sequence.py): here at launch and at read, in the
-requests (admitted, given tokens, ended), the scheduler, the block manager and the drafting stage at their own
-moments.
+A sequence's state changes only through its own methods (sequence.py): here at launch and at read; in the requests,
+the scheduler, the block manager and the drafting stage at their own moments.
 """
 from __future__ import annotations
 
@@ -146,9 +145,8 @@ class SpecEngine:
             self._settle(previous)            # its drafts, which this step's sequences verify
         schedule = self.scheduler.schedule(self._choose_drafts())  # a sequence whose last step is unread
         self.drafting.forget(schedule.preempted)
-        # host time per phase: "target" queueing the step, "verify" reading a step and committing it (on a GPU the
-        # target's kernels finish inside it: its one sync), "drafter" asking the drafter and reading its answers
-        # (taken out of the other two)
+        # host time per phase: "target" queueing the step, "verify" reading and committing one (its one sync, where a
+        # GPU's kernels finish), "drafter" asking the drafter and reading its answers (taken out of the other two)
         clock = PhaseClock(lambda: self.drafting.seconds)
         with clock.phase("target"):
             launched = self._launch(schedule.entries, previous, overlap) if schedule.entries else None
@@ -234,7 +232,8 @@ class SpecEngine:
         cached_before, epochs = [p.seq.num_cached for p in entries], [p.seq.cache_epoch for p in sampled]
         read_early, read_start = None, time.perf_counter()
         if unread is not None and any(p.seq.grammar is not None for p in sampled):
-            self._launched(entries)           # (the launch's bookkeeping before the read, as on the other path)
+            for p in entries:                 # (the launch's bookkeeping before the read, as on the other path)
+                p.launched()
             read_early, unread = self._read(previous), None
         verdict = self.verifying.verdict(entries, sampled, logits, self.executor.last_batch.input_ids, forced, unread,
                                          overlap) if sampled else None
@@ -248,15 +247,11 @@ class SpecEngine:
                 verdict.accepted if verdict is not None else None)
         launched = LaunchedStep(in_flight, entries, cached_before, None if overlap else hidden, read_early)
         if read_early is None:
-            self._launched(entries)
+            for p in entries:
+                p.launched()
         else:
             launched.read_early_seconds = time.perf_counter() - read_start
         return launched
-
-    @staticmethod
-    def _launched(entries: list[ScheduledSeq]) -> None:
-        for p in entries:
-            p.seq.launched(len(p.chunk), p.num_drafts, p.samples, p.decoding)
 
     def _settle(self, step: LaunchedStep) -> None:
         """Attach a launched step's drafts (waiting for a drafter service's answer) and count them per sequence."""

@@ -53,6 +53,10 @@ class ScheduledSeq:
         seq = self.seq
         return seq.num_cached + len(self.chunk) - self.num_drafts == len(seq.token_ids) + seq.unread_steps
 
+    def launched(self) -> None:
+        """Its forward is queued: the sequence's counts move by what the host knows (Sequence.launched)."""
+        self.seq.launched(len(self.chunk), self.num_drafts, self.samples, self.decoding)
+
 
 @dataclass
 class Schedule:
