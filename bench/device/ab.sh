@@ -18,7 +18,10 @@
 # its defaults), and
 #   PASSES [old new]  the passes in order: up to 5 distinct names that start with old or new ("old new new2 old2")
 #   OLD, NEW          the commits, for the record (ab.txt)      AB_DIR [.ab]  where prepare writes old/
-#   TOTAL_S [560]     seconds for all passes; each gets (TOTAL_S - elapsed) / passes left, less 25 s of margin
+#   TOTAL_S [560]     seconds for all passes; each gets (TOTAL_S - elapsed) / passes left, less 25 s of margin.
+#                     A pass's budget must hold the bench's estimate of a stack's start (90 s before its first
+#                     start, then that start's time) plus --workload-timeout, or the bench skips the workload:
+#                     with --workload-timeout 60, give TOTAL_S at least 175 s a pass
 #   DRY_RUN [0]       1: print each pass's tree and command and exit
 # Example: a second call with PASSES="new old" gives the other order (a machine that drifts within a call
 # favours one):
