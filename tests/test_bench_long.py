@@ -82,6 +82,23 @@ def test_an_interference_run_through_the_gateway_on_the_cpu():
     assert math.isfinite(f["decoders_itl_ms_during"]["max"])
 
 
+def test_a_workload_no_request_of_which_is_served_says_why_in_one_problem():
+    """Prompts longer than the stack's context are refused: the result keeps the first refusal, and the checks
+    report it as one line instead of a line per zero metric."""
+    from specdec_tools.bench import checks
+    from specdec_tools.bench.gateway_path import GatewayBench
+    w = wl.Workload("gateway", "none", 2, 40, 8)
+    bench = GatewayBench(str(demo_model_dir()), "cpu", "float32", service_args=(("--max-context", "32"), ()))
+    try:
+        bench.ensure(w, [w])
+        m = bench.run(w, wl.prompts_for(w, 4096), 60.0)
+    finally:
+        bench.close()
+    assert m["prefills"] == 0 and m["first_error"].startswith("RESOURCE_EXHAUSTED: prompt (40 tokens)")
+    assert checks.check_result({"name": w.name, "workload": w.to_json(), "metrics": m, "bandwidth": {}}) == [
+        f"{w.name}: no request was served: {m['first_error']}"]
+
+
 def fake_stacks(monkeypatch) -> list:
     """The StackConfig of every stack the gateway bench starts, none started for real."""
     from specdec_tools.bench import gateway_path

@@ -58,6 +58,8 @@ def check_result(result: dict, constrained: bool = False) -> list[str]:
     `constrained`: the requests had a grammar, which may end them before max_tokens."""
     w, m = result["workload"], result["metrics"]
     name = result.get("name", w.get("path"))
+    if not m.get("prefills") and m.get("first_error"):   # nothing ran: one line saying why, not every zero
+        return [f"{name}: no request was served: {m['first_error']}"]
     problems = [f"{name}: {key} = {v} is not > 0" for key, v in numbers({"metrics": m, "bw": result["bandwidth"]})
                 if not v > 0 and not may_be_zero(key)]
     requests = w.get("requests", w["concurrency"])   # (conversations: a request per turn)

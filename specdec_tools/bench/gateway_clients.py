@@ -63,6 +63,7 @@ def send_streams(address: str, w: Workload, prompts: list[list[int]], guard_s: f
                         finals[i] = (reply.finish_reason, reply.usage)
             except grpc.RpcError as e:
                 finals[i] = (e.code().name.lower(), None)
+                traces[i].error = f"{e.code().name}: {e.details()}"
                 if i == 0:   # (the others' codes are in finish_reasons)
                     log.warning("%s: a request failed: %s: %s", w.name, e.code().name, e.details())
         threads = [threading.Thread(target=stream, args=(i,), daemon=True) for i in range(n)]
@@ -121,6 +122,7 @@ def send_conversations(address: str, w: Workload, convs: Conversations, guard_s:
                             record.finish_reason, record.usage = reply.finish_reason, reply.usage
                 except grpc.RpcError as e:   # (after its last message: the turn is complete all the same)
                     record.finish_reason = record.finish_reason if record.usage else e.code().name.lower()
+                    record.trace.error = None if record.usage else f"{e.code().name}: {e.details()}"
                     if not stop.is_set():
                         log.warning("%s: conversation %d, turn %d failed: %s: %s", w.name, c, turn + 1,
                                     e.code().name, e.details())

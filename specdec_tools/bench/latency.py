@@ -23,6 +23,7 @@ class RequestTrace:
     sent: float
     times: list[float] = field(default_factory=list)   # delivery times (perf_counter seconds)
     counts: list[int] = field(default_factory=list)    # tokens in each delivery
+    error: str | None = None                            # the status that ended it, if one did ("CODE: details")
 
     def add(self, t: float, num_tokens: int) -> None:
         if num_tokens > 0:
