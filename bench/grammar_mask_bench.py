@@ -1,174 +1,49 @@
 """Token-mask cost of the two grammar engines, xgrammar and llguidance, at Qwen3.5's vocabulary size (issue 40).
 
-No model hub here, so the tokenizer is synthetic but a real byte-level BPE (`tokenizers`, Qwen2's pre-tokenizer
-regex): the 256 bytes, then pieces of the Python standard library's sources as that regex cuts them (" self",
-".append", "(self", "):\\n", single digits...) and the words with other leading characters (" word", ".word",
-"_word"...), drawn by a seeded frequency-weighted draw, each merged from two earlier tokens as in a trained BPE; then
-Qwen's specials, 248,044 tokens in all. `--cross-pieces` adds concatenations of neighbouring pieces, tokens a BPE
-behind this pre-tokenizer never has; `--tokenizer DIR` takes a real tokenizer instead. Both engines get it through
-their Hugging Face entry points (xgrammar `TokenizerInfo.from_huggingface`, llguidance `llguidance.hf.from_tokenizer`)
-with the model's 248,320-row mask. For each grammar (any JSON, a {"type": "object"} schema, a 9-property schema with
-and without a maxLength, a date-time regex, a Qwen3 `<tool_call>`) and engine it times: compile (cold; again:
-xgrammar caches compiled grammars, llguidance compiles each matcher), a new matcher's first mask, the mask at every
-position of a valid output tokenized by the BPE (p50/p90/p99/max/mean; each walked token must be in the mask),
-accept, rollback of k = 3 drafts and their re-accept, and the masks of 16 sequences at staggered positions for one
-step, one after another and through the engine's batch API. Prints a Markdown table; --out also keeps per-position
-medians and allowed-token counts.
+No model hub here, so the tokenizer is synthetic (bench/synthetic_tokenizer.py) but a real byte-level BPE
+(`tokenizers`, Qwen2's pre-tokenizer regex): the 256 bytes, then pieces of the Python standard library's sources as
+that regex cuts them (" self", ".append", "(self", "):\\n", single digits...) and the words with other leading
+characters (" word", ".word", "_word"...), drawn by a seeded frequency-weighted draw, each merged from two earlier
+tokens as in a trained BPE; then Qwen's specials, 248,044 tokens in all. `--cross-pieces` adds concatenations of
+neighbouring pieces, tokens a BPE behind this pre-tokenizer never has; `--tokenizer DIR` takes a real tokenizer
+instead. Both engines get it through their Hugging Face entry points (xgrammar `TokenizerInfo.from_huggingface`,
+llguidance `llguidance.hf.from_tokenizer`) with the model's 248,320-row mask. For each grammar (bench/grammar_cases.py:
+any JSON, a {"type": "object"} schema, a 9-property schema with and without a maxLength, a date-time regex, a Qwen3
+`<tool_call>`) and engine it times: compile (cold; again: xgrammar caches compiled grammars, llguidance compiles each
+matcher), a new matcher's first mask, the mask at every position of a valid output tokenized by the BPE
+(p50/p90/p99/max/mean; each walked token must be in the mask), accept, rollback of k = 3 drafts and their re-accept,
+and the masks of 16 sequences at staggered positions for one step, one after another and through the engine's batch
+API. Prints a Markdown table; --out also keeps per-position medians and allowed-token counts.
 Run: python -P bench/grammar_mask_bench.py [--quick] [--out r.json]  (-P: bench/kernels.py shadows `kernels`)."""
 from __future__ import annotations
 
 import argparse
-import collections
 import gc
 import importlib.metadata
+import importlib.util
 import json
 from pathlib import Path
 import os
-import pathlib
-import sysconfig
+import sys
 import time
 from types import SimpleNamespace
 
 import numpy as np
-import regex
-
-# Qwen2/Qwen3 pre-tokenizer: letters with one leading non-letter, single digits, punctuation runs, newlines
-PRETOKEN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
-            r"|\s+(?!\S)|\s+")
-SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]      # special=True in Qwen's tokenizer.json
-ADDED = ["<tool_call>", "</tool_call>", "<think>", "</think>"]  # special=False there (llguidance: special anyway)
-EOS = "<|im_end|>"
 
 
-def corpus_candidates(max_mb: float, seed: int, cross: bool) -> list[bytes]:
-    """Pre-tokens of the stdlib sources (with `cross`, also neighbour concatenations) and words with other leading
-    characters, in a seeded frequency-weighted order (Efraimidis-Spirakis keys u ** (1 / count))."""
-    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
-    pat, counts, budget = regex.compile(PRETOKEN), collections.Counter(), max_mb * 2 ** 20
-    for i, path in enumerate(sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts)):
-        text = path.read_bytes()[:200_000].decode("utf-8", "ignore")
-        budget -= len(text)
-        if budget < 0:
-            break
-        pieces = pat.findall(text)
-        counts.update(pieces)
-        if cross and i % 3 == 0:
-            counts.update(a + b for a, b in zip(pieces, pieces[1:]) if not (a.isspace() or b.isspace()))
-    for w, c in list(counts.items()):
-        if w.isalpha():
-            for lead, share in ((" ", 2), (".", 8), ("_", 8), ("(", 16), ('"', 16), ("'", 16), ("-", 32), ("/", 32)):
-                counts[lead + w] = max(counts[lead + w], c // share, 1)
-    words = [w.encode() for w in counts]
-    keys = np.log(np.random.default_rng(seed).random(len(words))) / np.fromiter(counts.values(), float, len(words))
-    return [words[i] for i in np.argsort(-keys, kind="stable")]
+def load_sibling(name: str) -> None:
+    """Load bench/<name>.py by its path unless imported already: -P keeps bench/ off sys.path (bench/kernels.py
+    would shadow the `kernels` package there), so a plain import of a sibling module could not find it."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().with_name(f"{name}.py"))
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
 
 
-def build_vocab(n_regular: int, max_mb: float, seed: int, cross: bool) -> tuple[list[bytes], list[tuple[int, int]]]:
-    """256 bytes, then corpus pieces; each new token is a merge of two earlier ones (its longest known prefix and
-    the rest, added first when missing), so the vocabulary and merge list form a consistent BPE."""
-    tokens = [bytes([b]) for b in range(256)]
-    index = {t: i for i, t in enumerate(tokens)}
-    merges: list[tuple[int, int]] = []
-    for stack in ([c] for c in corpus_candidates(max_mb, seed, cross) if 1 < len(c) <= 64):
-        while stack and len(tokens) < n_regular:
-            t = stack.pop()
-            if t not in index:
-                k = max(k for k in range(1, len(t)) if t[:k] in index)
-                if t[k:] not in index:
-                    stack += [t, t[k:]]
-                    continue
-                merges.append((index[t[:k]], index[t[k:]]))
-                index[t] = len(tokens)
-                tokens.append(t)
-        if len(tokens) >= n_regular:
-            break
-    return tokens, merges
-
-
-def build_hf_tokenizer(tokens: list[bytes], merges: list[tuple[int, int]], eos_id: int | None = None):
-    """A transformers fast tokenizer over the synthetic BPE, set up like Qwen's tokenizer.json. `eos_id`: where EOS
-    must sit (a checkpoint's eos_token_id): text tokens that no merge makes fill the ids before Qwen's specials."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-    fill = 0 if eos_id is None else eos_id - len(tokens) - SPECIAL.index(EOS)
-    if fill < 0:
-        raise SystemExit(f"EOS cannot sit at {eos_id}: the vocabulary has {len(tokens)} tokens before the specials")
-    tokens = tokens + [b"<unused_%d>" % i for i in range(fill)]     # plain text pieces no merge makes
-    keep = [*range(33, 127), *range(161, 173), *range(174, 256)]   # GPT-2's byte -> printable character map
-    b2u = {b: chr(b) for b in keep} | {b: chr(256 + i) for i, b in enumerate(sorted(set(range(256)) - set(keep)))}
-    names = ["".join(b2u[b] for b in t) for t in tokens]
-    bpe = models.BPE(vocab={n: i for i, n in enumerate(names)}, merges=[(names[a], names[b]) for a, b in merges])
-    tok = Tokenizer(bpe)
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(PRETOKEN), "isolated"),
-                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in SPECIAL])
-    tok.add_tokens([AddedToken(s, special=False, normalized=False) for s in ADDED])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token="<|endoftext|>")
-
-
-TOOL_ARGS = {"type": "object", "additionalProperties": False, "required": ["origin", "destination", "date"],
-             "properties": {"origin": {"type": "string", "pattern": "^[A-Z]{3}$"},
-                            "destination": {"type": "string", "pattern": "^[A-Z]{3}$"},
-                            "date": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"},
-                            "passengers": {"type": "integer", "minimum": 1, "maximum": 9},
-                            "cabin": {"enum": ["economy", "premium", "business", "first"]},
-                            "flexible": {"type": "boolean"}}}
-SCHEMA = {"type": "object", "additionalProperties": False, "required": ["id", "name", "status", "orders", "address"],
-          "properties": {"id": {"type": "integer", "minimum": 1}, "name": {"type": "string", "maxLength": 64},
-                         "email": {"type": "string"}, "status": {"enum": ["active", "suspended", "deleted"]},
-                         "score": {"type": "number"}, "tags": {"type": "array", "items": {"type": "string"}},
-                         "orders": {"type": "array", "items": {
-                             "type": "object", "additionalProperties": False, "required": ["sku", "qty"],
-                             "properties": {"sku": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{4}$"},
-                                            "qty": {"type": "integer", "minimum": 1}, "price": {"type": "number"}}}},
-                         "address": {"type": "object", "additionalProperties": False, "required": ["city"],
-                                     "properties": {"street": {"type": "string"}, "city": {"type": "string"},
-                                                    "zip": {"type": "string", "pattern": "^[0-9]{5}$"}}},
-                         "verified": {"type": "boolean"}}}
-SCHEMA_DOC = {"id": 48213, "name": "Zoë Müller-Okafor", "email": "zoe.mueller@example.org", "status": "active",
-              "score": 87.25, "tags": ["priority", "eu-west", "returning customer"],
-              "orders": [{"sku": "KBD-1042", "qty": 2, "price": 49.99}, {"sku": "MSE-0007", "qty": 1},
-                         {"sku": "USB-3310", "qty": 12, "price": 3.5}],
-              "address": {"street": "Hauptstraße 12", "city": "Köln", "zip": "50667"}, "verified": True}
-ANY_DOC = {"service": "specdec", "version": "0.4.1", "replicas": 3, "gpu": {"kind": "H100", "memory_gib": 80.0},
-           "features": ["speculative decoding", "paged attention", None, True], "limits": {"max_tokens": 8192,
-           "timeout_s": 30.5, "retry": {"attempts": 5, "backoff": [0.1, 0.2, 0.4]}}, "owner": "infra-team",
-           "description": "Serves Qwen3.5 with MTP drafts; 日本語もOK.", "labels": {"env": "prod", "tier": 1}}
-DATE_RE = (r"[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9]"
-           r"(\.[0-9]{1,6})?(Z|[+-][0-9]{2}:[0-9]{2})")
-TOOL = {"type": "function", "function": {"name": "search_flights", "description": "Find flights",
-                                         "parameters": TOOL_ARGS}}
-TOOL_TEXT = ('<tool_call>\n{"name": "search_flights", "arguments": ' + json.dumps(
-    {"origin": "SFO", "destination": "NRT", "date": "2026-12-19", "passengers": 2, "cabin": "business"})
-    + "}\n</tool_call>")
-# llguidance, as xgrammar's "qwen_3" tag with tool_choice="required": the call at once, `<name>`: a special token
-TOOL_LARK = ('start: <tool_call> "\\n{\\"name\\": \\"search_flights\\", \\"arguments\\": " %json '
-             + json.dumps(TOOL_ARGS) + ' "}\\n" </tool_call>\n')
-
-
-Grammar = collections.namedtuple("Grammar", "name xgr llg text")  # xgr(compiler) -> compiled; llg() -> grammar str
-
-
-def grammars(xgr) -> list[Grammar]:
-    ll = __import__("llguidance").LLMatcher
-    obj, no_max = {"type": "object", "additionalProperties": True}, json.loads(json.dumps(SCHEMA))
-    del no_max["properties"]["name"]["maxLength"]
-    tag = xgr.get_model_structural_tag("qwen_3", tools=[TOOL], tool_choice="required", reasoning="disabled",
-                                       parallel_tool_calls=False)
-    any_doc, doc = json.dumps(ANY_DOC, ensure_ascii=False), json.dumps(SCHEMA_DOC, ensure_ascii=False)
-    return [Grammar("any JSON", lambda c: c.compile_builtin_json_grammar(), lambda: ll.grammar_from_json_schema({}),
-                    any_doc),
-            Grammar('{"type": "object"}', lambda c: c.compile_json_schema(obj), lambda: ll.grammar_from_json_schema(
-                obj), any_doc),
-            Grammar("schema, 9 props", lambda c: c.compile_json_schema(SCHEMA), lambda: ll.grammar_from_json_schema(
-                SCHEMA), doc),
-            Grammar("same, no maxLength", lambda c: c.compile_json_schema(no_max),
-                    lambda: ll.grammar_from_json_schema(no_max), doc),
-            Grammar("regex date-time", lambda c: c.compile_regex(DATE_RE), lambda: ll.grammar_from_regex(DATE_RE),
-                    "2026-11-26T14:03:59.123456+01:00"),
-            Grammar("qwen3 tool call", lambda c: c.compile_structural_tag(tag), lambda: ll.grammar_from_lark(TOOL_LARK),
-                    TOOL_TEXT)]
+load_sibling("grammar_cases")
+load_sibling("synthetic_tokenizer")
+from grammar_cases import Grammar, grammars  # noqa: E402
+from synthetic_tokenizer import ADDED, EOS, SPECIAL, build_hf_tokenizer, build_vocab  # noqa: E402
 
 
 def xgrammar_engine(hf, vocab_size: int, threads: int) -> SimpleNamespace:
