@@ -54,8 +54,8 @@ class AwaitedDrafts:
 
 @dataclass
 class DeviceDraftsAnswer:
-    """A drafter's drafts for a launched step (DeviceDraftsAnswer): `settle` waits for a drafter service's answer,
-    checks it and returns the sampled rows' drafts ([S, K] on the device, or None) and their counts."""
+    """A drafter's drafts for a launched step: `settle` waits for a drafter service's answer, checks it and returns
+    the sampled rows' drafts ([S, K] on the device, or None) and their counts."""
     stage: "DraftingStage"
     answer: Callable[[], DeviceDrafts]  # DraftsOnDeviceLater's answer, or draft_on_device to call
     step: DeviceDraftStep
@@ -116,8 +116,7 @@ class DraftingStage:
 
     # ---- after a step is read -------------------------------------------------------------------
     def layout_hidden(self, entries: list[ScheduledSeq], hidden: torch.Tensor) -> HiddenStaging | None:
-        """Before the sync: lay out this step's hidden rows for a drafter that takes them (HiddenStaging), or
-        None."""
+        """Before the sync: lay out this step's hidden rows for a drafter that takes them, or None."""
         if self.staging is not None:
             self.staging.staged = False
         if self.drafter is None or self.k == 0 or not self.drafter.needs_hidden:
@@ -156,8 +155,7 @@ class DraftingStage:
                         row_starts.append(first_row)
                         row_counts.append(seq.num_cached - old)
             first_row += len(p.chunk)
-        for seq in rebuild:
-            self.context_lost.discard(seq.seq_id)
+        self.context_lost.difference_update(seq.seq_id for seq in rebuild)
         if drafter is None or k == 0 or not live:
             return rebuild
         rows = None
@@ -185,20 +183,23 @@ class DraftingStage:
         awaited, self.awaited = self.awaited, None
         if awaited is None:
             return
-        start = time.perf_counter()
+        start, asked = time.perf_counter(), awaited.batch.seqs
         try:
             out = awaited.answer()
         except Exception as e:  # a drafter's bug must not take the verifier down
-            out = self._raised(e, len(awaited.batch.seqs))
-        out = self._checked(out, awaited.batch)
+            out = self._raised(e, len(asked))
+        problem = out.failure or proposal_problem(out, asked, self.vocab_size)
+        if problem:   # a failed, broken or malformed answer: no drafts for anyone this step (k = 0), logged
+            self.failed(problem)
+            out = DraftOutput.failed(len(asked), problem)
         self.seconds += time.perf_counter() - start
         self.compute_seconds = out.compute_seconds
         self.context_lost.update(out.missing)
-        start = 0
+        first = 0
         for seq, drafts in zip(awaited.seqs, out.drafts):  # a sequence that ended meanwhile leaves them unused
             n = len(drafts)
-            seq.proposed(list(drafts), out.probs[start:start + n] if out.probs is not None else None)
-            start += n
+            seq.proposed(list(drafts), out.probs[first:first + n] if out.probs is not None else None)
+            first += n
 
     # ---- at launch, on the device ---------------------------------------------------------------
     def ask_on_device(self, step_number: int, entries: list[ScheduledSeq], batch: ForwardBatch, hidden: torch.Tensor,
@@ -206,9 +207,7 @@ class DraftingStage:
         """Ask the drafter for the sampled entries' next drafts from the launched step's unread verdict (None:
         no drafter or k = 0). An in-process drafter has queued them when this returns; a drafter service
         answers later: its host work runs while the engine reads the last step and delivers its tokens."""
-        if self.drafter is None or self.k == 0 or not self.drafts_on_device:   # (skipped: skips_drafter)
-            return None
-        if not any(p.seq.in_drafter for p in entries):
+        if not self.drafts_on_device or not any(p.seq.in_drafter for p in entries):   # (skipped: skips_drafter)
             return None
         start = time.perf_counter()
         device_step, places, sampled = chained_draft_step(step_number, entries, batch, hidden, emitted, accepted,
@@ -221,7 +220,7 @@ class DraftingStage:
             else:   # in process: queued now, read (no sync) when settled
                 answer = _answered(drafter.draft_on_device(device_step))
         except Exception as e:  # a drafter's bug must not take the verifier down
-            answer = self._device_raised(e, len(device_step.seq_ids))
+            answer = _answered(self._device_raised(e, len(device_step.seq_ids)))
         self.seconds += time.perf_counter() - start
         return DeviceDraftsAnswer(self, answer, device_step, places, sampled)
 
@@ -231,7 +230,7 @@ class DraftingStage:
         try:
             out = a.answer()
         except Exception as e:  # a drafter's bug must not take the verifier down
-            out = self._device_raised(e, len(a.step.seq_ids))()
+            out = self._device_raised(e, len(a.step.seq_ids))
         self.seconds += time.perf_counter() - start
         problem = out.failure or device_drafts_problem(out, a.step, self.k)
         if problem:
@@ -261,19 +260,10 @@ class DraftingStage:
         log.exception("drafter %s raised; this step decodes without drafts", kind, exc_info=error)
         return DraftOutput.failed(num_seqs, f"{type(error).__name__}: {error}")
 
-    def _device_raised(self, error: Exception, num_seqs: int) -> Callable[[], DeviceDrafts]:
+    def _device_raised(self, error: Exception, num_seqs: int) -> DeviceDrafts:
         kind = getattr(self.drafter, "kind", "(detached)")
         log.exception("drafter %s raised; the next step decodes without drafts", kind, exc_info=error)
-        return _answered(DeviceDrafts(None, [0] * num_seqs, failure=f"{type(error).__name__}: {error}"))
-
-    def _checked(self, out: DraftOutput, batch: DraftBatch) -> DraftOutput:
-        """A failed, broken or malformed answer is a drafter failure for this step (no drafts for anyone:
-        k = 0), logged, never an error for a request."""
-        problem = out.failure or proposal_problem(out, batch.seqs, self.vocab_size)
-        if problem:
-            self.failed(problem)
-            return DraftOutput.failed(len(batch.seqs), problem)
-        return out
+        return DeviceDrafts(None, [0] * num_seqs, failure=f"{type(error).__name__}: {error}")
 
     def _draft_input(self, seq: Sequence, old: int, k: int) -> DraftInput | None:
         """What the drafter gets for `seq` this step: the tokens committed since `old` (since it was last sent
@@ -281,18 +271,15 @@ class DraftingStage:
         None (no drafter, the sequence is out of it, or a recompute is needed first)."""
         if self.drafter is None or k == 0:
             return None
-        if not seq.in_drafter:
-            self.context_lost.discard(seq.seq_id)
-            return None
-        want = max(0, min(k, self.step_drafts, seq.remaining - 1)) if seq.is_decoding else 0
-        if seq.seq_id in self.context_lost and old > 0:
-            if self.drafter.needs_hidden:
-                return None
-            self.context_lost.discard(seq.seq_id)
-            return DraftInput(seq.seq_id, 0, seq.token_ids[:seq.num_cached + 1], want, _grammar_of(seq))
+        lost = seq.seq_id in self.context_lost and old > 0    # the drafter lost what it was sent of it
+        if lost and seq.in_drafter and self.drafter.needs_hidden:
+            return None                                       # (still lost: recomputed first)
         self.context_lost.discard(seq.seq_id)
-        start = old if self.drafter.needs_hidden else min(old, self.sent.get(seq.seq_id, 0))
+        if not seq.in_drafter:
+            return None
+        start = 0 if lost else old if self.drafter.needs_hidden else min(old, self.sent.get(seq.seq_id, 0))
         first = start == 0 or seq.seq_id not in self.sent   # (a sequence resumed from a cached prefix starts later)
+        want = max(0, min(k, self.step_drafts, seq.remaining - 1)) if seq.is_decoding else 0
         return DraftInput(seq.seq_id, start, seq.token_ids[start:seq.num_cached + 1], want,
                           _grammar_of(seq) if first else None)
 
