@@ -148,20 +148,21 @@ def collection_lines(marks: list[dict]) -> list[str]:
 
 def admission_lines(marks: list[dict]) -> list[str]:
     """Requests handed to the engine while serving ("request.submitted") and the time until the launch of the
-    first engine step that begins after each ("step.begin" to its "forward.launched"): the host's work before a
-    new request's first chunk can run (the step in hand, scheduling, prefix matching, staging, the launch), or
-    until the next launch if that step had no room for it. Median, p90 and max."""
-    waits, waiting, step_after = [], [], None
+    first engine step that begins after each ("forward.launched" after a later "step.begin"; a step that launches
+    nothing, e.g. one that only reads the last step, passes them on): the host's work before a new request's first
+    chunk can run (the step in hand, scheduling, prefix matching, staging, the launch), or until the next launch if
+    that step had no room for it. Median, p90 and max."""
+    waits, waiting, began = [], [], None
     for m in served(marks):
         if m["process"] != "verifier" or m["step"] >= 0:
             continue
         if m["event"] == "request.submitted":
             waiting.append(m["t"])
-        elif m["event"] == "step.begin" and waiting and step_after is None:
-            step_after, waiting = waiting, []
-        elif m["event"] == "forward.launched" and step_after is not None:
-            waits += [(m["t"] - t) * 1e3 for t in step_after]
-            step_after = None
+        elif m["event"] == "step.begin":
+            began = m["t"]
+        elif m["event"] == "forward.launched" and began is not None:
+            waits += [(m["t"] - t) * 1e3 for t in waiting if t < began]
+            waiting = [t for t in waiting if t >= began]
     if not waits:
         return []
     p90 = statistics.quantiles(waits, n=10, method="inclusive")[-1] if len(waits) > 1 else waits[0]

@@ -59,6 +59,11 @@ def test_a_request_waits_for_the_launch_of_the_first_step_that_begins_after_it()
     lines = admission_lines(sorted(v + d, key=lambda m: m["t"]))
     assert lines == ["requests: 3 submitted; to the next step's launch: median 18.00 ms, p90 18.80 ms, max 19.00 ms"]
     assert admission_lines(v[:2]) == []
+    skipped = _marks("verifier", [   # a step that launches nothing hands its late request to the next launch
+        (1.0, "request.submitted", -1, 0), (1.1, "step.begin", -1, 0), (1.15, "request.submitted", -1, 0),
+        (1.2, "step.begin", -1, 0), (1.25, "forward.launched", -1, 0), (1.3, "step.begin", -1, 0),
+        (1.35, "forward.launched", -1, 0)])
+    assert admission_lines(skipped)[0].endswith("median 175.00 ms, p90 235.00 ms, max 250.00 ms")
 
 
 def test_off_by_default_writes_nothing(tmp_path):

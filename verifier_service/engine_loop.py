@@ -101,8 +101,8 @@ class EngineLoop:
                 raise QueueFull(f"the verifier is full: {self._in_flight} requests running or waiting "
                                 f"(--max-running + --max-queued = {self.capacity}); retry later")
             self._in_flight += 1
+            self.engine.trace.mark("request.submitted")   # (before the engine's thread can take it)
             self._commands.append(("add", ticket, prompt_ids, params))
-        self.engine.trace.mark("request.submitted")
         self._wake.set()
         return ticket
 
