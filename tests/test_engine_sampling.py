@@ -54,8 +54,9 @@ def test_bad_requests_are_refused_and_nothing_leaks(tiny_model):
     engine = make_engine(tiny_model, num_blocks=16)
     with pytest.raises(ValueError, match="max_tokens"):
         engine.add_request("a", [1], SamplingParams(max_tokens=0))
-    with pytest.raises(ValueError, match="outside the vocabulary|must be in"):
-        engine.add_request("b", [1, 9999], SamplingParams())
+    for bad in ([1, 9999], [1, -1], [3, float("nan")], [float("nan"), 3]):   # (NaN passes a min / max test)
+        with pytest.raises(ValueError, match="outside the vocabulary|must be in"):
+            engine.add_request("b", bad, SamplingParams())
     with pytest.raises(OverflowError, match="exceeds the maximum context"):
         engine.add_request("c", [1] * 60, SamplingParams(max_tokens=10))
     engine.add_request("d", [1, 2], SamplingParams(max_tokens=5))

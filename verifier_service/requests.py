@@ -67,7 +67,8 @@ class Requests:
         self.check_grammar(params)
         if not prompt_ids:
             raise ValueError("the prompt is empty")
-        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
+        if not (set(map(type, prompt_ids)) <= {int} and 0 <= min(prompt_ids) and max(prompt_ids) < vocab) and any(
+                not 0 <= t < vocab for t in prompt_ids):   # (ints in range checked in C loops; else one by one)
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         if request_id in self.by_id:
             raise ValueError(f"request_id {request_id!r} is already running: request ids must be unique")
