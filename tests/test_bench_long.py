@@ -99,6 +99,15 @@ def test_a_workload_no_request_of_which_is_served_says_why_in_one_problem():
         f"{w.name}: no request was served: {m['first_error']}"]
 
 
+def test_a_gateway_that_accepts_no_connection_is_named():
+    """The clients connect before timing anything; a gateway that is not there fails the workload by name."""
+    import grpc
+
+    from specdec_tools.bench.gateway_clients import connect
+    with grpc.insecure_channel("127.0.0.1:1") as channel, pytest.raises(RuntimeError, match="127.0.0.1:1 accepted no"):
+        connect(channel, "127.0.0.1:1", timeout_s=0.5)
+
+
 def fake_stacks(monkeypatch) -> list:
     """The StackConfig of every stack the gateway bench starts, none started for real."""
     from specdec_tools.bench import gateway_path

@@ -113,7 +113,7 @@ def fake_gateway(monkeypatch):
     from specdec_tools.bench import gateway_clients, gateway_path
     fake = FakeGateway()
     monkeypatch.setattr(gateway_clients.gateway_pb2_grpc, "GatewayStub", fake)
-    monkeypatch.setattr(gateway_clients, "connect", lambda channel: None)   # no server behind the fake stub
+    monkeypatch.setattr(gateway_clients, "connect", lambda channel, address: None)   # no server behind the fake stub
     bench = gateway_path.GatewayBench("unused", "cpu", "float32")
     bench.stack = SimpleNamespace(address="127.0.0.1:1", stop=lambda: None)   # never connected: the stub is fake
     def scrape():   # the verifier's counters: engine steps (3 a request), the prefix cache's tokens asked, served

@@ -26,10 +26,13 @@ def sampling_of(w: Workload, grammar: tuple[str, str] | None) -> dict:
     return sampling
 
 
-def connect(channel: grpc.Channel, timeout_s: float = 30.0) -> None:
+def connect(channel: grpc.Channel, address: str, timeout_s: float = 30.0) -> None:
     """Open the channel's connection before any request is timed: a client that keeps its connection open (as
     a real one does) would not pay the TCP and HTTP/2 handshakes in its first request's TTFT."""
-    grpc.channel_ready_future(channel).result(timeout=timeout_s)
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout_s)
+    except grpc.FutureTimeoutError:
+        raise RuntimeError(f"the gateway at {address} accepted no connection in {timeout_s:.0f} s") from None
 
 
 def send_streams(address: str, w: Workload, prompts: list[list[int]], guard_s: float,
@@ -45,7 +48,7 @@ def send_streams(address: str, w: Workload, prompts: list[list[int]], guard_s: f
     late = threading.Event()     # an interfering long prompt (the last) waits for it: set once the rest decode
     sampling = sampling_of(w, grammar)
     with grpc.insecure_channel(address) as channel:
-        connect(channel)
+        connect(channel, address)
         stub = gateway_pb2_grpc.GatewayStub(channel)
 
         def stream(i: int) -> None:
@@ -97,7 +100,7 @@ def send_conversations(address: str, w: Workload, convs: Conversations, guard_s:
     stop = threading.Event()
     sampling = sampling_of(w, grammar)
     with grpc.insecure_channel(address) as channel:
-        connect(channel)
+        connect(channel, address)
         stub = gateway_pb2_grpc.GatewayStub(channel)
 
         def converse(c: int) -> None:

@@ -255,7 +255,7 @@ class GatewayBench:
             summary["prefix_cache_hit_tokens"] = int(_delta(before, after, "specdec_prefix_cache_hits_total"))
         return {**summary, "truncated": truncated, **totals, "prefills": prefills,
                 "finish_reasons": sorted({reason for reason, _ in finals}),
-                "first_error": next((t.error for t in traces if t.error), None),
+                "first_error": next((t.error for t in traces if t.error), None),   # (in request order)
                 "mean_acceptance_length": round(length, 4) if length else None,
                 "engine_steps": steps, "step_ms": self._split(phases, wall_per_step, w), "memory": self._memory()}
 
