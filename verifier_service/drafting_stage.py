@@ -195,11 +195,11 @@ class DraftingStage:
         self.seconds += time.perf_counter() - start
         self.compute_seconds = out.compute_seconds
         self.context_lost.update(out.missing)
-        first = 0
+        offset = 0
         for seq, drafts in zip(awaited.seqs, out.drafts):  # a sequence that ended meanwhile leaves them unused
             n = len(drafts)
-            seq.proposed(list(drafts), out.probs[first:first + n] if out.probs is not None else None)
-            first += n
+            seq.proposed(list(drafts), out.probs[offset:offset + n] if out.probs is not None else None)
+            offset += n
 
     # ---- at launch, on the device ---------------------------------------------------------------
     def ask_on_device(self, step_number: int, entries: list[ScheduledSeq], batch: ForwardBatch, hidden: torch.Tensor,
