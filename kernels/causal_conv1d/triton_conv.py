@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs"])   # (a count that changes every step: one variant per BLOCK_SEQS)
 def _conv_out_kernel(
     x_ptr, w_ptr, state_ptr, out_ptr, cu_seqlens_ptr, slots_ptr, read_offsets_ptr, num_seqs,
     stride_xt, stride_wc, stride_s_slot, stride_s_c, stride_s_w, stride_ot,

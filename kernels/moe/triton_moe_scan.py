@@ -145,7 +145,7 @@ def _down_scan_kernel(inter_ptr, w_ptr, shared_w_ptr, ids_ptr, topk_weights_ptr,
         tl.store(pair_out_ptr + row[:, None] * stride_pr + n[None, :], y, mask=row_ok[:, None] & n_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs"])
 def _combine_kernel(pair_out_ptr, shared_out_ptr, shared_gate_ptr, out_ptr, num_pairs, hidden, stride_pr, stride_st,
                     stride_gt, stride_ot, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, SHARED: tl.constexpr):
     """out_t = Σ_j pair_out[t·K + j] in order, rounded, [+ sigmoid(g_t) · s_t]; SHARED: 0 none, 1 s given (its
