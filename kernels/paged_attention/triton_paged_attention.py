@@ -217,11 +217,13 @@ def launch_config(num_seqs: int, max_seqlen: int, num_heads: int, num_kv_heads: 
     group = num_heads // num_kv_heads
     group_pad = triton.next_power_of_2(group)
     block_d = max(16, triton.next_power_of_2(head_dim))
-    # 128 rows where that query tile and two stages of 64-key K and V tiles fit shared memory (not fp32 caches at
-    # D = 256); the fp32 acc [rows, D] lives in registers (8 warps)
+    shared = _shared_memory(device)
+
+    def fits_64_keys(query_rows: int) -> bool:   # the query tile and two stages of 64-key K and V tiles, 16 KiB spare
+        return (query_rows + 2 * 2 * 64) * block_d * kv_bytes + 16 * 1024 <= shared
+    # 128 rows where they fit (not fp32 caches at D = 256); the fp32 acc [rows, D] lives in registers (8 warps)
     threshold = wide_tile_context(max_seqlen)
-    wide = (threshold is not None and min_context >= threshold
-            and (128 + 2 * 2 * 64) * block_d * kv_bytes + 16 * 1024 <= _shared_memory(device))
+    wide = threshold is not None and min_context >= threshold and fits_64_keys(128)
     tokens_per_tile = max(1, tuning.get("rows", 128 if wide else 64) // group_pad)
     block_m = min(triton.next_power_of_2(max(1, max_seqlen)), tokens_per_tile)
     rows = max(16, block_m * group_pad)                           # tl.dot needs M ≥ 16
@@ -232,8 +234,7 @@ def launch_config(num_seqs: int, max_seqlen: int, num_heads: int, num_kv_heads: 
         per_sm = 4 if num_seqs > 1 and m_blocks > 1 else 2
         want = triton.cdiv(per_sm * _num_sms(device), num_q_tiles * num_kv_heads)
         num_splits = min(MAX_SPLITS, triton.next_power_of_2(want)) if want > 1 else 1
-    wide_fits = (rows + 2 * 2 * 64) * block_d * kv_bytes + 16 * 1024 <= _shared_memory(device)
-    block_n = 32 if block_d >= 256 and (rows < 64 or not wide_fits) else 64
+    block_n = 32 if block_d >= 256 and (rows < 64 or not fits_64_keys(rows)) else 64
     return dict(GROUP=group, GROUP_PAD=group_pad, BLOCK_D=block_d, BLOCK_M=block_m, ROWS=rows,
                 SEQS_PAD=max(2, triton.next_power_of_2(num_seqs)),
                 BLOCK_N=tuning.get("block_n", block_n), NUM_SPLITS=num_splits, num_q_tiles=num_q_tiles,
