@@ -10,7 +10,7 @@ carry a lone UTF-16 surrogate (``"\\ud800"``), which no tokenizer can encode and
 """
 from __future__ import annotations
 
-from specdec.sampling_params import SamplingError, SamplingParams
+from specdec.sampling_params import SamplingError, SamplingParams, token_ids_in_vocab
 
 NO_TOKENIZER = "this model has no tokenizer files: send prompt_token_ids"
 
@@ -25,8 +25,8 @@ class TooLong(ValueError):
 
 def _token_ids(name: str, ids, vocab_size: int) -> list[int]:
     ids = list(ids)
-    if set(map(type, ids)) <= {int} and (not ids or (min(ids) >= 0 and max(ids) < vocab_size)):
-        return ids   # every id an int in range: checked in C loops, not one Python test per token
+    if token_ids_in_vocab(ids, vocab_size):
+        return ids
     for i, t in enumerate(ids):   # find the first bad one for the message
         if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
             raise InvalidRequest(f"{name}[{i}] = {t!r} is outside the vocabulary [0, {vocab_size})")

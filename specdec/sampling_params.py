@@ -158,6 +158,12 @@ class SamplingParams:
                 raise SamplingError(f"stop_token_ids[{i}] = {t} is outside the vocabulary [0, {vocab_size})")
 
 
+def token_ids_in_vocab(ids: list, vocab_size: int) -> bool:
+    """Every id an int (not a bool) in [0, vocab_size), checked in C loops: a long prompt's fast path; callers
+    that must name a bad id (or accept other numbers) walk the ids themselves when this is False."""
+    return set(map(type, ids)) <= {int} and (not ids or (min(ids) >= 0 and max(ids) < vocab_size))
+
+
 def _integer(name: str, value, low: int | None = None, high: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise SamplingError(f"{name} must be an integer, got {value!r}")

@@ -9,7 +9,7 @@ import random
 from dataclasses import dataclass
 
 from specdec.grammar import GrammarError, Grammars
-from specdec.sampling_params import SamplingParams
+from specdec.sampling_params import SamplingParams, token_ids_in_vocab
 
 from .acceptance_stats import AcceptanceStats
 from .drafting_stage import DraftingStage
@@ -67,8 +67,7 @@ class Requests:
         self.check_grammar(params)
         if not prompt_ids:
             raise ValueError("the prompt is empty")
-        if not (set(map(type, prompt_ids)) <= {int} and 0 <= min(prompt_ids) and max(prompt_ids) < vocab) and any(
-                not 0 <= t < vocab for t in prompt_ids):   # (ints in range checked in C loops; else one by one)
+        if not token_ids_in_vocab(prompt_ids, vocab) and any(not 0 <= t < vocab for t in prompt_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         if request_id in self.by_id:
             raise ValueError(f"request_id {request_id!r} is already running: request ids must be unique")
